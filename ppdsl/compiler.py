@@ -1,0 +1,81 @@
+"""The compiler driver: a straight list of named passes.
+
+    .pp text -> parse -> elaborate -> check -> lower -> check deadlock
+             -> simulate -> check expectations
+
+`compile_source` returns everything a command needs (the schedule IR, the rank
+programs, the timeline and all diagnostics); it raises `CompileError` when the
+input is wrong, carrying every finding of the pass that failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppdsl import checks
+from ppdsl.checks import deadlock, expectations
+from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
+from ppdsl.elaborate import elaborate
+from ppdsl.ir.rank import RankProgram
+from ppdsl.ir.schedule import Schedule
+from ppdsl.lower import lower
+from ppdsl.parse import parse
+from ppdsl.simulate import Timeline, simulate
+
+__all__ = ["Compiled", "compile_source", "compile_file", "compile_schedule"]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The result of compiling one schedule."""
+
+    schedule: Schedule
+    programs: tuple[RankProgram, ...]
+    timeline: Timeline
+    warnings: tuple[Diagnostic, ...]
+
+
+def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
+    errors = [d for d in found if d.severity == "error"]
+    if errors:
+        raise CompileError(found)
+    return found
+
+
+def compile_schedule(schedule: Schedule) -> Compiled:
+    """The passes after elaboration, shared by `.pp` files and imported orders."""
+    found = _raise_errors(checks.check_schedule(schedule))
+    programs = lower(schedule)
+    found += _raise_errors(deadlock.check(schedule, programs))
+    timeline = simulate(schedule)
+    found += _raise_errors(expectations.check(schedule, timeline))
+    return Compiled(schedule, programs, timeline, tuple(found))
+
+
+def compile_source(text: str, file: str, overrides: dict[str, str] | None = None) -> Compiled:
+    """Compile `.pp` text. `overrides` are the command line's `-D name=value`."""
+    register_source(file, text)
+    module = parse(text, file)
+    schedule = elaborate(module, overrides or {})
+    return compile_schedule(schedule)
+
+
+def compile_file(path: str | Path, overrides: dict[str, str] | None = None) -> Compiled:
+    """Compile a `.pp` file; a missing, unreadable or empty file is a located error."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CompileError([Diagnostic("error", f"no such file: '{file}'")]) from None
+    except IsADirectoryError:
+        raise CompileError([Diagnostic("error", f"'{file}' is a directory, not a .pp file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompileError([Diagnostic("error", f"cannot read '{file}': {exc}")]) from None
+    if not text.strip():
+        span = Span(file, 1, 1, 1, 1)
+        raise CompileError(
+            [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
+        )
+    return compile_source(text, file, overrides)

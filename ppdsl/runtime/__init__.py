@@ -1,0 +1,1 @@
+"""The runtime that generated rank programs call."""

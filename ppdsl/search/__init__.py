@@ -1,0 +1,1 @@
+"""`ppdsl search`: find building blocks and orders under a memory budget."""
