@@ -1,0 +1,5 @@
+import sys
+
+from ppdsl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""What several subcommands share: the schedule file argument and `-D` overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+from ppdsl.compiler import Compiled, compile_file
+from ppdsl.diagnostics import CompileError, Diagnostic
+
+__all__ = ["add_schedule_arguments", "parse_defines", "compile_from_args"]
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """FILE and repeated `-D name=value`."""
+    parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
+    parser.add_argument(
+        "-D",
+        dest="defines",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a parameter's default (repeatable), e.g. -D d=8 -D m=32",
+    )
+
+
+def parse_defines(defines: list[str]) -> dict[str, str]:
+    """`["d=8", "m=32"]` -> `{"d": "8", "m": "32"}`; malformed ones are errors."""
+    found: dict[str, str] = {}
+    errors: list[Diagnostic] = []
+    for item in defines:
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not name or not value:
+            errors.append(
+                Diagnostic("error", f"-D {item!r}: expected NAME=VALUE, e.g. -D d=8")
+            )
+        elif name in found:
+            errors.append(Diagnostic("error", f"-D {name} given twice ({found[name]!r} and {value!r})"))
+        else:
+            found[name] = value
+    if errors:
+        raise CompileError(errors)
+    return found
+
+
+def compile_from_args(args: argparse.Namespace) -> Compiled:
+    """Compile FILE with the -D overrides of the command line."""
+    return compile_file(args.file, parse_defines(args.defines))
