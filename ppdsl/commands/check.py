@@ -1,0 +1,47 @@
+"""Check a schedule: parse, elaborate, prove dependencies, collision-freedom,
+memory bounds and deadlock-freedom, simulate, and check every `expect`.
+Exit 0 when valid, 1 when the file is invalid, 2 on bad usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.diagnostics import CompileError, render_all
+from ppdsl.report import diagnostic_json, schedule_json
+
+HELP = "prove a schedule valid (or say where it is not)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print a machine-readable result")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.json:
+        compiled = compile_from_args(args)
+        if compiled.warnings:
+            print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+        s, t = compiled.schedule, compiled.timeline
+        print(
+            f"{args.file}: ok: schedule {s.name}, {s.num_devices} devices, {s.num_stages} stages, "
+            f"{s.num_microbatches} microbatches; makespan {float(t.makespan):g}, "
+            f"bubble {float(t.bubble_ratio):.4f}, peak memory {max(t.peak_memory)}"
+        )
+        return 0
+    try:
+        compiled = compile_from_args(args)
+    except CompileError as err:
+        result = {"valid": False, "diagnostics": [diagnostic_json(d) for d in err.diagnostics]}
+        print(json.dumps(result, indent=2))
+        return 1
+    result = {
+        "valid": True,
+        "diagnostics": [diagnostic_json(d) for d in compiled.warnings],
+        "schedule": schedule_json(compiled),
+    }
+    print(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,39 @@
+"""Draw a schedule's simulated timeline in the terminal: one row per device,
+F/B/W coloured like the papers' figures, microbatch numbers in each pass.
+Colour only on a terminal and when NO_COLOR is unset."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.diagnostics import render_all
+from ppdsl.render import TimelineStyle, render_timeline
+
+HELP = "draw the simulated timeline"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument(
+        "--width", type=int, default=None,
+        help="columns per band (default: the terminal's width); wider timelines wrap",
+    )
+    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    compiled = compile_from_args(args)
+    if compiled.warnings:
+        print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    if args.color == "auto":
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    else:
+        color = args.color == "always"
+    width = args.width or shutil.get_terminal_size((120, 24)).columns
+    style = TimelineStyle(width=max(width, 40), color=color)
+    sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style))
+    return 0

@@ -1,0 +1,124 @@
+"""Facts about a compiled schedule in the shapes the commands print: the stats
+table and the machine-readable JSON of `check --json` / `stats --json`."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from ppdsl.compiler import Compiled
+from ppdsl.diagnostics import Diagnostic
+from ppdsl.ir.schedule import torch_action
+
+__all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
+
+
+def memory_bounds(compiled: Compiled) -> list[Fraction | None]:
+    """Per device, the tightest declared `peak_memory` bound (None if none)."""
+    s = compiled.schedule
+    bounds: list[Fraction | None] = [None] * s.num_devices
+    for e in s.expects:
+        if e.metric != "peak_memory":
+            continue
+        for dev in range(s.num_devices) if e.device is None else (e.device,):
+            current = bounds[dev]
+            bounds[dev] = e.bound if current is None else min(current, e.bound)
+    return bounds
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, Fraction):
+        return str(x.numerator) if x.denominator == 1 else f"{x} ({float(x):.4g})"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return str(x)
+
+
+def stats_table(compiled: Compiled) -> str:
+    """Schedule-wide figures, then one row per device."""
+    s, t = compiled.schedule, compiled.timeline
+    lines = [
+        f"schedule {s.name}: {s.num_devices} devices, {s.num_stages} stages, "
+        f"{s.num_microbatches} microbatches, placement {s.placement.kind}, "
+        f"{'split' if s.split_backward else 'fused'} backward",
+        f"  makespan          {_num(float(t.makespan))}",
+        f"  bubble ratio      {float(t.bubble_ratio):.4f}   (zero-bubble paper: (span - busy) / span of the longest-span device)",
+        f"  bubble time       {_num(float(t.bubble_time))}",
+        f"  idle fraction     {float(t.idle_fraction):.4f}   (1 - busy / (devices x makespan))",
+        "",
+    ]
+    bounds = memory_bounds(compiled)
+    header = ["rank", "passes", "busy", "span", "idle in span", "peak memory", "bound", "headroom"]
+    rows = []
+    for dev in range(s.num_devices):
+        span = float(t.span_end[dev] - t.span_start[dev])
+        busy = float(t.busy[dev])
+        peak = t.peak_memory[dev]
+        bound = bounds[dev]
+        rows.append([
+            str(dev),
+            str(len(s.orders[dev])),
+            _num(busy),
+            _num(span),
+            f"{(span - busy) / span:.4f}" if span > 0 else "-",
+            _num(peak),
+            _num(bound) if bound is not None else "-",
+            _num(bound - peak) if bound is not None else "-",
+        ])
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    lines.append("memory in units of the file's M_B/M_W declarations")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Fraction):
+        return int(x) if x.denominator == 1 else float(x)
+    return x
+
+
+def schedule_json(compiled: Compiled) -> dict[str, Any]:
+    """Everything `--json` promises: per device the order as torch action strings,
+    its peak memory and bound; overall makespan and bubble ratio."""
+    s, t = compiled.schedule, compiled.timeline
+    bounds = memory_bounds(compiled)
+    return {
+        "name": s.name,
+        "file": s.file,
+        "params": {k: _jsonable(v) for k, v in s.params},
+        "num_devices": s.num_devices,
+        "num_stages": s.num_stages,
+        "num_microbatches": s.num_microbatches,
+        "placement": {"kind": s.placement.kind, "stage_device": list(s.placement.stage_device)},
+        "split_backward": s.split_backward,
+        "makespan": float(t.makespan),
+        "bubble_ratio": float(t.bubble_ratio),
+        "bubble_time": float(t.bubble_time),
+        "idle_fraction": float(t.idle_fraction),
+        "devices": [
+            {
+                "rank": dev,
+                "actions": [torch_action(p) for p in s.orders[dev]],
+                "peak_memory": _jsonable(t.peak_memory[dev]),
+                "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
+                "busy": float(t.busy[dev]),
+                "span": float(t.span_end[dev] - t.span_start[dev]),
+            }
+            for dev in range(s.num_devices)
+        ],
+    }
+
+
+def diagnostic_json(d: Diagnostic) -> dict[str, Any]:
+    """A diagnostic as JSON: severity, message, location, notes."""
+    where = None
+    if d.span is not None:
+        where = {"file": d.span.file, "line": d.span.line, "column": d.span.column}
+    return {
+        "severity": d.severity,
+        "message": d.message,
+        "location": where,
+        "notes": [n for _, n in d.notes],
+    }
