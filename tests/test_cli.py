@@ -1,0 +1,139 @@
+"""The `ppdsl` command line as a user meets it: exit codes, located errors,
+no tracebacks, JSON shape, colour only where asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppdsl.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+ZB_H1 = str(ROOT / "examples" / "zb_h1.pp")
+ONE_F_ONE_B = str(ROOT / "examples" / "1f1b.pp")
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_valid_example_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """A valid example checks with exit 0 and a one-line summary."""
+    code, out, err = _run(capsys, "check", ZB_H1, "-D", "d=4", "-D", "m=8")
+    assert code == 0, err
+    assert "ok" in out and "makespan 27" in out
+
+
+def test_missing_file_is_invalid_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A missing file is exit 1 with a message naming it, not a traceback."""
+    code, _, err = _run(capsys, "check", str(tmp_path / "nope.pp"))
+    assert code == 1
+    assert "no such file" in err and "Traceback" not in err
+
+
+def test_empty_file_is_located_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An empty file is a located error at 1:1."""
+    empty = tmp_path / "empty.pp"
+    empty.write_text("\n")
+    code, _, err = _run(capsys, "check", str(empty))
+    assert code == 1
+    assert err.startswith(f"{empty}:1:1: error: empty file")
+
+
+@pytest.mark.parametrize("define", ["d", "d=", "=4", "d=four", "nosuch=3"])
+def test_bad_define_is_invalid_input(capsys: pytest.CaptureFixture[str], define: str) -> None:
+    """Malformed or unknown -D values give exit 1 and name the -D."""
+    code, _, err = _run(capsys, "check", ZB_H1, "-D", define)
+    assert code == 1, err
+    assert "Traceback" not in err
+    assert define.partition("=")[0] in err or "-D" in err
+
+
+def test_unknown_command_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt subcommand is exit 2."""
+    code, _, err = _run(capsys, "chek", ZB_H1)
+    assert code == 2
+    assert "invalid choice" in err
+
+
+def test_check_json_gives_torch_actions_and_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """check --json carries per-device torch action strings, peak memory, makespan and bubble."""
+    code, out, _ = _run(capsys, "check", ZB_H1, "--json", "-D", "d=4", "-D", "m=8")
+    assert code == 0
+    result = json.loads(out)
+    assert result["valid"] is True
+    sched = result["schedule"]
+    assert sched["makespan"] == 27
+    rank0 = sched["devices"][0]["actions"]
+    assert rank0[:6] == ["0F0", "0F1", "0F2", "0F3", "0I0", "0W0"]
+    assert [d["peak_memory"] for d in sched["devices"]] == sorted(
+        (d["peak_memory"] for d in sched["devices"]), reverse=True
+    )
+    assert 0 <= sched["bubble_ratio"] < 1
+
+
+def test_check_json_reports_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """check --json on an invalid file says valid: false with located diagnostics, exit 1."""
+    bad = tmp_path / "bad.pp"
+    bad.write_text("schedule x {\n    param d = 4\n")
+    code, out, _ = _run(capsys, "check", str(bad), "--json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["valid"] is False
+    assert result["diagnostics"][0]["location"]["file"] == str(bad)
+
+
+def test_stats_table_has_every_device(capsys: pytest.CaptureFixture[str]) -> None:
+    """stats prints makespan, bubble ratio and one row per device with its bound."""
+    code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8")
+    assert code == 0
+    assert "bubble ratio" in out and "makespan" in out
+    rows = [ln for ln in out.splitlines() if ln.strip().split(" ")[0] in {"0", "1", "2", "3"}]
+    assert len(rows) == 4
+
+
+def test_show_without_tty_has_no_colour(capsys: pytest.CaptureFixture[str]) -> None:
+    """show to a pipe writes plain text with every device row and microbatch numbers."""
+    code, out, _ = _run(capsys, "show", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8", "--width", "200")
+    assert code == 0
+    assert "\x1b[" not in out
+    rows = [ln for ln in out.splitlines() if ln.startswith("rank ")]
+    assert len(rows) == 4
+    assert "F7" in rows[0] and "B7" in rows[3]
+
+
+def test_show_colour_always_and_no_color(capsys: pytest.CaptureFixture[str]) -> None:
+    """--color always colours; NO_COLOR in the environment wins over auto."""
+    code, out, _ = _run(capsys, "show", ZB_H1, "--color", "always")
+    assert code == 0 and "\x1b[" in out
+    os.environ["NO_COLOR"] = "1"
+    try:
+        code, out, _ = _run(capsys, "show", ZB_H1)
+    finally:
+        del os.environ["NO_COLOR"]
+    assert "\x1b[" not in out
+
+
+def test_show_wraps_instead_of_truncating(capsys: pytest.CaptureFixture[str]) -> None:
+    """A narrow terminal gets several bands; every microbatch still appears."""
+    code, out, _ = _run(capsys, "show", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8", "--width", "50")
+    assert code == 0
+    bands = [ln for ln in out.splitlines() if ln.strip().startswith("t = ")]
+    assert len(bands) > 1
+    for mb in range(8):
+        assert f"B{mb}" in out
+
+
+def test_console_script_runs() -> None:
+    """`python -m ppdsl` works as a process and returns the exit code."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ppdsl", "check", ZB_H1], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
