@@ -1,0 +1,1 @@
+"""Static checks on the schedule IR, one module per property."""
