@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
          "-w", str(out), str(ROOT)],
         check=True, capture_output=True, text=True,
     )
