@@ -27,6 +27,8 @@ _COMMANDS = [
     ("compile", "compile"),
     ("run", "run"),
     ("search", "search"),
+    ("export", "export"),
+    ("import", "import_csv"),
 ]
 
 
