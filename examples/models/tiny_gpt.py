@@ -1,0 +1,108 @@
+"""A small decoder-only transformer for pipeline tests and the demo.
+
+`stages(num_stages)` follows ppdsl's model protocol (docs/runtime.md): it cuts
+16 transformer blocks into `num_stages` contiguous stages (1, 2, 4, 8 or 16 of
+them; any count up to 16 works), the token and position embeddings riding on the
+first stage and the final norm and vocabulary head on the last. Every block is
+initialised from its own seed, so each rank builds identical weights for the
+stages it holds without building the others.
+
+    ppdsl run examples/zb_v.pp -D d=4 -D m=8 --model examples/models/tiny_gpt.py:stages
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ppdsl.runtime import PipelineModel, split_layers
+
+VOCAB = 64
+DIM = 32
+HEADS = 2
+SEQ = 16
+LAYERS = 16
+SEED = 1234
+
+
+class Block(nn.Module):
+    """Pre-norm attention + MLP, causal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(DIM)
+        self.qkv = nn.Linear(DIM, 3 * DIM)
+        self.proj = nn.Linear(DIM, DIM)
+        self.norm2 = nn.LayerNorm(DIM)
+        self.up = nn.Linear(DIM, 4 * DIM)
+        self.down = nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(DIM, dim=-1)
+        q, k, v = (z.reshape(b, t, HEADS, DIM // HEADS).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, DIM))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, DIM)
+        self.positions = nn.Embedding(SEQ, DIM)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(pos)
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.out = nn.Linear(DIM, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def _layer(index: int) -> nn.Module:
+    """Layer `index` of [embed, block 0..LAYERS-1, head], from its own seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED + index)
+        if index == 0:
+            return Embed()
+        if index == LAYERS + 1:
+            return Head()
+        return Block()
+
+
+def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy."""
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of an affine recurrence mod VOCAB (learnable), seeded by the step."""
+    g = torch.Generator().manual_seed(SEED * 7919 + step)
+    start = torch.randint(0, VOCAB, (batch_size, 1), generator=g)
+    mult = torch.randint(1, 4, (batch_size, 1), generator=g) * 2 + 1
+    seq = [start]
+    for _ in range(SEQ):
+        seq.append((seq[-1] * mult + 7) % VOCAB)
+    tokens = torch.cat(seq, dim=1)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def stages(num_stages: int) -> PipelineModel:
+    """The protocol's factory: the model cut into `num_stages` stages."""
+    groups = split_layers(list(range(1, LAYERS + 1)), num_stages)
+    groups[0].insert(0, 0)
+    groups[-1].append(LAYERS + 1)
+
+    def stage(index: int) -> nn.Module:
+        return nn.Sequential(*(_layer(i) for i in groups[index]))
+
+    return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch)

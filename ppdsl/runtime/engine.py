@@ -1,0 +1,312 @@
+"""One rank's training step: run its RankProgram's ops in order.
+
+- F(mb, s): the stage's forward on the received (or locally handed-over)
+  activation; on the last stage also the loss, scaled by 1/m so that gradients
+  summed over microbatches are those of the batch's mean loss.
+- B(mb, s): autograd backward of the stage with split-aware layers deferring
+  weight gradients into a W stash (`ppdsl.runtime.split`); the graph is freed.
+- W(mb, s): runs the stash: weight gradients only.
+- BW(mb, s): one backward computing both.
+- Exchange: posts all its sends and receives at once (isend/irecv); waits for the
+  receives (the next pass needs them) but lets the sends finish in the background
+  while the rank computes, collecting them at later exchanges and at the step's end.
+  Two stages on one rank hand over without a transfer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from fractions import Fraction
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
+from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime.memory import MemoryMeter
+from ppdsl.runtime.split import WStash, prepare_stage, stash_scope
+
+__all__ = ["Engine", "PeerError", "StepResult", "probe_shapes"]
+
+
+class PeerError(RuntimeError):
+    """A transfer with another rank failed or timed out."""
+
+
+@dataclass
+class StepResult:
+    """What one step measured on this rank."""
+
+    loss: float | None
+    """The batch's mean loss (on the rank holding the last stage), else None."""
+    step_time: float
+    compute_time: float
+
+
+def _tag(t: Transfer, num_microbatches: int, num_stages: int) -> int:
+    kind = 0 if t.kind is TransferKind.ACT else 1
+    return (kind * num_microbatches + t.microbatch) * num_stages + t.dst_stage
+
+
+class Engine:
+    """Runs one rank's ops; holds its stages and optimizer."""
+
+    def __init__(
+        self,
+        rank: int,
+        ops: Sequence[Op],
+        stage_device: Sequence[int],
+        num_microbatches: int,
+        memory: MemoryModel,
+        model: Any,
+        device: torch.device,
+        shapes: dict[int, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        *,
+        lr: float = 3e-3,
+        optimizer: str = "adam",
+        timeout: float = 60.0,
+    ) -> None:
+        self.rank = rank
+        self.ops = tuple(ops)
+        self.stage_device = tuple(stage_device)
+        self.num_stages = len(stage_device)
+        self.num_microbatches = num_microbatches
+        self.memory = memory
+        self.model = model
+        self.device = device
+        self.shapes = shapes or {}
+        """{stage: (shape, dtype)} of each stage's output (see `probe_shapes`)."""
+        self.timeout = timedelta(seconds=timeout)
+        self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+        self.stages: dict[int, torch.nn.Module] = {}
+        self.unsplit: dict[int, list[str]] = {}
+        for s, dev in enumerate(self.stage_device):
+            if dev == rank:
+                module = model.stage(s).to(device)
+                self.unsplit[s] = prepare_stage(module)
+                self.stages[s] = module
+        self.params = [p for m in self.stages.values() for p in m.parameters()]
+        opt_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
+        self.optimizer = opt_class(self.params, lr=lr) if self.params else None
+        self.meter = MemoryMeter(self.params)
+        self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
+
+    # -- one step ------------------------------------------------------------
+
+    def step(self, step: int, batch_size: int, *, optimizer_step: bool = True) -> StepResult:
+        inputs, targets = self.model.batch(step, batch_size)
+        m = self.num_microbatches
+        self._inputs = [t.to(self.device) for t in torch.tensor_split(inputs, m)]
+        self._targets = [t.to(self.device) for t in torch.tensor_split(targets, m)]
+        self._inbox: dict[tuple[TransferKind, int, int], torch.Tensor] = {}
+        self._outbox: dict[tuple[TransferKind, int, int], torch.Tensor] = {}
+        self._state: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._stash: dict[tuple[int, int], WStash] = {}
+        self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
+        self._loss = 0.0
+        self.meter.reset_peak()
+        for p in self.params:
+            p.grad = None
+        compute = 0.0
+        start = time.perf_counter()
+        for op in self.ops:
+            if isinstance(op, Exchange):
+                self._exchange(op)
+            else:
+                t0 = time.perf_counter()
+                self._compute(op)
+                dt = time.perf_counter() - t0
+                compute += dt
+                self.compute_time[op.pass_.kind] += dt
+        for work, _, transfer in self._sends:
+            self._wait(work, transfer)
+        self._sends.clear()
+        if optimizer_step and self.optimizer is not None:
+            self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        holds_loss = self.stage_device[-1] == self.rank
+        return StepResult(self._loss if holds_loss else None, elapsed, compute)
+
+    def _compute(self, op: Compute) -> None:
+        p = op.pass_
+        key = (p.microbatch, p.stage)
+        if p.kind is PassKind.F:
+            self._forward(p.microbatch, p.stage)
+        elif p.kind is PassKind.W:
+            stash = self._stash.pop(key)
+            stash.run()
+            self.meter.set_stash(key, [])
+        else:
+            self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
+        self.meter.after(p.kind, key, self.memory.activation[p.stage])
+
+    def _forward(self, mb: int, s: int) -> None:
+        if s == 0:
+            x = None
+            value = self._inputs[mb]
+        else:
+            value = self._take(TransferKind.ACT, mb, s)
+            x = value.requires_grad_(True)
+        with self.meter.saving((mb, s)):
+            out = self.stages[s](value)
+            if s == self.num_stages - 1:
+                loss = self.model.loss(out, self._targets[mb])
+                self._loss += float(loss.detach()) / self.num_microbatches
+                out = loss / self.num_microbatches
+        self._state[(mb, s)] = (x, out)
+        if s < self.num_stages - 1:
+            self._give(TransferKind.ACT, mb, s, s + 1, out.detach())
+
+    def _backward(self, mb: int, s: int, fused: bool) -> None:
+        x, out = self._state.pop((mb, s))
+        grad = None if s == self.num_stages - 1 else self._take(TransferKind.GRAD, mb, s)
+        stash = None if fused else WStash()
+        with stash_scope(stash):
+            torch.autograd.backward(out, grad)
+        del out, grad
+        if stash is not None:
+            self._stash[(mb, s)] = stash
+            self.meter.set_stash((mb, s), stash.tensors)
+        if s > 0:
+            assert x is not None and x.grad is not None
+            self._give(TransferKind.GRAD, mb, s, s - 1, x.grad)
+
+    # -- hand-over and transfers ---------------------------------------------
+
+    def _give(self, kind: TransferKind, mb: int, src: int, dst: int, value: torch.Tensor) -> None:
+        if self.stage_device[dst] == self.rank:
+            self._inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
+        else:
+            self._outbox[(kind, mb, src)] = value.contiguous()
+
+    def _take(self, kind: TransferKind, mb: int, stage: int) -> torch.Tensor:
+        return self._inbox.pop((kind, mb, stage))
+
+    def _exchange(self, op: Exchange) -> None:
+        m, n = self.num_microbatches, self.num_stages
+        self._sends = [s for s in self._sends if not s[0].is_completed()]
+        p2p: list[dist.P2POp] = []
+        recvs: list[tuple[torch.Tensor, Transfer]] = []
+        sends: list[tuple[torch.Tensor, Transfer]] = []
+        for t in op.recvs:
+            stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
+            shape, dtype = self.shapes[stage]
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+            recvs.append((buf, t))
+            p2p.append(dist.P2POp(dist.irecv, buf, t.src_rank, tag=_tag(t, m, n)))
+        for t in op.sends:
+            value = self._outbox.pop((t.kind, t.microbatch, t.src_stage))
+            sends.append((value, t))
+            p2p.append(dist.P2POp(dist.isend, value, t.dst_rank, tag=_tag(t, m, n)))
+        try:
+            if self.nccl:
+                works = dist.batch_isend_irecv(p2p)
+            else:
+                works = [o.op(o.tensor, o.peer, tag=o.tag) for o in p2p]
+        except RuntimeError as exc:
+            peer = (op.recvs or op.sends)[0]
+            raise PeerError(f"rank {self.rank}: posting {peer} failed: {exc}") from exc
+        if len(works) == len(p2p):
+            for work, (buf, t) in zip(works[: len(recvs)], recvs, strict=True):
+                self._wait(work, t)
+                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
+            self._sends.extend(
+                (w, v, t) for w, (v, t) in zip(works[len(recvs) :], sends, strict=True)
+            )
+        else:  # NCCL coalesces a batch into one work
+            for work in works:
+                work.wait()
+            for buf, t in recvs:
+                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
+
+    def _wait(self, work: Any, t: Transfer) -> None:
+        peer = t.src_rank if t.dst_rank == self.rank else t.dst_rank
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            what = "receiving" if t.dst_rank == self.rank else "sending"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PeerError(
+                f"rank {self.rank}: {what} {t} failed or timed out "
+                f"(after at most {self.timeout.total_seconds():g} s): rank {peer} "
+                f"did not answer ({first})"
+            ) from exc
+
+    # -- results ---------------------------------------------------------------
+
+    def measured_mw_ratio(self) -> dict[int, Fraction]:
+        """Per stage of this rank: bytes held after B / bytes held after F."""
+        ratios: dict[int, Fraction] = {}
+        for (mb, s), after in self.meter.after_b.items():
+            f = self.meter.f_bytes.get((mb, s))
+            if f:
+                ratios.setdefault(s, Fraction(after, f))
+        return ratios
+
+    def stage_bytes(self) -> dict[int, int]:
+        """Per stage of this rank: the bytes of one microbatch's activations (1 M_B)."""
+        found: dict[int, int] = {}
+        for (_mb, s), b in self.meter.f_bytes.items():
+            found.setdefault(s, b)
+        return found
+
+
+def probe_shapes(
+    model: Any,
+    stages: dict[int, torch.nn.Module],
+    stage_device: Sequence[int],
+    rank: int,
+    num_microbatches: int,
+    batch_size: int,
+    device: torch.device,
+) -> tuple[dict[int, tuple[tuple[int, ...], torch.dtype]], str | None]:
+    """Run microbatch 0 of step 0 through every stage once, stage by stage, on the
+    rank holding it (no gradients), broadcasting each output's shape; returns
+    {stage: (shape, dtype)} of every stage's output and the first error message
+    (the same on every rank) or None. This is where a stage that cannot take the
+    previous stage's output, or a loss that cannot take the last, is caught."""
+    num_stages = len(stage_device)
+    inputs, targets = model.batch(0, batch_size)
+    x_in = torch.tensor_split(inputs, num_microbatches)[0].to(device)
+    t_in = torch.tensor_split(targets, num_microbatches)[0].to(device)
+    shapes: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
+    prev: tuple[tuple[int, ...], torch.dtype] | None = None
+    for s in range(num_stages):
+        owner = stage_device[s]
+        payload: list[Any] = [None]
+        if owner == rank:
+            try:
+                with torch.no_grad():
+                    module = stages[s]
+                    if s == 0:
+                        value = x_in
+                    else:
+                        assert prev is not None
+                        value = torch.zeros(prev[0], dtype=prev[1], device=device)
+                    out = module(value)
+                    if not isinstance(out, torch.Tensor):
+                        raise TypeError(f"returned {type(out).__name__}, expected one tensor")
+                    if s == num_stages - 1:
+                        loss = model.loss(out, t_in)
+                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                            raise TypeError("loss(output, target) must return a scalar tensor")
+                payload = [(tuple(out.shape), str(out.dtype).removeprefix("torch."), None)]
+            except Exception as exc:  # the user's model: report, don't crash
+                what = (
+                    f"stage {s} (on rank {owner})"
+                    + (f" cannot take stage {s - 1}'s output of shape {list(prev[0])}" if s and prev else "")
+                )
+                payload = [(None, None, f"{what}: {type(exc).__name__}: {exc}")]
+        dist.broadcast_object_list(payload, src=owner)
+        shape, dtype_name, error = payload[0]
+        if error is not None:
+            return shapes, error
+        prev = (tuple(shape), getattr(torch, dtype_name))
+        shapes[s] = prev
+    return shapes, None

@@ -1,0 +1,126 @@
+"""Measuring activation memory: the bytes each microbatch-stage keeps alive for its
+backward, counted from the tensors themselves.
+
+During a forward, `saved_tensors_hooks` wraps every tensor autograd saves (other
+than parameters) in a small box that the meter only references weakly; once
+autograd frees a saved tensor (at the end of B, or of a fused backward) its box
+dies. What a microbatch-stage holds at any moment is the storage of its live boxes
+plus its W stash, each storage counted once. Nothing is assumed about what B or W
+free: the meter looks.
+
+Units: the bytes one microbatch-stage holds right after its F are 1 M_B of that
+stage (the compiler's unit); after B, what it still holds divided by that is the
+model's real M_W / M_B.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+
+from ppdsl.ir.schedule import MemoryModel, PassKind
+
+__all__ = ["MemoryMeter", "predicted_peak", "storage_bytes"]
+
+
+class _Box:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors`."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+@dataclass
+class _Held:
+    boxes: list[weakref.ref] = field(default_factory=list)
+    stash: list[torch.Tensor] = field(default_factory=list)
+
+    def tensors(self) -> list[torch.Tensor]:
+        alive = [b() for b in self.boxes]
+        return [b.tensor for b in alive if b is not None] + list(self.stash)
+
+
+class MemoryMeter:
+    """Per rank: what each (microbatch, stage) holds, and the peak of the total."""
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        self._param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self._held: dict[tuple[int, int], _Held] = {}
+        self._bytes: dict[tuple[int, int], int] = {}
+        self.f_bytes: dict[tuple[int, int], int] = {}
+        """Bytes held right after each F: that microbatch-stage's 1 M_B."""
+        self.after_b: dict[tuple[int, int], int] = {}
+        """Bytes still held right after each B (the model's real M_W)."""
+        self.peak_bytes = 0
+        self.peak_units = Fraction(0)
+        self._activation: dict[tuple[int, int], Fraction] = {}
+
+    def saving(self, key: tuple[int, int]) -> torch.autograd.graph.saved_tensors_hooks:
+        """Context for the forward of `key`: boxes every saved non-parameter tensor."""
+        held = self._held.setdefault(key, _Held())
+
+        def pack(t: torch.Tensor) -> object:
+            if t.untyped_storage().data_ptr() in self._param_ptrs:
+                return t
+            box = _Box(t)
+            held.boxes.append(weakref.ref(box))
+            return box
+
+        def unpack(obj: object) -> torch.Tensor:
+            return obj.tensor if isinstance(obj, _Box) else obj  # type: ignore[return-value]
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def set_stash(self, key: tuple[int, int], tensors: list[torch.Tensor]) -> None:
+        self._held.setdefault(key, _Held()).stash = tensors
+
+    def after(self, kind: PassKind, key: tuple[int, int], activation: Fraction) -> None:
+        """Re-measure every microbatch-stage after a pass of `kind` on `key`;
+        `activation` is the file's M_B of the stage, to express the total in its units."""
+        for k, held in self._held.items():
+            self._bytes[k] = storage_bytes(held.tensors())
+        if kind is PassKind.F:
+            self.f_bytes[key] = self._bytes[key]
+        elif kind is PassKind.B:
+            self.after_b[key] = self._bytes[key]
+        if kind in (PassKind.W, PassKind.BW):
+            self._held.pop(key, None)
+        total = sum(self._bytes.values())
+        self.peak_bytes = max(self.peak_bytes, total)
+        self._activation[key] = activation
+        units = sum(
+            (Fraction(b, self.f_bytes[k]) * self._activation[k] if self.f_bytes.get(k) else 0)
+            for k, b in self._bytes.items()
+        )
+        self.peak_units = max(self.peak_units, Fraction(units))
+        if kind in (PassKind.W, PassKind.BW):
+            self._bytes.pop(key, None)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = 0
+        self.peak_units = Fraction(0)
+
+
+def predicted_peak(
+    order: Iterable[tuple[PassKind, int]], memory: MemoryModel
+) -> Fraction:
+    """The memory model's peak for one device: the largest prefix sum of the
+    deltas of its passes (kind, stage) in order."""
+    level, peak = Fraction(0), Fraction(0)
+    for kind, stage in order:
+        level += memory.delta(kind, stage)
+        peak = max(peak, level)
+    return peak

@@ -1,0 +1,157 @@
+"""What a rank needs to know about the compiled schedule besides its own ops: the
+placement, the microbatch count, the memory model and the compiler's predictions.
+It is the manifest's content (`manifest.json` beside the generated programs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from ppdsl import __version__
+from ppdsl.ir.rank import RankProgram, format_rank_programs
+from ppdsl.ir.schedule import MemoryModel, PassKind, Schedule, format_schedule
+from ppdsl.runtime.memory import predicted_peak
+
+__all__ = ["Plan", "plan_from_schedule", "fingerprint"]
+
+
+def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...]) -> str:
+    """sha256 of the schedule's canonical text, the rank programs and ppdsl's version."""
+    text = "\n".join(
+        [f"ppdsl {__version__}", format_schedule(schedule), format_rank_programs(programs)]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The schedule facts every rank shares."""
+
+    name: str
+    file: str
+    params: dict[str, Any]
+    stage_device: tuple[int, ...]
+    num_microbatches: int
+    split_backward: bool
+    memory: MemoryModel
+    orders: tuple[tuple[tuple[PassKind, int, int], ...], ...]
+    """Per rank: (kind, microbatch, stage) of each compute pass, in order."""
+    fingerprint: str
+    predicted_busy_share: tuple[float, ...] | None = None
+    """Per rank: simulated busy time / makespan (None without a timeline)."""
+    costs: dict[str, Any] | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.orders)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_device)
+
+    def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
+        """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
+        return predicted_peak(((k, s) for k, _, s in self.orders[rank]), memory or self.memory)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ppdsl_version": __version__,
+            "schedule": self.name,
+            "file": self.file,
+            "params": self.params,
+            "fingerprint": self.fingerprint,
+            "num_devices": self.num_devices,
+            "num_stages": self.num_stages,
+            "num_microbatches": self.num_microbatches,
+            "placement": list(self.stage_device),
+            "split_backward": self.split_backward,
+            "memory": {
+                "M_B": [str(x) for x in self.memory.activation],
+                "M_W": [str(x) for x in self.memory.weight_retained],
+            },
+            "costs": self.costs,
+            "predicted_peak_memory": [str(self.predicted_peak(r)) for r in range(self.num_devices)],
+            "predicted_busy_share": list(self.predicted_busy_share)
+            if self.predicted_busy_share is not None
+            else None,
+            "actions": [
+                [torch_action_of(k, mb, s) for k, mb, s in order] for order in self.orders
+            ],
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Plan:
+        letters = {v.torch_letter: v for v in PassKind}
+        orders = []
+        for actions in data["actions"]:
+            order = []
+            for a in actions:
+                i = next(j for j, c in enumerate(a) if not c.isdigit())
+                order.append((letters[a[i]], int(a[i + 1 :]), int(a[:i])))
+            orders.append(tuple(order))
+        busy = data.get("predicted_busy_share")
+        return Plan(
+            name=data["schedule"],
+            file=data["file"],
+            params=dict(data["params"]),
+            stage_device=tuple(data["placement"]),
+            num_microbatches=int(data["num_microbatches"]),
+            split_backward=bool(data["split_backward"]),
+            memory=MemoryModel(
+                tuple(Fraction(x) for x in data["memory"]["M_B"]),
+                tuple(Fraction(x) for x in data["memory"]["M_W"]),
+            ),
+            orders=tuple(orders),
+            fingerprint=data["fingerprint"],
+            predicted_busy_share=tuple(busy) if busy is not None else None,
+            costs=data.get("costs"),
+        )
+
+
+def torch_action_of(kind: PassKind, microbatch: int, stage: int) -> str:
+    return f"{stage}{kind.torch_letter}{microbatch}"
+
+
+def _json_value(v: object) -> Any:
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return str(v)
+
+
+def plan_from_schedule(
+    schedule: Schedule, programs: tuple[RankProgram, ...], timeline: Any = None
+) -> Plan:
+    """The plan of a compiled schedule (timeline: `ppdsl.simulate.Timeline` or None)."""
+    busy = None
+    if timeline is not None:
+        busy = tuple(float(b) / float(timeline.makespan) for b in timeline.busy)
+    c = schedule.costs
+    return Plan(
+        name=schedule.name,
+        file=schedule.file,
+        params={str(k): _json_value(v) for k, v in schedule.params},
+        stage_device=schedule.placement.stage_device,
+        num_microbatches=schedule.num_microbatches,
+        split_backward=schedule.split_backward,
+        memory=schedule.memory,
+        orders=tuple(
+            tuple((p.kind, p.microbatch, p.stage) for p in order) for order in schedule.orders
+        ),
+        fingerprint=fingerprint(schedule, programs),
+        predicted_busy_share=busy,
+        costs={
+            "F": list(c.forward),
+            "B": list(c.backward_input),
+            "W": list(c.backward_weight),
+            "BW": list(c.fused_backward),
+            "comm": c.comm,
+        },
+    )
+
+
+def dumps(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=1)

@@ -1,0 +1,338 @@
+"""The entry point generated rank programs call: start-up checks, training loop,
+per-step line and the closing predicted-vs-measured table.
+
+    torchrun --nproc-per-node 4 build/zb_v/launch.py --model examples/models/tiny_gpt.py:stages
+
+Start-up, before any training: the world size must equal the schedule's device
+count; every rank must run the same compiled schedule (fingerprint all-gather);
+the model must follow the protocol, build the schedule's stage count, and its
+stages must chain (a probe forward); the batch must split into m microbatches.
+Any failure prints one clear message (from rank 0, or from the rank that saw it)
+and every rank exits 1. Later, a rank that dies or hangs makes the others exit 1
+naming it, within `--timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppdsl.ir.rank import Op
+from ppdsl.ir.schedule import MemoryModel
+from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
+from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.plan import Plan
+from ppdsl.runtime.watchdog import Watchdog, fail
+
+__all__ = ["main", "parse_options", "memory_table"]
+
+EXIT_INVALID = 1
+
+
+def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Train with a ppdsl-compiled pipeline schedule (run under torchrun)."
+    )
+    parser.add_argument(
+        "--model", required=True, metavar="FILE.py:FACTORY",
+        help="the model factory, e.g. examples/models/tiny_gpt.py:stages (docs/runtime.md)",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None,
+        help="samples per step, split into m microbatches (default 2*m)",
+    )
+    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0,
+        help="seconds before a dead or hung rank makes the others stop (default 60)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--json", dest="json_out", metavar="DIR", default=None,
+        help="write each rank's measurements to DIR/rank<N>.json",
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    return args
+
+
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
+        print(text, flush=True)
+
+
+def _agree(error: str | None, rank: int, world: int) -> str | None:
+    """All ranks learn the first rank's error (or None): they stop together."""
+    found: list[Any] = [None] * world
+    dist.all_gather_object(found, error)
+    for r, e in enumerate(found):
+        if e is not None:
+            return e if r == rank or e == error else f"(on rank {r}) {e}"
+    return None
+
+
+def main(
+    rank_in_file: int,
+    ops: Sequence[Op],
+    fingerprint: str,
+    manifest: str | Path,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run this rank's program; returns the exit code (0, or 1 for invalid input)."""
+    opts = parse_options(argv)
+    plan = Plan.from_json(json.loads(Path(manifest).read_text()))
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print(
+            "ppdsl: start this program with torchrun (or `ppdsl run`), e.g. "
+            f"torchrun --nproc-per-node {plan.num_devices} {Path(manifest).parent / 'launch.py'} "
+            "--model examples/models/tiny_gpt.py:stages",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != plan.num_devices:
+        if rank == 0:
+            print(
+                f"ppdsl: schedule {plan.name!r} was compiled for {plan.num_devices} ranks but "
+                f"torchrun started {world}; use --nproc-per-node {plan.num_devices} "
+                "(or recompile with -D d=...)",
+                file=sys.stderr,
+            )
+        return EXIT_INVALID
+    if fingerprint != plan.fingerprint or rank_in_file != rank:
+        print(
+            f"ppdsl: rank {rank}: this rank program (rank {rank_in_file}) does not belong to "
+            f"{manifest}; recompile the directory",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        _say(rank, "ppdsl: --device cuda but CUDA is not available")
+        return EXIT_INVALID
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo",
+        timeout=timedelta(seconds=opts.timeout),
+        **({"device_id": device} if use_cuda else {}),
+    )
+    watchdog = Watchdog(rank, world, opts.timeout)
+    watchdog.start()
+    try:
+        code = _run(plan, ops, opts, rank, world, device, watchdog)
+    except PeerError as exc:
+        fail(watchdog, rank, str(exc))
+    except Exception as exc:  # a bug or a model failing mid-training: stop everyone
+        import traceback
+
+        traceback.print_exc()
+        fail(watchdog, rank, f"{type(exc).__name__}: {exc}")
+    watchdog.done()
+    if code == 0:
+        dist.barrier()
+    dist.destroy_process_group()
+    return code
+
+
+def _run(
+    plan: Plan,
+    ops: Sequence[Op],
+    opts: argparse.Namespace,
+    rank: int,
+    world: int,
+    device: torch.device,
+    watchdog: Watchdog,
+) -> int:
+    theirs: list[Any] = [None] * world
+    dist.all_gather_object(theirs, (plan.fingerprint, world, plan.name))
+    differ = [r for r, (fp, _, _) in enumerate(theirs) if fp != plan.fingerprint]
+    if differ:
+        if rank == 0:
+            lines = [f"  rank {r}: schedule {n!r} fingerprint {fp[:12]}" for r, (fp, _, n) in enumerate(theirs)]
+            print(
+                "ppdsl: the ranks run different compiled schedules; start every rank from the "
+                "same compiled directory\n" + "\n".join(lines),
+                file=sys.stderr, flush=True,
+            )
+        return EXIT_INVALID
+    m = plan.num_microbatches
+    batch_size = opts.batch_size if opts.batch_size is not None else 2 * m
+    error = None
+    model: Any = None
+    engine: Engine | None = None
+    inputs: Any = None
+    try:
+        model = build_model(opts.model, plan.num_stages)
+        if batch_size % m:
+            raise ModelError(
+                f"--batch-size {batch_size} does not split into {m} microbatches; "
+                f"use a multiple of {m}"
+            )
+        inputs, _ = model.batch(0, batch_size)
+        if getattr(inputs, "shape", (0,))[0] != batch_size:
+            raise ModelError(
+                f"batch(0, {batch_size}) returned {getattr(inputs, 'shape', '?')[0]} samples, "
+                f"expected {batch_size}"
+            )
+        engine = Engine(
+            rank, ops, plan.stage_device, m, plan.memory, model, device,
+            lr=opts.lr, timeout=opts.timeout,
+        )
+    except ModelError as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"building the model failed: {type(exc).__name__}: {exc}"
+    error = _agree(error, rank, world)
+    if error is None:
+        assert engine is not None
+        engine.shapes, error = probe_shapes(
+            model, engine.stages, plan.stage_device, rank, m, batch_size, device
+        )
+    if error is not None:
+        if rank == 0:
+            print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_INVALID
+    assert engine is not None
+    unsplit = [f"stage {s}: {', '.join(names)}" for s, names in engine.unsplit.items() if names]
+    if unsplit and plan.split_backward:
+        print(
+            f"ppdsl: rank {rank}: note: these parameters get their gradient during B (no "
+            f"split-aware layer for them): {'; '.join(unsplit)}",
+            file=sys.stderr,
+        )
+    tokens = int(inputs.numel())
+    _say(
+        rank,
+        f"ppdsl: schedule {plan.name} ({plan.file}): {world} ranks, {plan.num_stages} stages, "
+        f"{m} microbatches, batch {batch_size}, {device.type}"
+        + (" (gloo)" if device.type == "cpu" else " (nccl)"),
+    )
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_times, shares = [], []
+    peak_bytes, peak_units = 0, Fraction(0)
+    cuda_peak = None
+    for step in range(opts.steps):
+        if device.type == "cuda":
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        result = engine.step(step, batch_size)
+        if device.type == "cuda":
+            cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
+        peak_bytes = max(peak_bytes, engine.meter.peak_bytes)
+        peak_units = max(peak_units, engine.meter.peak_units)
+        stats = torch.tensor(
+            [result.loss if result.loss is not None else 0.0, result.step_time], device=device
+        )
+        dist.all_reduce(stats[:1], op=dist.ReduceOp.SUM)
+        dist.all_reduce(stats[1:], op=dist.ReduceOp.MAX)
+        loss, step_time = float(stats[0]), float(stats[1])
+        if step > 0 or opts.steps == 1:
+            step_times.append(step_time)
+            shares.append(result.compute_time / max(result.step_time, 1e-12))
+        _say(
+            rank,
+            f"step {step + 1:4d}/{opts.steps}  loss {loss:.4f}  step {step_time * 1e3:8.1f} ms"
+            f"  {tokens / step_time:9.0f} tokens/s",
+        )
+    ratios = engine.measured_mw_ratio()
+    real_memory = _with_real_mw(plan.memory, ratios)
+    mine = {
+        "rank": rank,
+        "stages": sorted(engine.stages),
+        "predicted_peak": str(plan.predicted_peak(rank)),
+        "predicted_peak_real_mw": str(plan.predicted_peak(rank, real_memory)),
+        "measured_peak": str(peak_units),
+        "measured_peak_bytes": peak_bytes,
+        "cuda_peak_bytes": cuda_peak,
+        "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
+        "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
+        "predicted_busy_share": plan.predicted_busy_share[rank] if plan.predicted_busy_share else None,
+        "measured_busy_share": sum(shares) / len(shares) if shares else None,
+        "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
+    }
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if opts.json_out:
+        out = Path(opts.json_out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{rank}.json").write_text(json.dumps(mine, indent=1))
+    if rank == 0:
+        print(memory_table(plan, everyone), flush=True)
+    return 0
+
+
+def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryModel:
+    """The file's memory model with M_W replaced by the measured M_W/M_B where known."""
+    return MemoryModel(
+        memory.activation,
+        tuple(
+            a * ratios[s] if s in ratios else w
+            for s, (a, w) in enumerate(zip(memory.activation, memory.weight_retained, strict=True))
+        ),
+    )
+
+
+def _fmt_frac(text: str) -> str:
+    x = Fraction(text)
+    return str(x) if x.denominator <= 12 else f"{float(x):.3f}"
+
+
+def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
+    """Predicted vs measured peak activation memory and busy share, one row per rank."""
+    mb = plan.memory
+    mw_file = sorted({str(w / a) for a, w in zip(mb.activation, mb.weight_retained, strict=True) if a})
+    head = (
+        f"{'rank':>4}  {'stages':<8} {'peak predicted':>14} {'measured':>9} {'bytes':>10}"
+        f"  {'real M_W/M_B':>12} {'pred. (real M_W)':>16}  {'busy pred.':>10} {'measured':>9}"
+    )
+    lines = [
+        "",
+        "peak activation memory in the file's units (M_B of a stage = bytes one microbatch "
+        "holds after its F) and compute share of the step:",
+        head,
+    ]
+    for r in ranks:
+        ratio = sorted({_fmt_frac(v) for v in r["mw_ratio"].values()})
+        busy_p = r["predicted_busy_share"]
+        busy_m = r["measured_busy_share"]
+        lines.append(
+            f"{r['rank']:>4}  {','.join(map(str, r['stages'])):<8} {_fmt_frac(r['predicted_peak']):>14}"
+            f" {_fmt_frac(r['measured_peak']):>9} {r['measured_peak_bytes']:>10}"
+            f"  {'/'.join(ratio) if ratio else '-':>12} {_fmt_frac(r['predicted_peak_real_mw']):>16}"
+            f"  {f'{busy_p:.2f}' if busy_p is not None else '-':>10}"
+            f" {f'{busy_m:.2f}' if busy_m is not None else '-':>9}"
+            + (f"  cuda peak {r['cuda_peak_bytes']} B" if r.get("cuda_peak_bytes") else "")
+        )
+    if plan.split_backward:
+        real = sorted({v for r in ranks for v in r["mw_ratio"].values()}, key=Fraction)
+        file_ratio = ", ".join(mw_file)
+        if real and any(Fraction(v) not in {Fraction(x) for x in mw_file} for v in real):
+            lines.append(
+                f"note: the file's memory model has M_W/M_B = {file_ratio}; this model keeps "
+                f"{', '.join(_fmt_frac(v) for v in real)} of a microbatch's activation from B to W "
+                "(measured), so the 'pred. (real M_W)' column is the one to compare."
+            )
+    return "\n".join(lines)
+

@@ -1,0 +1,143 @@
+"""Runs every case of one world size in ONE process group (started by torchrun from
+tests/dist/harness.py) and writes, per case and rank, what it measured as JSON:
+loss and gradient error against a single-process non-pipelined run of the same
+model on the same batch, parameter error after several optimizer steps, and
+measured vs predicted peak activation memory.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/dist/worker.py CASES.json OUTDIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from ppdsl.lower import lower  # noqa: E402
+from ppdsl.runtime.engine import Engine, probe_shapes  # noqa: E402
+from ppdsl.runtime.model import build_model  # noqa: E402
+from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
+from ppdsl.runtime.train import _with_real_mw  # noqa: E402
+from tests.dist.orders import python_schedules  # noqa: E402
+
+MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
+LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's first step is
+# sign-like and would amplify rounding in near-zero gradients)
+
+
+def _schedule(case: dict):
+    if case["source"] == "python":
+        found = {s.name: s for s in python_schedules(case["d"], case["m"])}
+        return found[case["name"]], None
+    from ppdsl.compiler import compile_file
+
+    compiled = compile_file(ROOT / case["file"], {k: str(v) for k, v in case["defines"].items()})
+    return compiled.schedule, compiled
+
+
+def _reference(model, num_stages: int, steps: int, batch_size: int):
+    """Single process, no pipeline: loss and grads of step 0, params after `steps`."""
+    stages = [model.stage(s) for s in range(num_stages)]
+    params = [p for st in stages for p in st.parameters()]
+    opt = torch.optim.SGD(params, lr=LR)
+    first = None
+    for step in range(steps):
+        inputs, targets = model.batch(step, batch_size)
+        x = inputs
+        for st in stages:
+            x = st(x)
+        loss = model.loss(x, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if step == 0:
+            first = (
+                float(loss.detach()),
+                [{n: p.grad.clone() for n, p in st.named_parameters()} for st in stages],
+            )
+        opt.step()
+    return first, [{n: p.detach().clone() for n, p in st.named_parameters()} for st in stages]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def run_case(case: dict, rank: int, world: int) -> dict:
+    schedule, compiled = _schedule(case)
+    assert schedule.num_devices == world, (schedule.num_devices, world)
+    programs = lower(schedule) if compiled is None else compiled.programs
+    plan = plan_from_schedule(schedule, programs, None if compiled is None else compiled.timeline)
+    m, num_stages = plan.num_microbatches, plan.num_stages
+    batch_size = case.get("batch_per_mb", 2) * m
+    model = build_model(MODEL, num_stages)
+    engine = Engine(rank, programs[rank].ops, plan.stage_device, m, plan.memory, model,
+                    torch.device("cpu"), lr=LR, optimizer="sgd", timeout=60)
+    engine.shapes, error = probe_shapes(model, engine.stages, plan.stage_device, rank, m,
+                                        batch_size, torch.device("cpu"))
+    assert error is None, error
+    steps = case.get("steps", 3)
+    out: dict = {"case": case["id"], "rank": rank, "stages": sorted(engine.stages)}
+    first = engine.step(0, batch_size, optimizer_step=False)
+    loss_t = torch.tensor([first.loss or 0.0], dtype=torch.float64)
+    dist.all_reduce(loss_t)
+    out["measured_peak"] = str(engine.meter.peak_units)
+    out["measured_peak_bytes"] = engine.meter.peak_bytes
+    ratios = engine.measured_mw_ratio()
+    out["mw_ratio"] = {str(s): str(r) for s, r in ratios.items()}
+    out["stage_bytes"] = {str(s): b for s, b in engine.stage_bytes().items()}
+    out["predicted_peak"] = str(plan.predicted_peak(rank))
+    out["predicted_peak_real_mw"] = str(plan.predicted_peak(rank, _with_real_mw(plan.memory, ratios)))
+    if not case.get("check_grads", True):
+        return out
+    ref_first, ref_params = _reference(model, num_stages, steps, batch_size)
+    ref_loss, ref_grads = ref_first
+    out["loss"] = float(loss_t[0])
+    out["ref_loss"] = ref_loss
+    grad_err = 0.0
+    for s, st in engine.stages.items():
+        for n, p in st.named_parameters():
+            assert p.grad is not None, f"stage {s} {n}: no gradient"
+            grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n]))
+    out["grad_rel_err"] = grad_err
+    engine.optimizer.step()
+    for step in range(1, steps):
+        engine.step(step, batch_size)
+    param_err = 0.0
+    for s, st in engine.stages.items():
+        for n, p in st.named_parameters():
+            param_err = max(param_err, _rel(p.detach(), ref_params[s][n]))
+    out["param_rel_err"] = param_err
+    out["steps"] = steps
+    return out
+
+
+def main() -> int:
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    outdir = Path(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for case in cases:
+        try:
+            result = run_case(case, rank, world)
+        except Exception as exc:
+            result = {"case": case["id"], "rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()}
+        (outdir / f"{case['id']}.rank{rank}.json").write_text(json.dumps(result, indent=1))
+        dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
