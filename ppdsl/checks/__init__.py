@@ -1,1 +1,29 @@
-"""Static checks on the schedule IR, one module per property."""
+"""Static checks on the schedule IR, one module per property.
+
+`check_schedule` runs the checks that need only the schedule IR, in order:
+passes (every pass exactly once, on its device), dependencies (a global order
+exists), collisions (the building block repeats cleanly), memory (every
+`expect peak_memory`). When the passes check fails the others are skipped:
+they assume every pass exists exactly once. The deadlock check needs the
+lowered rank programs and the expectations check the timeline; the driver
+calls them later (`ppdsl.checks.deadlock`, `ppdsl.checks.expectations`).
+"""
+
+from __future__ import annotations
+
+from ppdsl.checks import collisions, dependencies, memory, passes
+from ppdsl.diagnostics import Diagnostic, sorted_diagnostics
+from ppdsl.ir.schedule import Schedule
+
+__all__ = ["check_schedule"]
+
+
+def check_schedule(schedule: Schedule) -> list[Diagnostic]:
+    """All findings of passes, dependencies, collisions and memory, sorted by
+    location (the later three only when passes found no error)."""
+    found = passes.check(schedule)
+    if any(d.severity == "error" for d in found):
+        return sorted_diagnostics(found)
+    for module in (dependencies, collisions, memory):
+        found += module.check(schedule)
+    return sorted_diagnostics(found)

@@ -1,0 +1,140 @@
+"""Every pass exactly once, on the device the placement says.
+
+For each microbatch j < m and stage s < S the schedule must run F(j,s) and its
+backward (B(j,s) and W(j,s) with a split backward, BW(j,s) with a fused one)
+exactly once, in the order of the device that holds stage s. The other checks
+assume this, so the driver stops here when it fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppdsl.checks._flat import CODE_KIND, KIND_CODE, flatten
+from ppdsl.diagnostics import Diagnostic
+from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
+
+__all__ = ["check", "format_runs"]
+
+
+def _name(p: Pass) -> str:
+    return format_pass(p, True)
+
+
+def format_runs(kind: PassKind, stage: int, microbatches: list[int], show_stage: bool) -> str:
+    """`F0-F7:s3, F9:s3`: consecutive microbatches of one kind and stage as a run
+    (first-last, both included), so that no pass is left out of a message."""
+    parts = []
+    suffix = f":s{stage}" if show_stage else ""
+    k = kind.value
+    i = 0
+    while i < len(microbatches):
+        j = i
+        while j + 1 < len(microbatches) and microbatches[j + 1] == microbatches[j] + 1:
+            j += 1
+        a, b = microbatches[i], microbatches[j]
+        parts.append(f"{k}{a}{suffix}" if a == b else f"{k}{a}-{k}{b}{suffix}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def check(schedule: Schedule) -> list[Diagnostic]:
+    """Out-of-range, misplaced, wrong-kind, duplicated and missing passes; all of
+    them, sorted by location."""
+    s = schedule
+    m, S, d = s.num_microbatches, s.num_stages, s.num_devices
+    found: list[Diagnostic] = []
+    if len(s.orders) != d:
+        found.append(
+            Diagnostic(
+                "error",
+                f"the schedule has orders for {len(s.orders)} devices but its placement "
+                f"uses {d}; give one order per device",
+                s.span,
+            )
+        )
+        return found
+    flat = flatten(s)
+    allowed = {KIND_CODE[k] for k in (PassKind.F, *s.backward_kinds)}
+    kind, mb, st, dev = flat.kind, flat.microbatch, flat.stage, flat.device
+    ok_mb = (mb >= 0) & (mb < m)
+    ok_stage = (st >= 0) & (st < S)
+    ok_kind = np.isin(kind, list(allowed))
+    stage_device = np.asarray(s.placement.stage_device, dtype=np.int64)
+    ok_device = np.zeros(flat.size, dtype=bool)
+    ok_device[ok_stage] = stage_device[st[ok_stage]] == dev[ok_stage]
+
+    for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device)).tolist():
+        p = flat.passes[k]
+        where = f"device {int(dev[k])} runs {_name(p)}"
+        if not ok_mb[k]:
+            msg = f"{where}: microbatch {p.microbatch} is out of range (m = {m}: microbatches 0..{m - 1})"
+        elif not ok_stage[k]:
+            msg = f"{where}: stage {p.stage} is out of range (the placement has {S} stages: 0..{S - 1})"
+        elif not ok_kind[k]:
+            if s.split_backward:
+                msg = f"{where}: a fused backward BW in a split-backward schedule; write B and W"
+            else:
+                msg = f"{where}: {p.kind.value} in a fused-backward schedule; write BW"
+        else:
+            msg = (
+                f"{where}, but the placement ({s.placement.kind}) puts stage {p.stage} on "
+                f"device {int(stage_device[p.stage])}; move the pass to that device's order"
+            )
+        found.append(Diagnostic("error", msg, p.span))
+
+    valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device)
+    linear = (kind[valid] * m + mb[valid]) * S + st[valid]
+    counts = np.bincount(linear, minlength=4 * m * S) if len(linear) else np.zeros(4 * m * S, int)
+    # duplicates: every occurrence after the first, with a note at the first
+    if np.any(counts > 1):
+        first: dict[int, int] = {}
+        for k, key in zip(valid.tolist(), linear.tolist(), strict=True):
+            if counts[key] < 2:
+                continue
+            if key not in first:
+                first[key] = k
+                continue
+            p, q = flat.passes[k], flat.passes[first[key]]
+            found.append(
+                Diagnostic(
+                    "error",
+                    f"{_name(p)} runs twice on device {int(dev[k])}; every pass runs exactly "
+                    "once: remove one",
+                    p.span,
+                    (
+                        (
+                            q.span,
+                            f"its first run: pass "
+                            f"{first[key] - int(flat.offsets[dev[first[key]]])} of the order",
+                        ),
+                    ),
+                )
+            )
+
+    expected = sorted(KIND_CODE[k] for k in (PassKind.F, *s.backward_kinds))
+    present = counts.reshape(4, m, S)[expected] > 0
+    if not present.all():
+        # group by the device that should run them, then by (kind, stage)
+        missing = np.argwhere(~present)  # rows: (index into expected, mb, stage)
+        by_device: dict[int, dict[tuple[int, int], list[int]]] = {}
+        for e, j, stage in missing.tolist():
+            groups = by_device.setdefault(s.placement.stage_device[stage], {})
+            groups.setdefault((expected[e], stage), []).append(j)
+        for device in sorted(by_device):
+            groups = by_device[device]
+            show_stage = len(s.placement.chunks(device)) > 1
+            count = sum(len(v) for v in groups.values())
+            listed = "; ".join(
+                format_runs(CODE_KIND[code], stage, mbs, show_stage)
+                for (code, stage), mbs in sorted(groups.items(), key=lambda x: (x[0][1], x[0][0]))
+            )
+            found.append(
+                Diagnostic(
+                    "error",
+                    f"device {device} never runs {count} pass{'es' if count != 1 else ''} that "
+                    f"its stages need: {listed}; add them to its order",
+                    s.span,
+                )
+            )
+    return found

@@ -1,0 +1,241 @@
+"""Timed simulation of a schedule's per-device orders under its cost model.
+
+Each device runs its passes in its order. A pass starts as soon as its device
+is free and every pass it depends on has ended, plus `costs.comm` when that
+pass ran on another device (a transfer; none between two stages on one
+device). Nothing else waits: this is the "squeeze" of the controllable-memory
+paper, which re-times a fixed order as early as possible.
+
+`simulate` runs a numba kernel over flat arrays; `simulate_reference` is plain
+Python written from the definition (a pass's start is the max of its
+predecessors' ends) and exists to check the fast one.
+
+Bubble ratio, as the zero-bubble paper measures it: per device,
+(span - busy) / span, where the span runs from the start of the device's first
+pass to the end of its last; the schedule's ratio is that of the device with the
+longest span (the lowest-numbered one on a tie). `idle_fraction` is the
+whole-pipeline 1 - busy / (devices x makespan).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from ppdsl.checks._flat import Flat, dependencies, flatten, run_orders
+from ppdsl.checks.memory import peak_memory
+from ppdsl.ir.schedule import Pass, PassKind, Schedule
+
+__all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference"]
+
+
+class SimulationError(ValueError):
+    """The orders cannot be simulated: a pass is missing, or the orders wait on
+    each other in a cycle (the dependency check reports which)."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When every pass runs, and what follows from it. Times are in the unit of
+    the file's `cost` declarations; memory in the unit of its `memory` ones."""
+
+    start: tuple[tuple[float, ...], ...]
+    """start[dev][k]: start time of schedule.orders[dev][k]."""
+    end: tuple[tuple[float, ...], ...]
+    """end[dev][k]: end time of schedule.orders[dev][k]."""
+    makespan: float
+    """End of the last pass (time starts at 0)."""
+    busy: tuple[float, ...]
+    """Per device, the sum of its pass durations."""
+    span_start: tuple[float, ...]
+    """Per device, the start of its first pass (0 for a device with no pass)."""
+    span_end: tuple[float, ...]
+    """Per device, the end of its last pass (0 for a device with no pass)."""
+    bubble_ratio: float
+    """The zero-bubble paper's bubble ratio: (span - busy) / span of the device
+    with the longest span."""
+    bubble_time: float
+    """span - busy of that same device."""
+    idle_fraction: float
+    """1 - sum(busy) / (devices x makespan)."""
+    peak_memory: tuple[Fraction, ...]
+    """Per device, the peak activation memory (exact, from the order alone)."""
+    memory_over_time: tuple[tuple[tuple[float, float], ...], ...] | None = None
+    """Per device, (time, memory) after every change: an F allocates at its
+    start, a B/W/BW frees at its end. None unless asked for."""
+
+
+def _costs_arrays(
+    schedule: Schedule, flat: Flat
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    c = schedule.costs
+    table = np.array(
+        [c.forward, c.backward_input, c.backward_weight, c.fused_backward], dtype=np.float64
+    )
+    duration = table[flat.kind, flat.stage]
+    deps = dependencies(schedule, flat)
+    if deps.missing:
+        raise SimulationError(
+            f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
+        )
+    comm = float(c.comm)
+    comm0 = np.where((deps.dep0 >= 0) & (flat.device[deps.dep0] != flat.device), comm, 0.0)
+    comm1 = np.where((deps.dep1 >= 0) & (flat.device[deps.dep1] != flat.device), comm, 0.0)
+    return duration, comm0, comm1, np.stack([deps.dep0, deps.dep1])
+
+
+def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
+    """The timed simulation (numba kernel). Raises SimulationError when a pass
+    is missing or the orders wait on each other in a cycle."""
+    flat = flatten(schedule)
+    duration, comm0, comm1, deps = _costs_arrays(schedule, flat)
+    start, end, position = run_orders(flat.offsets, deps[0], deps[1], duration, comm0, comm1)
+    stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
+    if stuck:
+        raise SimulationError(
+            f"cannot simulate: devices {stuck} wait on each other in a cycle "
+            "(the dependency check shows the cycle)"
+        )
+    starts, ends = [], []
+    for dev in range(schedule.num_devices):
+        a, b = flat.offsets[dev], flat.offsets[dev + 1]
+        starts.append(tuple(start[a:b].tolist()))
+        ends.append(tuple(end[a:b].tolist()))
+    # fsum: correctly rounded, so both simulators agree to the last bit
+    busy = [
+        math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
+        for d in range(len(starts))
+    ]
+    return _timeline(schedule, tuple(starts), tuple(ends), busy, memory_over_time)
+
+
+def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
+    """The same simulation in plain Python, from the definition: a pass starts
+    at the max of (end of the previous pass on its device) and (end of each
+    pass it depends on + transfer cost). Evaluated depth-first with an explicit
+    stack; a cycle raises SimulationError."""
+    placement = schedule.placement
+    bk = PassKind.B if schedule.split_backward else PassKind.BW
+    last = schedule.num_stages - 1
+    where: dict[tuple[PassKind, int, int], tuple[int, int]] = {}
+    for dev, order in enumerate(schedule.orders):
+        for k, p in enumerate(order):
+            where[p.key] = (dev, k)
+
+    def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
+        p: Pass = schedule.orders[dev][k]
+        keys: list[tuple[PassKind, int, int]] = []
+        if p.kind is PassKind.F and p.stage > 0:
+            keys.append((PassKind.F, p.microbatch, p.stage - 1))
+        if p.kind in (PassKind.B, PassKind.BW):
+            keys.append((PassKind.F, p.microbatch, p.stage))
+            if p.stage < last:
+                keys.append((bk, p.microbatch, p.stage + 1))
+        if p.kind is PassKind.W:
+            keys.append((PassKind.B, p.microbatch, p.stage))
+        found: list[tuple[tuple[int, int], float]] = []
+        if k > 0:
+            found.append(((dev, k - 1), 0.0))
+        for key in keys:
+            if key not in where:
+                raise SimulationError(
+                    f"cannot simulate: {key[0].value}{key[1]}:s{key[2]} is missing"
+                )
+            other = where[key]
+            cost = (
+                0.0
+                if placement.stage_device[key[2]] == placement.stage_device[p.stage]
+                else float(schedule.costs.comm)
+            )
+            found.append((other, cost))
+        return found
+
+    ends: dict[tuple[int, int], float] = {}
+    starts: dict[tuple[int, int], float] = {}
+    on_stack: set[tuple[int, int]] = set()
+    for dev, order in enumerate(schedule.orders):
+        for k in range(len(order)):
+            if (dev, k) in ends:
+                continue
+            stack = [(dev, k)]
+            on_stack.add((dev, k))
+            while stack:
+                node = stack[-1]
+                pending = [n for n, _ in needs(*node) if n not in ends]
+                if pending:
+                    # one child at a time, so the stack is exactly the chain of waits
+                    if pending[0] in on_stack:
+                        raise SimulationError(
+                            "cannot simulate: the orders wait on each other in a cycle"
+                        )
+                    stack.append(pending[0])
+                    on_stack.add(pending[0])
+                    continue
+                stack.pop()
+                on_stack.discard(node)
+                if node in ends:
+                    continue
+                begin = max((ends[n] + c for n, c in needs(*node)), default=0.0)
+                p = schedule.orders[node[0]][node[1]]
+                starts[node] = begin
+                ends[node] = begin + schedule.costs.duration(p.kind, p.stage)
+    start = tuple(
+        tuple(starts[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders)
+    )
+    end = tuple(tuple(ends[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders))
+    busy = [
+        math.fsum(schedule.costs.duration(p.kind, p.stage) for p in order)
+        for order in schedule.orders
+    ]
+    return _timeline(schedule, start, end, busy, memory_over_time)
+
+
+def _timeline(
+    schedule: Schedule,
+    start: tuple[tuple[float, ...], ...],
+    end: tuple[tuple[float, ...], ...],
+    busy: list[float],
+    with_memory: bool,
+) -> Timeline:
+    num_devices = schedule.num_devices
+    span_start = tuple(s[0] if s else 0.0 for s in start)
+    span_end = tuple(max(e) if e else 0.0 for e in end)
+    makespan = max(span_end, default=0.0)
+    spans = [span_end[d] - span_start[d] for d in range(num_devices)]
+    longest = max(range(num_devices), key=lambda d: (spans[d], -d)) if num_devices else 0
+    bubble_time = spans[longest] - busy[longest] if num_devices else 0.0
+    bubble_ratio = bubble_time / spans[longest] if num_devices and spans[longest] > 0 else 0.0
+    total = num_devices * makespan
+    idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
+    profile = _memory_over_time(schedule, start, end) if with_memory else None
+    return Timeline(
+        start=start,
+        end=end,
+        makespan=makespan,
+        busy=tuple(busy),
+        span_start=span_start,
+        span_end=span_end,
+        bubble_ratio=bubble_ratio,
+        bubble_time=bubble_time,
+        idle_fraction=idle_fraction,
+        peak_memory=peak_memory(schedule),
+        memory_over_time=profile,
+    )
+
+
+def _memory_over_time(
+    schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    memory = schedule.memory
+    out = []
+    for dev, order in enumerate(schedule.orders):
+        level = Fraction(0)
+        points: list[tuple[float, float]] = []
+        for p, s, e in zip(order, start[dev], end[dev], strict=True):
+            level += memory.delta(p.kind, p.stage)
+            points.append((s if p.kind is PassKind.F else e, float(level)))
+        out.append(tuple(points))
+    return tuple(out)

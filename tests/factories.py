@@ -1,0 +1,256 @@
+"""Builders and hypothesis strategies for schedule IR, for tests of the checks,
+the simulator and the interchange formats.
+
+Plain builders: `placement(...)`, `make_schedule(...)`, `one_f_one_b_orders`,
+`random_valid_orders`. Strategies: `schedules()` draws a valid schedule (random
+placement incl. vshape/looped/wave, a random topological interleaving of all
+passes, random costs); `corruptions()` breaks exactly one guarantee and says
+which check must catch it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from hypothesis import strategies as st
+
+from ppdsl.diagnostics import Span
+from ppdsl.ir.schedule import (
+    Block,
+    BlockSlot,
+    Costs,
+    Expect,
+    MemoryModel,
+    Pass,
+    PassKind,
+    Placement,
+    Schedule,
+)
+
+F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
+FILE = "orders.pp"
+
+
+def placement(kind: str, num_devices: int, v: int = 2) -> Placement:
+    """parallel, looped (v chunks), vshape, wave (v chunks)."""
+    d = num_devices
+    if kind == "parallel":
+        return Placement("parallel", d, tuple(range(d)))
+    if kind == "looped":
+        return Placement("looped", d, tuple(s % d for s in range(v * d)))
+    if kind == "vshape":
+        kind, v = "wave", 2
+    if kind == "wave":
+        devs = []
+        for s in range(v * d):
+            chunk, k = divmod(s, d)
+            devs.append(k if chunk % 2 == 0 else d - 1 - k)
+        return Placement("vshape" if v == 2 else "wave", d, tuple(devs))
+    raise ValueError(kind)
+
+
+def pass_span(device: int, index: int) -> Span:
+    """A distinct, sortable span per pass: line = device + 2, column = index + 1."""
+    return Span(FILE, device + 2, index + 1, device + 2, index + 1)
+
+
+def with_spans(orders: list[list[tuple[PassKind, int, int]]]) -> tuple[tuple[Pass, ...], ...]:
+    return tuple(
+        tuple(Pass(k, j, s, pass_span(dev, i)) for i, (k, j, s) in enumerate(order))
+        for dev, order in enumerate(orders)
+    )
+
+
+def make_schedule(
+    place: Placement,
+    num_microbatches: int,
+    orders,
+    *,
+    split_backward: bool = True,
+    costs: Costs | None = None,
+    memory: MemoryModel | None = None,
+    expects: tuple[Expect, ...] = (),
+    block: Block | None = None,
+    name: str = "test",
+) -> Schedule:
+    """A Schedule from orders given as Pass tuples or (kind, mb, stage) lists."""
+    S = place.num_stages
+    if orders and orders[0] and not isinstance(orders[0][0], Pass):
+        orders = with_spans(orders)
+    orders = tuple(tuple(o) for o in orders)
+    return Schedule(
+        name=name,
+        file=FILE,
+        params=(("d", place.num_devices), ("m", num_microbatches)),
+        num_microbatches=num_microbatches,
+        placement=place,
+        split_backward=split_backward,
+        costs=costs or Costs.unit(S),
+        memory=memory or MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
+        orders=orders,
+        expects=expects,
+        block=block,
+        span=Span(FILE, 1, 1, 1, 8),
+    )
+
+
+def one_f_one_b_orders(
+    d: int, m: int, split: bool = False
+) -> list[list[tuple[PassKind, int, int]]]:
+    """1F1B (PipeDream-flush) on a parallel placement: device i warms up with
+    min(d - i, m) forwards... then alternates; with `split`, each BW becomes B W."""
+    orders = []
+    for i in range(d):
+        warm = min(d - i - 1, m)
+        order: list[tuple[PassKind, int, int]] = [(F, j, i) for j in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            if f < m:
+                order.append((F, f, i))
+                f += 1
+            if split:
+                order += [(B, b, i), (W, b, i)]
+            else:
+                order.append((BW, b, i))
+            b += 1
+        orders.append(order)
+    return orders
+
+
+def _needs(kind: PassKind, j: int, s: int, S: int, split: bool) -> list[tuple[PassKind, int, int]]:
+    bk = B if split else BW
+    if kind is F:
+        return [(F, j, s - 1)] if s > 0 else []
+    if kind in (B, BW):
+        return [(F, j, s)] + ([(bk, j, s + 1)] if s < S - 1 else [])
+    return [(B, j, s)]
+
+
+def random_valid_orders(place: Placement, m: int, split: bool, rng: random.Random):
+    """A random topological interleaving of all passes, split into devices: every
+    device order is consistent with one global order, so the schedule is valid."""
+    S = place.num_stages
+    kinds = (F, B, W) if split else (F, BW)
+    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in range(S)]
+    needers: dict[tuple, list[tuple]] = {}
+    waiting = {}
+    for p in all_passes:
+        n = _needs(*p, S, split)
+        waiting[p] = len(n)
+        for q in n:
+            needers.setdefault(q, []).append(p)
+    ready = [p for p in all_passes if waiting[p] == 0]
+    orders: list[list[tuple]] = [[] for _ in range(place.num_devices)]
+    while ready:
+        p = ready.pop(rng.randrange(len(ready)))
+        orders[place.stage_device[p[2]]].append(p)
+        for q in needers.get(p, []):
+            waiting[q] -= 1
+            if waiting[q] == 0:
+                ready.append(q)
+    return orders
+
+
+def random_costs(S: int, rng: random.Random, comm: float) -> Costs:
+    f = tuple(float(rng.randint(1, 4)) for _ in range(S))
+    b = tuple(float(rng.randint(1, 4)) for _ in range(S))
+    w = tuple(float(rng.randint(1, 4)) for _ in range(S))
+    return Costs(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+
+
+@st.composite
+def schedules(draw, max_devices: int = 4, max_microbatches: int = 6) -> Schedule:
+    """A valid schedule: random placement, random valid orders, random costs."""
+    d = draw(st.integers(1, max_devices))
+    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave"]))
+    v = draw(st.integers(1, 3)) if kind in ("looped", "wave") else 2
+    place = placement(kind, d, v)
+    m = draw(st.integers(1, max_microbatches))
+    split = draw(st.booleans())
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    orders = random_valid_orders(place, m, split, rng)
+    return make_schedule(
+        place, m, orders, split_backward=split, costs=random_costs(place.num_stages, rng, comm)
+    )
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """A schedule that breaks exactly one guarantee; `check` is the module name
+    that must report it and `span` where (None: the schedule's own span)."""
+
+    schedule: Schedule
+    check: str
+    what: str
+    span: Span | None
+
+
+def _rebuild(s: Schedule, orders: list[list[Pass]]) -> Schedule:
+    return replace(s, orders=tuple(tuple(o) for o in orders))
+
+
+def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
+    """Break one guarantee of a valid schedule `s`."""
+    orders = [list(o) for o in s.orders]
+    devices = [dev for dev, o in enumerate(orders) if o]
+    dev = rng.choice(devices)
+    k = rng.randrange(len(orders[dev]))
+    p = orders[dev][k]
+    if how == "drop":
+        del orders[dev][k]
+        return Corruption(_rebuild(s, orders), "passes", f"drop {p}", s.span)
+    if how == "duplicate":
+        orders[dev].insert(rng.randrange(len(orders[dev]) + 1), p)
+        # the error sits at the later occurrence; both carry the same span here
+        return Corruption(_rebuild(s, orders), "passes", f"duplicate {p}", p.span)
+    if how == "out_of_range":
+        bad = replace(p, microbatch=s.num_microbatches + rng.randrange(3))
+        orders[dev][k] = bad
+        return Corruption(_rebuild(s, orders), "passes", f"microbatch out of range {p}", p.span)
+    if how == "wrong_device":
+        if s.num_devices < 2:
+            return corrupt(s, "drop", rng)
+        other = rng.choice([x for x in range(s.num_devices) if x != dev])
+        del orders[dev][k]
+        orders[other].insert(rng.randrange(len(orders[other]) + 1), p)
+        return Corruption(_rebuild(s, orders), "passes", f"move {p} to device {other}", p.span)
+    if how == "dependency":
+        # move a backward pass before the F of its own (microbatch, stage): same device
+        backs = [
+            (d2, i, q) for d2, o in enumerate(orders) for i, q in enumerate(o) if q.kind is not F
+        ]
+        d2, i, q = rng.choice(backs)
+        f_index = next(x for x, r in enumerate(orders[d2]) if r.key == (F, q.microbatch, q.stage))
+        del orders[d2][i]
+        orders[d2].insert(f_index, q)
+        return Corruption(_rebuild(s, orders), "dependencies", f"{q} before its F", None)
+    if how == "memory":
+        from ppdsl.checks.memory import peak_memory
+
+        peaks = peak_memory(s)
+        target = rng.randrange(s.num_devices)
+        span = Span(FILE, 90, 5, 90, 30)
+        bound = peaks[target] - Fraction(1, 2)
+        e = Expect("peak_memory", "<=", bound, target, span, str(bound))
+        return Corruption(replace(s, expects=(e,)), "memory", f"bound {bound} on {target}", span)
+    raise ValueError(how)
+
+
+CORRUPTIONS = ("drop", "duplicate", "out_of_range", "wrong_device", "dependency", "memory")
+
+
+@st.composite
+def corruptions(draw) -> Corruption:
+    """A valid schedule with exactly one guarantee broken."""
+    s = draw(schedules())
+    how = draw(st.sampled_from(CORRUPTIONS))
+    return corrupt(s, how, random.Random(draw(st.integers(0, 2**32 - 1))))
+
+
+def block_slot(kind: PassKind, stage: int, device: int, start, duration, line: int) -> BlockSlot:
+    return BlockSlot(
+        kind, stage, device, Fraction(start), Fraction(duration), Span(FILE, line, 5, line, 20)
+    )
