@@ -254,3 +254,19 @@ def block_slot(kind: PassKind, stage: int, device: int, start, duration, line: i
     return BlockSlot(
         kind, stage, device, Fraction(start), Fraction(duration), Span(FILE, line, 5, line, 20)
     )
+
+
+def breadth_first_orders(place: Placement, m: int, split: bool = True):
+    """Looped breadth-first / GPipe-like orders for any placement: every device
+    runs all forwards chunk by chunk, then all backwards in reverse chunk order
+    (B W pairs with a split backward). Deadlock-free under blocking exchanges:
+    every device sends and receives microbatches in the same order."""
+    orders = []
+    for dev in range(place.num_devices):
+        chunks = place.chunks(dev)
+        order: list[tuple[PassKind, int, int]] = [(F, j, s) for s in chunks for j in range(m)]
+        for s in reversed(chunks):
+            for j in range(m):
+                order += [(B, j, s), (W, j, s)] if split else [(BW, j, s)]
+        orders.append(order)
+    return orders
