@@ -113,10 +113,10 @@ def main(
                 file=sys.stderr,
             )
         return EXIT_INVALID
-    if fingerprint != plan.fingerprint or rank_in_file != rank:
+    if rank_in_file != rank:
         print(
-            f"ppdsl: rank {rank}: this rank program (rank {rank_in_file}) does not belong to "
-            f"{manifest}; recompile the directory",
+            f"ppdsl: rank {rank}: was handed the program of rank {rank_in_file}; start it "
+            "through the generated launch.py",
             file=sys.stderr,
         )
         return EXIT_INVALID
@@ -140,7 +140,7 @@ def main(
     watchdog = Watchdog(rank, world, opts.timeout)
     watchdog.start()
     try:
-        code = _run(plan, ops, opts, rank, world, device, watchdog)
+        code = _run(plan, fingerprint, ops, opts, rank, world, device, watchdog)
     except PeerError as exc:
         fail(watchdog, rank, str(exc))
     except Exception as exc:  # a bug or a model failing mid-training: stop everyone
@@ -157,6 +157,7 @@ def main(
 
 def _run(
     plan: Plan,
+    fingerprint: str,
     ops: Sequence[Op],
     opts: argparse.Namespace,
     rank: int,
@@ -164,12 +165,16 @@ def _run(
     device: torch.device,
     watchdog: Watchdog,
 ) -> int:
+    # Each rank offers its program's fingerprint and its manifest's: one compiled
+    # directory for everyone, or nobody starts.
     theirs: list[Any] = [None] * world
-    dist.all_gather_object(theirs, (plan.fingerprint, world, plan.name))
-    differ = [r for r, (fp, _, _) in enumerate(theirs) if fp != plan.fingerprint]
-    if differ:
+    dist.all_gather_object(theirs, (fingerprint, plan.fingerprint, plan.name))
+    if len({fp for fp, _, _ in theirs} | {mf for _, mf, _ in theirs}) > 1:
         if rank == 0:
-            lines = [f"  rank {r}: schedule {n!r} fingerprint {fp[:12]}" for r, (fp, _, n) in enumerate(theirs)]
+            lines = [
+                f"  rank {r}: program {fp[:12]}, manifest {mf[:12]} (schedule {n!r})"
+                for r, (fp, mf, n) in enumerate(theirs)
+            ]
             print(
                 "ppdsl: the ranks run different compiled schedules; start every rank from the "
                 "same compiled directory\n" + "\n".join(lines),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import traceback
 from datetime import timedelta
@@ -22,12 +23,10 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.lower import lower  # noqa: E402
 from ppdsl.runtime.engine import Engine, probe_shapes  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
-from tests.dist.orders import python_schedules  # noqa: E402
 
 MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's first step is
@@ -35,13 +34,9 @@ LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's firs
 
 
 def _schedule(case: dict):
-    if case["source"] == "python":
-        found = {s.name: s for s in python_schedules(case["d"], case["m"])}
-        return found[case["name"]], None
-    from ppdsl.compiler import compile_file
-
-    compiled = compile_file(ROOT / case["file"], {k: str(v) for k, v in case["defines"].items()})
-    return compiled.schedule, compiled
+    """(schedule, programs, timeline-or-None), compiled once by the test process."""
+    with open(case["pickle"], "rb") as f:
+        return pickle.load(f)
 
 
 def _reference(model, num_stages: int, steps: int, batch_size: int):
@@ -72,10 +67,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_case(case: dict, rank: int, world: int) -> dict:
-    schedule, compiled = _schedule(case)
+    schedule, programs, timeline = _schedule(case)
     assert schedule.num_devices == world, (schedule.num_devices, world)
-    programs = lower(schedule) if compiled is None else compiled.programs
-    plan = plan_from_schedule(schedule, programs, None if compiled is None else compiled.timeline)
+    plan = plan_from_schedule(schedule, programs, timeline)
     m, num_stages = plan.num_microbatches, plan.num_stages
     batch_size = case.get("batch_per_mb", 2) * m
     model = build_model(MODEL, num_stages)

@@ -1,0 +1,49 @@
+"""Compile a schedule into per-rank torch programs: rank<N>.py for every rank, a
+launch.py that picks the rank's program from torchrun's RANK, and manifest.json
+(schedule, params, placement, costs, per-rank torch action lists, fingerprint).
+Start it with `torchrun --nproc-per-node D OUT/launch.py --model FILE.py:FACTORY`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.diagnostics import render_all
+
+HELP = "generate per-rank torch programs (run them with torchrun)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument(
+        "-o", "--output", metavar="DIR", default=None,
+        help="output directory (default: build/<file name without .pp>)",
+    )
+
+
+def default_output(file: str) -> Path:
+    """build/<stem>, the stem reduced to safe characters."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(file).stem) or "schedule"
+    return Path("build") / stem
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppdsl.codegen import generate, write
+
+    compiled = compile_from_args(args)
+    if compiled.warnings:
+        print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    out = Path(args.output) if args.output else default_output(args.file)
+    generated = generate(compiled)
+    write(generated, out)
+    d = compiled.schedule.num_devices
+    print(
+        f"wrote {out}/: rank0.py..rank{d - 1}.py, launch.py, manifest.json "
+        f"(fingerprint {generated.plan.fingerprint[:12]})\n"
+        f"run it: torchrun --nproc-per-node {d} {out}/launch.py "
+        "--model examples/models/tiny_gpt.py:stages --steps 20"
+    )
+    return 0

@@ -1,0 +1,115 @@
+"""Compile a schedule and train with it on this machine: starts torchrun
+(python -m torch.distributed.run) with one process per device on loopback, gloo on
+CPU when there is no GPU and NCCL with CUDA. Prints a line per step (loss, step
+time, tokens/s) and, at the end, predicted vs measured peak activation memory and
+compute share per rank. Exit status is that of the ranks (0 when all succeeded)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.diagnostics import render_all
+
+HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument("--model", required=True, metavar="FILE.py:FACTORY",
+                        help="model factory, e.g. examples/models/tiny_gpt.py:stages")
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="samples per step (default 2*m)")
+    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before a dead or hung rank stops the others (default 60)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
+                        help="write each rank's measurements to DIR/rank<N>.json")
+    parser.add_argument("-o", "--output", metavar="DIR", default=None,
+                        help="keep the generated programs in DIR (default: a temporary folder)")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_command(launch: Path, nproc: int, port: int, rank_args: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1", "--master-port", str(port),
+        str(launch), *rank_args,
+    ]
+
+
+_TORCHRUN_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")
+
+
+def _filter_torchrun(stream, out) -> None:
+    """Pass the ranks' output through; drop torchrun's own failure report (a traceback
+    of the launcher and a summary box): the ranks have already said what went wrong."""
+    skipping = False
+    for line in stream:
+        if _TORCHRUN_LOG.match(line):
+            continue
+        if line.startswith("Traceback (most recent call last)"):
+            pending = [line]
+            nxt = next(stream, "")
+            if "torch/distributed/run.py" in nxt or "torchrun" in nxt or "runpy" in nxt:
+                skipping = True
+                continue
+            pending.append(nxt)
+            out.writelines(pending)
+            continue
+        if skipping:
+            continue
+        out.write(line)
+        out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppdsl.codegen import generate, write
+
+    compiled = compile_from_args(args)
+    if compiled.warnings:
+        print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    tmp = None
+    if args.output:
+        out = Path(args.output)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="ppdsl-run-")
+        out = Path(tmp.name)
+    try:
+        write(generate(compiled), out)
+        rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device]
+        for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
+                            ("--timeout", args.timeout), ("--json", args.json_out)):
+            if value is not None:
+                rank_args += [flag, str(value)]
+        cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices, free_port(),
+                               rank_args)
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                   MASTER_ADDR="127.0.0.1")
+        proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        _filter_torchrun(proc.stderr, sys.stderr)
+        code = proc.wait()
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if code != 0:
+        print(f"ppdsl run: the ranks failed (torchrun exit status {code})", file=sys.stderr)
+        return 1
+    return 0
