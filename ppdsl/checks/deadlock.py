@@ -87,7 +87,7 @@ def _key(t: Transfer) -> tuple[int, int, int, bool]:
     return (t.microbatch, t.src_stage, t.dst_stage, t.kind is TransferKind.ACT)
 
 
-def _index(programs: tuple[RankProgram, ...]):
+def _index(programs: tuple[RankProgram, ...], sends_block: bool = True):
     """Global op indices, where each transfer is sent and received, and the
     requirements of each op as flat arrays."""
     offsets = [0]
@@ -125,6 +125,8 @@ def _index(programs: tuple[RankProgram, ...]):
         if peer is None:
             unmatched.append((r, i, t, sending))
             peer = (r, total + 1)  # never reached: the rank waits forever
+        elif sending and not sends_block:
+            continue
         req_rank.append(peer[0])
         req_op.append(peer[1])
         owner.append(offsets[r] + i)
@@ -144,10 +146,11 @@ def _index(programs: tuple[RankProgram, ...]):
 
 
 def stuck_waits(
-    programs: tuple[RankProgram, ...],
+    programs: tuple[RankProgram, ...], sends_block: bool = True
 ) -> tuple[list[list[Wait]], list[tuple], list[tuple]]:
     """(cycles of waits, unmatched ops, duplicated ops). All empty: no deadlock."""
-    offsets, req_offsets, req_rank, req_op, sent, received, unmatched, duplicates = _index(programs)
+    index = _index(programs, sends_block)
+    offsets, req_offsets, req_rank, req_op, sent, received, unmatched, duplicates = index
     position = _run(offsets, req_offsets, req_rank, req_op)
     waits: dict[int, Wait] = {}
     for r, prog in enumerate(programs):
@@ -158,6 +161,8 @@ def stuck_waits(
         op = prog.ops[i]
         assert type(op) is Exchange
         for group, other, sending in ((op.sends, received, True), (op.recvs, sent, False)):
+            if sending and not sends_block:
+                continue
             for t in group:
                 peer = other.get(_key(t))
                 if peer is not None and position[peer[0]] < peer[1]:
@@ -195,10 +200,17 @@ def _span_of(
     return spans.get(key), format_pass(Pass(kind, t.microbatch, stage), True)
 
 
-def check(schedule: Schedule, programs: tuple[RankProgram, ...]) -> list[Diagnostic]:
+def check(
+    schedule: Schedule, programs: tuple[RankProgram, ...], *, sends_block: bool = True
+) -> list[Diagnostic]:
     """Deadlock cycles (one error each, one note per wait), unmatched and
-    duplicated transfers."""
-    cycles, unmatched, duplicates = stuck_waits(programs)
+    duplicated transfers.
+
+    `sends_block=False` models a runtime that waits at an exchange for its
+    receives only and lets its sends finish in the background (collected at the
+    end of the step): then only receives wait. The default is the strict
+    semantics above (NCCL's batch_isend_irecv coalesces a batch into one wait)."""
+    cycles, unmatched, duplicates = stuck_waits(programs, sends_block)
     if not (cycles or unmatched or duplicates):
         return []
     spans = _pass_spans(schedule)

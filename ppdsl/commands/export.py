@@ -1,0 +1,42 @@
+"""Write a checked schedule in another tool's format. `--format torch-csv`:
+torch.distributed.pipelining's compute-only action CSV (one row per rank, cells
+like `0F1`, `0I1`, `0W1`, `0B1`), which its `_load_csv` reads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.diagnostics import render_all
+from ppdsl.interchange import to_torch_csv
+
+HELP = "write a schedule as torch.distributed.pipelining's action CSV"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schedule_arguments(parser)
+    parser.add_argument(
+        "--format",
+        choices=["torch-csv"],
+        default="torch-csv",
+        help="output format (default: torch-csv)",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", default=None, help="write here instead of stdout"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    compiled = compile_from_args(args)
+    if compiled.warnings:
+        print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    text = to_torch_csv(compiled.schedule)
+    if args.output:
+        # newline="": keep the csv module's CRLF row ends, as torch writes them
+        with Path(args.output).open("w", newline="", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

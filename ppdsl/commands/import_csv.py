@@ -1,0 +1,66 @@
+"""Read torch.distributed.pipelining's compute-only action CSV (one row per rank,
+cells like `0F1`), check it like a `.pp` file (every error points at its CSV
+cell), and write it as an order-form `.pp` file that `ppdsl check` accepts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ppdsl.compiler import compile_schedule
+from ppdsl.diagnostics import CompileError, Diagnostic, register_source, render_all
+from ppdsl.interchange import from_torch_csv, to_pp
+
+HELP = "read torch.distributed.pipelining's action CSV; write an order-form .pp"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the .csv of per-rank actions")
+    parser.add_argument(
+        "--placement",
+        default=None,
+        metavar="KIND",
+        help="parallel, looped(v), vshape or wave(v); checked against the actions "
+        "(default: inferred from which rank runs each stage)",
+    )
+    parser.add_argument(
+        "--devices", type=int, default=None, metavar="D", help="ranks (default: CSV rows)"
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="microbatches (default: the largest microbatch index + 1)",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", default=None, help="write the .pp here instead of stdout"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompileError([Diagnostic("error", f"cannot read '{args.file}': {exc}")]) from None
+    register_source(args.file, text)
+    schedule = from_torch_csv(
+        text,
+        args.file,
+        placement=args.placement,
+        num_devices=args.devices,
+        num_microbatches=args.microbatches,
+    )
+    compiled = compile_schedule(schedule)
+    if compiled.warnings:
+        print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    pp = to_pp(schedule, source=path.name)
+    if args.output:
+        Path(args.output).write_text(pp, encoding="utf-8")
+    else:
+        sys.stdout.write(pp)
+    return 0

@@ -1,0 +1,345 @@
+"""torch.distributed.pipelining's per-rank action lists, as CSV, both ways.
+
+The format (torch's `_PipelineSchedule._dump_csv` / `_load_csv`, compute-only
+form): one CSV row per rank, in rank order; each cell one action written
+`<stage><letter><microbatch>`: `F` forward, `I` input-gradient backward (our
+B), `W` weight-gradient backward, `B` full backward (our BW), e.g. `0F1`,
+`3I0`. An empty cell is an idle step and is skipped. torch's DualPipeV writes
+two overlapped actions as one cell `(0F3;7B1)OVERLAP_F_B`; we read it as the
+two actions in that order. A schedule that mixes full backwards with I/W
+(DualPipeV again) is read as a split one: each full backward becomes I then W. Rows may differ in length; torch writes them with
+Python's csv module (CRLF line ends), and so do we.
+
+`from_torch_csv` rebuilds a Schedule: ranks = rows, the stage -> rank map from
+where each stage's actions sit (as torch's `_validate_schedule` infers it), or
+checked against a placement the caller names; every bad cell is a located
+error `file:line:col`. `to_pp` writes a Schedule as an order-form `.pp` file
+(docs/language.md) that `ppdsl check` accepts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from fractions import Fraction
+from pathlib import Path
+
+from ppdsl.diagnostics import CompileError, Diagnostic, Span
+from ppdsl.ir.schedule import (
+    Costs,
+    MemoryModel,
+    Pass,
+    PassKind,
+    Placement,
+    Schedule,
+    torch_action,
+)
+
+__all__ = [
+    "to_torch_actions",
+    "to_torch_csv",
+    "from_torch_csv",
+    "make_placement",
+    "placement_text",
+    "to_pp",
+]
+
+_LETTER_KIND = {"F": PassKind.F, "I": PassKind.B, "W": PassKind.W, "B": PassKind.BW}
+_ACTION = re.compile(r"(\d+)([FIWB])(\d+)")
+_OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
+_TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
+
+
+def to_torch_actions(schedule: Schedule) -> list[list[str]]:
+    """Per rank, the action strings of its order (`0F1`, `0I1`, `0W1`, `0B1`)."""
+    return [[torch_action(p) for p in order] for order in schedule.orders]
+
+
+def to_torch_csv(schedule: Schedule) -> str:
+    """The compute-only CSV torch's `_load_csv` reads: one row per rank."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    for row in to_torch_actions(schedule):
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def make_placement(kind: str, num_devices: int, num_stages: int | None = None) -> Placement:
+    """A placement named as in the language: parallel, looped(v), vshape, wave(v)."""
+    d = num_devices
+    m = re.fullmatch(r"\s*(parallel|vshape|looped|wave)\s*(?:\(\s*(\d+)\s*\))?\s*", kind)
+    if not m:
+        raise ValueError(f"unknown placement {kind!r}: use parallel, looped(v), vshape or wave(v)")
+    name, v_text = m.group(1), m.group(2)
+    if name == "parallel":
+        return Placement("parallel", d, tuple(range(d)))
+    if name == "vshape":
+        v = 2
+    elif v_text is not None:
+        v = int(v_text)
+    elif num_stages is not None and num_stages % d == 0:
+        v = num_stages // d
+    else:
+        raise ValueError(f"{name} needs its chunk count: {name}(v)")
+    if name == "looped":
+        return Placement("looped", d, tuple(s % d for s in range(v * d)))
+    devices = []
+    for s in range(v * d):
+        chunk, k = divmod(s, d)
+        devices.append(k if chunk % 2 == 0 else d - 1 - k)
+    return Placement("vshape" if v == 2 else "wave", d, tuple(devices))
+
+
+def placement_text(placement: Placement) -> str:
+    """The `place` statement's argument that gives this exact stage -> device map."""
+    d, S = placement.num_devices, placement.num_stages
+    if S % d == 0:
+        v = S // d
+        for text in ("parallel", "vshape", f"looped({v})", f"wave({v})"):
+            try:
+                if make_placement(text, d, S).stage_device == placement.stage_device:
+                    return text
+            except ValueError:
+                continue
+    return "[" + ", ".join(map(str, placement.stage_device)) + "]"
+
+
+def _cells(line: str) -> list[tuple[int, str]]:
+    """(1-based column, text) of each comma-separated cell; surrounding quotes and
+    spaces are dropped (torch's cells never hold commas)."""
+    cells = []
+    column = 1
+    for raw in line.split(","):
+        text = raw.strip()
+        lead = len(raw) - len(raw.lstrip())
+        if len(text) >= 2 and text[0] == text[-1] == '"':
+            text = text[1:-1].strip()
+            lead += 1
+        cells.append((column + lead, text))
+        column += len(raw) + 1
+    return cells
+
+
+def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[PassKind, int, int]]:
+    overlap = _OVERLAP.fullmatch(text)
+    parts = [p.strip() for p in overlap.group(1).split(";")] if overlap else [text]
+    actions = []
+    for part in parts:
+        m = _ACTION.fullmatch(part)
+        if m:
+            actions.append((_LETTER_KIND[m.group(2)], int(m.group(3)), int(m.group(1))))
+            continue
+        if _TORCH_NON_COMPUTE.fullmatch(part):
+            hint = (
+                "a communication or FSDP action; ppdsl reads torch's compute-only format "
+                "(dump it with format='compute_only') and inserts transfers itself"
+            )
+        else:
+            hint = (
+                "expected <stage><F|I|W|B><microbatch> such as 0F1 (F forward, I input "
+                "gradient, W weight gradient, B full backward)"
+            )
+        found.append(Diagnostic("error", f"bad action {part!r}: {hint}", span))
+    return actions
+
+
+def from_torch_csv(
+    text: str,
+    file: str,
+    *,
+    placement: str | None = None,
+    num_devices: int | None = None,
+    num_microbatches: int | None = None,
+    name: str | None = None,
+) -> Schedule:
+    """A Schedule from torch's compute-only CSV. `placement` (parallel,
+    looped(v), vshape, wave(v)) is checked against where the actions sit;
+    without it the stage -> rank map is inferred. `num_devices` defaults to the
+    number of rows, `num_microbatches` to the largest microbatch + 1. Raises
+    CompileError with every bad cell located."""
+    found: list[Diagnostic] = []
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    rows: list[list[tuple[PassKind, int, int, Span]]] = []
+    for line_no, line in enumerate(lines, start=1):
+        row = []
+        for column, cell in _cells(line):
+            if not cell:
+                continue  # an idle step
+            span = Span(file, line_no, column, line_no, column + len(cell) - 1)
+            for kind, mb, stage in _parse_cell(cell, span, found):
+                row.append((kind, mb, stage, span))
+        rows.append(row)
+    whole = Span(file, 1, 1, 1, 1)
+    d = num_devices if num_devices is not None else len(rows)
+    if not rows or not any(rows):
+        found.append(
+            Diagnostic("error", "no actions: expected one CSV row of actions per rank", whole)
+        )
+        raise CompileError(found)
+    if len(rows) > d:
+        found.append(
+            Diagnostic(
+                "error",
+                f"{len(rows)} rows of actions but --devices {d}; give one row per rank",
+                Span(file, d + 1, 1, d + 1, 1),
+            )
+        )
+        raise CompileError(found)
+    rows += [[] for _ in range(d - len(rows))]
+
+    # The backward form: torch's full backward B, or I and W. A schedule that
+    # mixes them (torch's DualPipeV) becomes a split one, each full backward an
+    # I immediately followed by its W: the same work, the same memory freed.
+    fused = any(a[0] is PassKind.BW for row in rows for a in row)
+    split = any(a[0] in (PassKind.B, PassKind.W) for row in rows for a in row)
+    if fused and split:
+        rows = [
+            [
+                b
+                for a in row
+                for b in (
+                    [(PassKind.B, *a[1:]), (PassKind.W, *a[1:])] if a[0] is PassKind.BW else [a]
+                )
+            ]
+            for row in rows
+        ]
+        fused = False
+
+    # the stage -> rank map
+    num_stages = 1 + max(a[2] for row in rows for a in row)
+    stage_rank: dict[int, tuple[int, Span]] = {}
+    reported: set[tuple[int, int]] = set()
+    for rank, row in enumerate(rows):
+        for _kind, _mb, stage, span in row:
+            if stage not in stage_rank:
+                stage_rank[stage] = (rank, span)
+            elif stage_rank[stage][0] != rank and placement is None:
+                if (stage, rank) in reported:
+                    continue
+                reported.add((stage, rank))
+                other, first = stage_rank[stage]
+                found.append(
+                    Diagnostic(
+                        "error",
+                        f"stage {stage} has actions on rank {rank} and on rank {other}; "
+                        "a stage lives on one rank",
+                        span,
+                        ((first, f"stage {stage} on rank {other}"),),
+                    )
+                )
+    if placement is not None:
+        try:
+            place = make_placement(placement, d, num_stages)
+        except ValueError as exc:
+            found.append(Diagnostic("error", str(exc), whole))
+            raise CompileError(found) from None
+        num_stages = place.num_stages
+        for rank, row in enumerate(rows):
+            for _kind, _mb, stage, span in row:
+                if stage < num_stages and place.stage_device[stage] != rank:
+                    found.append(
+                        Diagnostic(
+                            "error",
+                            f"stage {stage} is on rank {rank} here, but placement {placement} "
+                            f"puts it on rank {place.stage_device[stage]}",
+                            span,
+                        )
+                    )
+                elif stage >= num_stages:
+                    found.append(
+                        Diagnostic(
+                            "error",
+                            f"stage {stage} is out of range: placement {placement} on {d} "
+                            f"devices has {num_stages} stages",
+                            span,
+                        )
+                    )
+    else:
+        absent = [s for s in range(num_stages) if s not in stage_rank]
+        if absent:
+            found.append(
+                Diagnostic(
+                    "error",
+                    f"stages {absent} have no actions, so their rank is unknown; "
+                    "name the placement (--placement)",
+                    whole,
+                )
+            )
+        stage_device = tuple(stage_rank[s][0] if s in stage_rank else 0 for s in range(num_stages))
+        place = Placement("list", d, stage_device)
+        place = Placement(_kind_of(place), d, stage_device)
+    if found:
+        raise CompileError(found)
+
+    m = num_microbatches if num_microbatches is not None else 1 + max(a[1] for r in rows for a in r)
+    S = num_stages
+    orders = tuple(
+        tuple(Pass(kind, mb, stage, span) for kind, mb, stage, span in row) for row in rows
+    )
+    one = (1.0,) * S
+    return Schedule(
+        name=name or _identifier(Path(file).stem),
+        file=file,
+        params=(("d", d), ("m", m)),
+        num_microbatches=m,
+        placement=place,
+        split_backward=not fused,
+        costs=Costs(one, one, one, (2.0,) * S, 0.0),
+        memory=MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
+        orders=orders,
+        span=whole,
+    )
+
+
+def _kind_of(placement: Placement) -> str:
+    text = placement_text(placement)
+    return "list" if text.startswith("[") else text.split("(")[0]
+
+
+def _identifier(stem: str) -> str:
+    name = re.sub(r"\W", "_", stem)
+    return name if name and not name[0].isdigit() else f"s_{name}"
+
+
+def _pass_text(p: Pass, chunk: int) -> str:
+    return (
+        f"{p.kind.value}({p.microbatch})"
+        if chunk == 0
+        else f"{p.kind.value}({p.microbatch}, {chunk})"
+    )
+
+
+def to_pp(schedule: Schedule, source: str = "", width: int = 100) -> str:
+    """The schedule as an order-form `.pp` file: one `if i == k { ... }` block per
+    device listing its passes (`F(j)` for chunk 0, `F(j, c)` for chunk c)."""
+    s = schedule
+    lines = []
+    if source:
+        lines.append(f"# imported from {source} (torch.distributed.pipelining action CSV)")
+        lines.append("# by `ppdsl import`: the order is written out for these d and m only")
+    lines += [
+        f"schedule {s.name} {{",
+        f"    param d = {s.num_devices}",
+        f"    param m = {s.num_microbatches}",
+        f"    place {placement_text(s.placement)}",
+        f"    backward {'split' if s.split_backward else 'fused'}",
+        "    order {",
+    ]
+    for dev, order in enumerate(s.orders):
+        chunk_of = {stage: c for c, stage in enumerate(s.placement.chunks(dev))}
+        lines.append(f"        if i == {dev} {{")
+        current = "           "
+        for p in order:
+            item = " " + _pass_text(p, chunk_of[p.stage]) + ";"
+            if len(current) + len(item) > width:
+                lines.append(current.rstrip(";"))
+                current = "           "
+            current += item
+        if current.strip():
+            lines.append(current.rstrip(";"))
+        lines.append("        }")
+    lines += ["    }", "}"]
+    return "\n".join(lines) + "\n"
