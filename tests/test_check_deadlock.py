@@ -10,6 +10,7 @@ from factories import (
     BW,
     F,
     breadth_first_orders,
+    brute_force_finishes,
     make_schedule,
     one_f_one_b_orders,
     placement,
@@ -19,44 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppdsl.checks import deadlock
-from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer, TransferKind
+from ppdsl.ir.rank import Exchange, RankProgram, Transfer, TransferKind
 from ppdsl.lower import lower
-
-
-def brute_force_finishes(
-    programs: tuple[RankProgram, ...], rng: random.Random, sends_block: bool = True
-) -> bool:
-    """Run the programs op by op: an exchange first posts its sends and receives
-    (into shared sets), then completes once every matching op of a peer has been
-    posted (only the receives' when sends do not block). Step any rank that can,
-    in random order; True when all finish."""
-    pc = [0] * len(programs)
-    posted_phase = [False] * len(programs)
-    posted_sends: set[Transfer] = set()
-    posted_recvs: set[Transfer] = set()
-    while True:
-        movable = []
-        for r, prog in enumerate(programs):
-            if pc[r] >= len(prog.ops):
-                continue
-            op = prog.ops[pc[r]]
-            if isinstance(op, Compute) or not posted_phase[r]:
-                movable.append(r)
-            elif (not sends_block or all(t in posted_recvs for t in op.sends)) and all(
-                t in posted_sends for t in op.recvs
-            ):
-                movable.append(r)
-        if not movable:
-            return all(pc[r] == len(p.ops) for r, p in enumerate(programs))
-        r = rng.choice(movable)
-        op = programs[r].ops[pc[r]]
-        if isinstance(op, Exchange) and not posted_phase[r]:
-            posted_sends.update(op.sends)
-            posted_recvs.update(op.recvs)
-            posted_phase[r] = True
-        else:
-            posted_phase[r] = False
-            pc[r] += 1
 
 
 def test_one_f_one_b_does_not_deadlock():
