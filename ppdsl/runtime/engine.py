@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,10 +85,15 @@ class Engine:
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         self.stages: dict[int, torch.nn.Module] = {}
         self.unsplit: dict[int, list[str]] = {}
+        # Without W passes (a fused backward everywhere) plain autograd is the whole
+        # story; the split-aware layers cost Python overhead only worth paying for a split.
+        self.split = any(
+            isinstance(op, Compute) and op.pass_.kind is PassKind.W for op in self.ops
+        )
         for s, dev in enumerate(self.stage_device):
             if dev == rank:
                 module = model.stage(s).to(device)
-                self.unsplit[s] = prepare_stage(module)
+                self.unsplit[s] = prepare_stage(module) if self.split else []
                 self.stages[s] = module
         self.params = [p for m in self.stages.values() for p in m.parameters()]
         opt_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
@@ -97,7 +103,12 @@ class Engine:
 
     # -- one step ------------------------------------------------------------
 
-    def step(self, step: int, batch_size: int, *, optimizer_step: bool = True) -> StepResult:
+    def step(
+        self, step: int, batch_size: int, *, optimizer_step: bool = True, measure: bool = True
+    ) -> StepResult:
+        """One training step. `measure=False` skips the memory meter (its saved-tensor
+        hooks cost Python time on every saved tensor; the activations of a step with
+        static shapes are the same every step, so measuring one step is enough)."""
         inputs, targets = self.model.batch(step, batch_size)
         m = self.num_microbatches
         self._inputs = [t.to(self.device) for t in torch.tensor_split(inputs, m)]
@@ -108,7 +119,9 @@ class Engine:
         self._stash: dict[tuple[int, int], WStash] = {}
         self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
         self._loss = 0.0
-        self.meter.reset_peak()
+        self._measure = measure
+        if measure:
+            self.meter.reset_peak()
         for p in self.params:
             p.grad = None
         compute = 0.0
@@ -141,10 +154,12 @@ class Engine:
         elif p.kind is PassKind.W:
             stash = self._stash.pop(key)
             stash.run()
-            self.meter.set_stash(key, [])
+            if self._measure:
+                self.meter.set_stash(key, [])
         else:
             self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
-        self.meter.after(p.kind, key, self.memory.activation[p.stage])
+        if self._measure:
+            self.meter.after(p.kind, key, self.memory.activation[p.stage])
 
     def _forward(self, mb: int, s: int) -> None:
         if s == 0:
@@ -153,7 +168,7 @@ class Engine:
         else:
             value = self._take(TransferKind.ACT, mb, s)
             x = value.requires_grad_(True)
-        with self.meter.saving((mb, s)):
+        with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
             out = self.stages[s](value)
             if s == self.num_stages - 1:
                 loss = self.model.loss(out, self._targets[mb])
@@ -172,7 +187,8 @@ class Engine:
         del out, grad
         if stash is not None:
             self._stash[(mb, s)] = stash
-            self.meter.set_stash((mb, s), stash.tensors)
+            if self._measure:
+                self.meter.set_stash((mb, s), stash.tensors)
         if s > 0:
             assert x is not None and x.grad is not None
             self._give(TransferKind.GRAD, mb, s, s - 1, x.grad)

@@ -88,10 +88,11 @@ class MemoryMeter:
         self._held.setdefault(key, _Held()).stash = tensors
 
     def after(self, kind: PassKind, key: tuple[int, int], activation: Fraction) -> None:
-        """Re-measure every microbatch-stage after a pass of `kind` on `key`;
+        """Re-measure `key` after a pass of `kind` on it;
         `activation` is the file's M_B of the stage, to express the total in its units."""
-        for k, held in self._held.items():
-            self._bytes[k] = storage_bytes(held.tensors())
+        # Only `key`'s own passes free its tensors, so only its count can have changed.
+        held = self._held.get(key)
+        self._bytes[key] = storage_bytes(held.tensors()) if held is not None else 0
         if kind is PassKind.F:
             self.f_bytes[key] = self._bytes[key]
         elif kind is PassKind.B:
