@@ -134,3 +134,15 @@ def test_ring_of_sends_deadlocks_only_when_sends_block():
     assert deadlock.check(s, programs, sends_block=False) == []
     assert brute_force_finishes(programs, random.Random(0)) is False
     assert brute_force_finishes(programs, random.Random(0), sends_block=False) is True
+
+
+def test_duplicated_transfer_reported():
+    """A transfer sent twice is a located error (a lowering bug, not a user error)."""
+    s = make_schedule(placement("parallel", 2), 1, one_f_one_b_orders(2, 1), split_backward=False)
+    programs = list(lower(s))
+    ops = list(programs[0].ops)
+    first = next(op for op in ops if isinstance(op, Exchange) and op.sends)
+    ops.append(Exchange(first.sends, ()))
+    programs[0] = replace(programs[0], ops=tuple(ops))
+    found = deadlock.check(s, tuple(programs))
+    assert any("sends act(mb 0, stage 0->1, rank 0->1) twice" in d.message for d in found)

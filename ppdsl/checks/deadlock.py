@@ -82,91 +82,113 @@ def _run(offsets, req_offsets, req_rank, req_op):  # pragma: no cover - numba
     return position
 
 
-def _key(t: Transfer) -> tuple[int, int, int, bool]:
-    """A cheap hashable identity for a transfer (Transfer's own hash is slow)."""
-    return (t.microbatch, t.src_stage, t.dst_stage, t.kind is TransferKind.ACT)
+_ACT = TransferKind.ACT
 
 
-def _index(programs: tuple[RankProgram, ...], sends_block: bool = True):
-    """Global op indices, where each transfer is sent and received, and the
-    requirements of each op as flat arrays."""
-    offsets = [0]
-    for prog in programs:
-        offsets.append(offsets[-1] + len(prog.ops))
-    sent: dict[tuple, tuple[int, int]] = {}  # transfer key -> (rank, global op index)
-    received: dict[tuple, tuple[int, int]] = {}
-    posted: list[tuple[int, int, Transfer, tuple, bool]] = []  # (rank, op, transfer, key, sending)
-    duplicates: list[tuple[int, int, Transfer, bool]] = []
-    for r, prog in enumerate(programs):
-        base = offsets[r]
-        for i, op in enumerate(prog.ops):
-            if type(op) is not Exchange:
-                continue
-            for t in op.sends:
-                key = _key(t)
-                if key in sent:
-                    duplicates.append((r, i, t, True))
-                sent[key] = (r, base + i)
-                posted.append((r, i, t, key, True))
-            for t in op.recvs:
-                key = _key(t)
-                if key in received:
-                    duplicates.append((r, i, t, False))
-                received[key] = (r, base + i)
-                posted.append((r, i, t, key, False))
-    total = offsets[-1]
-    req_rank: list[int] = []
-    req_op: list[int] = []
-    owner: list[int] = []  # the global op index each requirement belongs to
-    unmatched: list[tuple[int, int, Transfer, bool]] = []
-    # `posted` is in (rank, op) order, so the requirements of each op are contiguous
-    for r, i, t, key, sending in posted:
-        peer = (received if sending else sent).get(key)
-        if peer is None:
-            unmatched.append((r, i, t, sending))
-            peer = (r, total + 1)  # never reached: the rank waits forever
-        elif sending and not sends_block:
-            continue
-        req_rank.append(peer[0])
-        req_op.append(peer[1])
-        owner.append(offsets[r] + i)
-    req_counts = np.bincount(np.asarray(owner, dtype=np.int64), minlength=total)
-    req_offsets = np.zeros(total + 1, dtype=np.int64)
-    np.cumsum(req_counts, out=req_offsets[1:])
-    return (
-        np.asarray(offsets, dtype=np.int64),
-        req_offsets,
-        np.asarray(req_rank, dtype=np.int64),
-        np.asarray(req_op, dtype=np.int64),
-        sent,
-        received,
-        unmatched,
-        duplicates,
+def _match(
+    keys: np.ndarray, against: np.ndarray, against_op: np.ndarray, missing: int
+) -> np.ndarray:
+    """For each key, the global op index where `against` holds it (`missing` if none)."""
+    order = np.argsort(against, kind="stable")
+    sorted_keys = against[order]
+    at = np.searchsorted(sorted_keys, keys)
+    at_clipped = np.minimum(at, max(len(sorted_keys) - 1, 0))
+    found = (
+        (at < len(sorted_keys)) & (sorted_keys[at_clipped] == keys)
+        if len(sorted_keys)
+        else (np.zeros(len(keys), dtype=bool))
     )
+    out = np.full(len(keys), missing, dtype=np.int64)
+    if len(sorted_keys):
+        out[found] = against_op[order[at_clipped[found]]]
+    return out
+
+
+class _Index:
+    """Every posted send and receive as flat arrays (in rank, op order): its
+    transfer, the global op index holding it, and where its peer op is."""
+
+    def __init__(self, programs: tuple[RankProgram, ...]):
+        offsets = [0]
+        for prog in programs:
+            offsets.append(offsets[-1] + len(prog.ops))
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.total = offsets[-1]
+        transfers: list[Transfer] = []
+        keys: list[int] = []
+        where: list[int] = []
+        sending: list[bool] = []
+        for r, prog in enumerate(programs):
+            base = offsets[r]
+            for i, op in enumerate(prog.ops):
+                if type(op) is not Exchange:
+                    continue
+                for group, flag in ((op.sends, True), (op.recvs, False)):
+                    for t in group:
+                        transfers.append(t)
+                        # a transfer's identity as one integer (Transfer's hash is slow)
+                        keys.append(
+                            (t.microbatch << 42)
+                            | (t.src_stage << 22)
+                            | (t.dst_stage << 2)
+                            | (t.kind is _ACT)
+                        )
+                        where.append(base + i)
+                        sending.append(flag)
+        self.transfers = transfers
+        key = np.asarray(keys, dtype=np.int64)
+        self.where = np.asarray(where, dtype=np.int64)
+        self.sending = np.asarray(sending, dtype=bool)
+        self.rank = np.searchsorted(self.offsets, self.where, side="right") - 1
+        is_send = self.sending
+        # the peer op of a send is the receive of the same transfer, and back
+        peer = np.empty(len(key), dtype=np.int64)
+        never = self.total + 1  # a global index no rank reaches: waits forever
+        peer[is_send] = _match(key[is_send], key[~is_send], self.where[~is_send], never)
+        peer[~is_send] = _match(key[~is_send], key[is_send], self.where[is_send], never)
+        self.peer_op = peer
+        self.peer_rank = np.where(
+            peer == never, self.rank, np.searchsorted(self.offsets, peer, side="right") - 1
+        )
+        self.unmatched = np.flatnonzero(peer == never)
+        self.duplicates: list[int] = []
+        for flag in (True, False):
+            chosen = np.flatnonzero(self.sending == flag)
+            _, first, counts = np.unique(key[chosen], return_index=True, return_counts=True)
+            if np.any(counts > 1):
+                seen = np.zeros(len(chosen), dtype=bool)
+                seen[first] = True
+                self.duplicates += chosen[~seen].tolist()
+
+    def op_index(self, e: int) -> int:
+        return int(self.where[e] - self.offsets[self.rank[e]])
 
 
 def stuck_waits(
     programs: tuple[RankProgram, ...], sends_block: bool = True
 ) -> tuple[list[list[Wait]], list[tuple], list[tuple]]:
-    """(cycles of waits, unmatched ops, duplicated ops). All empty: no deadlock."""
-    index = _index(programs, sends_block)
-    offsets, req_offsets, req_rank, req_op, sent, received, unmatched, duplicates = index
-    position = _run(offsets, req_offsets, req_rank, req_op)
+    """(cycles of waits, unmatched ops, duplicated ops); unmatched and duplicated
+    as (rank, op index, transfer, sending). All empty: no deadlock."""
+    ix = _Index(programs)
+    use = np.ones(len(ix.where), dtype=bool) if sends_block else ~ix.sending
+    use[ix.unmatched] = True  # an unmatched op waits forever, send or not
+    chosen = np.flatnonzero(use)
+    counts = np.bincount(ix.where[chosen], minlength=ix.total)
+    req_offsets = np.zeros(ix.total + 1, dtype=np.int64)
+    np.cumsum(counts, out=req_offsets[1:])
+    position = _run(ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen])
     waits: dict[int, Wait] = {}
-    for r, prog in enumerate(programs):
+    for r in range(len(programs)):
         k = int(position[r])
-        if k >= offsets[r + 1]:
+        if k >= ix.offsets[r + 1]:
             continue
-        i = k - int(offsets[r])
-        op = prog.ops[i]
-        assert type(op) is Exchange
-        for group, other, sending in ((op.sends, received, True), (op.recvs, sent, False)):
-            if sending and not sends_block:
-                continue
-            for t in group:
-                peer = other.get(_key(t))
-                if peer is not None and position[peer[0]] < peer[1]:
-                    waits.setdefault(r, Wait(r, i, peer[0], t, sending))
+        lo, hi = np.searchsorted(ix.where[chosen], [k, k + 1])
+        for e in chosen[lo:hi].tolist():
+            q = int(ix.peer_rank[e])
+            if ix.peer_op[e] <= ix.total and position[q] < ix.peer_op[e]:
+                t = ix.transfers[e]
+                waits[r] = Wait(r, ix.op_index(e), q, t, bool(ix.sending[e]))
+                break
     cycles: list[list[Wait]] = []
     state: dict[int, int] = {}
     for first in sorted(waits):
@@ -180,7 +202,13 @@ def stuck_waits(
             cycles.append([waits[x] for x in walk[walk.index(r) :]])
         for x in walk:
             state[x] = 2
-    return cycles, unmatched, duplicates
+
+    def described(indices) -> list[tuple]:
+        return [
+            (int(ix.rank[e]), ix.op_index(e), ix.transfers[e], bool(ix.sending[e])) for e in indices
+        ]
+
+    return cycles, described(ix.unmatched.tolist()), described(ix.duplicates)
 
 
 def _pass_spans(schedule: Schedule) -> dict[tuple[PassKind, int, int], Span | None]:
