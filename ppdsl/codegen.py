@@ -109,13 +109,16 @@ def generate(
         "num_ranks": _int(schedule.num_devices),
         "fingerprint": plan.fingerprint,
         "num_microbatches": _int(schedule.num_microbatches),
-        "vocabulary": "BW, B, F, W, act, exchange, grad",
     }
     rank_template = env.get_template("rank.py.j2")
     for program in programs:
         stages = ", ".join(_int(s) for s in schedule.placement.chunks(program.rank))
+        ops = _op_lines(program)
+        used = {str(op["code"]).split("(", 1)[0] for op in ops}
+        used |= {k for op in ops for k in ("act", "grad") if f"{k}(" in str(op["code"])}
         files[f"rank{_int(program.rank)}.py"] = rank_template.render(
-            **common, rank=_int(program.rank), stages=stages, ops=_op_lines(program)
+            **common, rank=_int(program.rank), stages=stages, ops=ops,
+            vocabulary=", ".join(sorted(used)) or "F",
         )
     files["launch.py"] = env.get_template("launch.py.j2").render(**common)
     manifest = plan.to_json()
