@@ -34,6 +34,24 @@ F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 FILE = "orders.pp"
 
 
+# ZB-H1, p=4, m=8 (DESIGN.md's reference order)
+ZB_H1 = """\
+F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
+F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
+F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
+F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
+"""
+
+
+def parse_rows(text: str) -> list[list[tuple]]:
+    """`F0 B0 W0 ...` per line (one device per line, stage = line index) -> orders."""
+    kinds = {"F": F, "B": B, "W": W}
+    return [
+        [(kinds[tok[0]], int(tok[1:]), dev) for tok in line.split()]
+        for dev, line in enumerate(text.splitlines())
+    ]
+
+
 def placement(kind: str, num_devices: int, v: int = 2) -> Placement:
     """parallel, looped (v chunks), vshape, wave (v chunks)."""
     d = num_devices

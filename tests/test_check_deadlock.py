@@ -8,11 +8,13 @@ from dataclasses import replace
 
 from factories import (
     BW,
+    ZB_H1,
     F,
     breadth_first_orders,
     brute_force_finishes,
     make_schedule,
     one_f_one_b_orders,
+    parse_rows,
     placement,
     schedules,
 )
@@ -27,6 +29,12 @@ from ppdsl.lower import lower
 def test_one_f_one_b_does_not_deadlock():
     """1F1B's lowered programs run to the end."""
     s = make_schedule(placement("parallel", 4), 8, one_f_one_b_orders(4, 8), split_backward=False)
+    assert deadlock.check(s, lower(s)) == []
+
+
+def test_zb_h1_does_not_deadlock():
+    """ZB-H1 (DESIGN.md's order) lowers to programs that run to the end."""
+    s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
     assert deadlock.check(s, lower(s)) == []
 
 

@@ -8,11 +8,11 @@ from fractions import Fraction
 import pytest
 from factories import (
     BW,
-    B,
+    ZB_H1,
     F,
-    W,
     make_schedule,
     one_f_one_b_orders,
+    parse_rows,
     placement,
     schedules,
 )
@@ -20,21 +20,6 @@ from hypothesis import given, settings
 
 from ppdsl.ir.schedule import Costs
 from ppdsl.simulate import SimulationError, simulate, simulate_reference
-
-ZB_H1 = """\
-F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
-F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
-F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
-F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
-"""
-
-
-def _parse_rows(text: str) -> list[list[tuple]]:
-    kinds = {"F": F, "B": B, "W": W}
-    return [
-        [(kinds[tok[0]], int(tok[1:]), dev) for tok in line.split()]
-        for dev, line in enumerate(text.splitlines())
-    ]
 
 
 def _one_f_one_b(d: int, m: int, costs: Costs | None = None):
@@ -58,7 +43,7 @@ def test_one_f_one_b_unit_costs():
 
 def test_zb_h1_makespan_27():
     """ZB-H1, p=4, m=8, unit costs (DESIGN.md's order): makespan 27."""
-    s = make_schedule(placement("parallel", 4), 8, _parse_rows(ZB_H1))
+    s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
     t = simulate(s)
     assert t.makespan == 27.0
     assert t == simulate_reference(s)
@@ -112,7 +97,7 @@ def test_bubble_ratio_uses_longest_span_device():
 
 def test_memory_over_time_matches_peak():
     """The memory profile over time peaks at the order's prefix-sum peak."""
-    s = make_schedule(placement("parallel", 4), 8, _parse_rows(ZB_H1))
+    s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
     t = simulate(s, memory_over_time=True)
     assert t.memory_over_time is not None
     for dev in range(4):
