@@ -28,6 +28,7 @@ from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
+DEVICE = torch.device("cpu")
 MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's first step is
 # sign-like and would amplify rounding in near-zero gradients)
@@ -41,13 +42,13 @@ def _schedule(case: dict):
 
 def _reference(model, num_stages: int, steps: int, batch_size: int):
     """Single process, no pipeline: loss and grads of step 0, params after `steps`."""
-    stages = [model.stage(s) for s in range(num_stages)]
+    stages = [model.stage(s).to(DEVICE) for s in range(num_stages)]
     params = [p for st in stages for p in st.parameters()]
     opt = torch.optim.SGD(params, lr=LR)
     first = None
     for step in range(steps):
         inputs, targets = model.batch(step, batch_size)
-        x = inputs
+        x, targets = inputs.to(DEVICE), targets.to(DEVICE)
         for st in stages:
             x = st(x)
         loss = model.loss(x, targets)
@@ -74,14 +75,14 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     batch_size = case.get("batch_per_mb", 2) * m
     model = build_model(MODEL, num_stages)
     engine = Engine(rank, programs[rank].ops, plan.stage_device, m, plan.memory, model,
-                    torch.device("cpu"), lr=LR, optimizer="sgd", timeout=60)
+                    DEVICE, lr=LR, optimizer="sgd", timeout=60)
     engine.shapes, error = probe_shapes(model, engine.stages, plan.stage_device, rank, m,
-                                        batch_size, torch.device("cpu"))
+                                        batch_size, DEVICE)
     assert error is None, error
     steps = case.get("steps", 3)
     out: dict = {"case": case["id"], "rank": rank, "stages": sorted(engine.stages)}
     first = engine.step(0, batch_size, optimizer_step=False)
-    loss_t = torch.tensor([first.loss or 0.0], dtype=torch.float64)
+    loss_t = torch.tensor([first.loss or 0.0], dtype=torch.float64, device=DEVICE)
     dist.all_reduce(loss_t)
     out["measured_peak"] = str(engine.meter.peak_units)
     out["measured_peak_bytes"] = engine.meter.peak_bytes
@@ -100,7 +101,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     for s, st in engine.stages.items():
         for n, p in st.named_parameters():
             assert p.grad is not None, f"stage {s} {n}: no gradient"
-            grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n]))
+            grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n].to(p.device)))
     out["grad_rel_err"] = grad_err
     engine.optimizer.step()
     for step in range(1, steps):
@@ -108,7 +109,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     param_err = 0.0
     for s, st in engine.stages.items():
         for n, p in st.named_parameters():
-            param_err = max(param_err, _rel(p.detach(), ref_params[s][n]))
+            param_err = max(param_err, _rel(p.detach(), ref_params[s][n].to(p.device)))
     out["param_rel_err"] = param_err
     out["steps"] = steps
     return out
@@ -118,7 +119,12 @@ def main() -> int:
     cases = json.loads(Path(sys.argv[1]).read_text())
     outdir = Path(sys.argv[2])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    global DEVICE
+    backend = os.environ.get("PPDSL_TEST_BACKEND", "gloo")
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend, timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         try:
