@@ -7,10 +7,13 @@
   weight gradients into a W stash (`ppdsl.runtime.split`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
 - BW(mb, s): one backward computing both.
-- Exchange: posts all its sends and receives at once (isend/irecv); waits for the
-  receives (the next pass needs them) but lets the sends finish in the background
-  while the rank computes, collecting them at later exchanges and at the step's end.
-  Two stages on one rank hand over without a transfer.
+- Exchange: posts its sends (isend) and receives (irecv), and on gloo also the
+  receives of the *next* exchange, so their data arrives while this rank computes
+  the pass in between (gloo matches by tag, one tag per transfer, so posting early
+  is safe); waits only for the receives the next pass needs; sends finish in the
+  background and are collected at later exchanges and at the step's end. On NCCL,
+  which matches in order, an exchange is one batch_isend_irecv, as lowered and
+  checked for deadlock. Two stages on one rank hand over without a transfer.
 """
 
 from __future__ import annotations
@@ -96,6 +99,14 @@ class Engine:
                 self.unsplit[s] = prepare_stage(module) if self.split else []
                 self.stages[s] = module
         self.params = [p for m in self.stages.values() for p in m.parameters()]
+        # For each exchange, the next one: its receives are posted a pass ahead.
+        self._next_exchange: dict[int, Exchange | None] = {}
+        upcoming: Exchange | None = None
+        for index in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[index]
+            if isinstance(op, Exchange):
+                self._next_exchange[index] = upcoming
+                upcoming = op
         opt_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
         self.optimizer = opt_class(self.params, lr=lr) if self.params else None
         self.meter = MemoryMeter(self.params)
@@ -126,9 +137,10 @@ class Engine:
             p.grad = None
         compute = 0.0
         start = time.perf_counter()
-        for op in self.ops:
+        self._posted: dict[Transfer, tuple[Any, torch.Tensor]] = {}
+        for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
-                self._exchange(op)
+                self._exchange(op, self._next_exchange[index])
             else:
                 t0 = time.perf_counter()
                 self._compute(op)
@@ -204,42 +216,56 @@ class Engine:
     def _take(self, kind: TransferKind, mb: int, stage: int) -> torch.Tensor:
         return self._inbox.pop((kind, mb, stage))
 
-    def _exchange(self, op: Exchange) -> None:
-        m, n = self.num_microbatches, self.num_stages
-        self._sends = [s for s in self._sends if not s[0].is_completed()]
-        p2p: list[dist.P2POp] = []
-        recvs: list[tuple[torch.Tensor, Transfer]] = []
-        sends: list[tuple[torch.Tensor, Transfer]] = []
-        for t in op.recvs:
-            stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
-            shape, dtype = self.shapes[stage]
-            buf = torch.empty(shape, dtype=dtype, device=self.device)
-            recvs.append((buf, t))
-            p2p.append(dist.P2POp(dist.irecv, buf, t.src_rank, tag=_tag(t, m, n)))
-        for t in op.sends:
-            value = self._outbox.pop((t.kind, t.microbatch, t.src_stage))
-            sends.append((value, t))
-            p2p.append(dist.P2POp(dist.isend, value, t.dst_rank, tag=_tag(t, m, n)))
+    def _post_recv(self, t: Transfer) -> tuple[Any, torch.Tensor]:
+        stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
+        shape, dtype = self.shapes[stage]
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        tag = _tag(t, self.num_microbatches, self.num_stages)
         try:
-            if self.nccl:
-                works = dist.batch_isend_irecv(p2p)
-            else:
-                works = [o.op(o.tensor, o.peer, tag=o.tag) for o in p2p]
+            work = dist.irecv(buf, t.src_rank, tag=tag)
         except RuntimeError as exc:
-            peer = (op.recvs or op.sends)[0]
-            raise PeerError(f"rank {self.rank}: posting {peer} failed: {exc}") from exc
-        if len(works) == len(p2p):
-            for work, (buf, t) in zip(works[: len(recvs)], recvs, strict=True):
-                self._wait(work, t)
-                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
-            self._sends.extend(
-                (w, v, t) for w, (v, t) in zip(works[len(recvs) :], sends, strict=True)
-            )
-        else:  # NCCL coalesces a batch into one work
-            for work in works:
+            raise PeerError(f"rank {self.rank}: posting the receive of {t} failed: {exc}") from exc
+        return work, buf
+
+    def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
+        """Post the sends and receives of `op`; on gloo (tags match transfers, so order
+        does not matter) also post the receives of the next exchange, so that their
+        data arrives while this rank runs the pass in between; wait for `op`'s
+        receives."""
+        self._sends = [s for s in self._sends if not s[0].is_completed()]
+        sends = [(self._outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
+        if self.nccl:  # NCCL matches in order: one batch per exchange, as the checker proved
+            m, n = self.num_microbatches, self.num_stages
+            recvs = []
+            p2p = []
+            for t in op.recvs:
+                stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
+                shape, dtype = self.shapes[stage]
+                buf = torch.empty(shape, dtype=dtype, device=self.device)
+                recvs.append((buf, t))
+                p2p.append(dist.P2POp(dist.irecv, buf, t.src_rank, tag=_tag(t, m, n)))
+            p2p += [dist.P2POp(dist.isend, v, t.dst_rank, tag=_tag(t, m, n)) for v, t in sends]
+            for work in dist.batch_isend_irecv(p2p) if p2p else []:
                 work.wait()
             for buf, t in recvs:
                 self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
+            return
+        for value, t in sends:
+            tag = _tag(t, self.num_microbatches, self.num_stages)
+            try:
+                self._sends.append((dist.isend(value, t.dst_rank, tag=tag), value, t))
+            except RuntimeError as exc:
+                raise PeerError(f"rank {self.rank}: posting the send of {t} failed: {exc}") from exc
+        for t in op.recvs:
+            if t not in self._posted:
+                self._posted[t] = self._post_recv(t)
+        for t in upcoming.recvs if upcoming is not None else ():
+            if t not in self._posted:
+                self._posted[t] = self._post_recv(t)
+        for t in op.recvs:
+            work, buf = self._posted.pop(t)
+            self._wait(work, t)
+            self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
 
     def _wait(self, work: Any, t: Transfer) -> None:
         peer = t.src_rank if t.dst_rank == self.rank else t.dst_rank
