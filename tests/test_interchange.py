@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from factories import (
+    ZB_H1,
+    parse_rows,
     breadth_first_orders,
     make_schedule,
     one_f_one_b_orders,
@@ -215,3 +217,38 @@ def test_to_pp_compiles_back(tmp_path: Path):
     path.write_text(to_pp(s, source="zbv.csv"))
     compiled = compile_file(path)
     assert _keys(compiled.schedule) == _keys(s)
+
+
+def _cli():
+    pytest.importorskip("ppdsl.parse")
+    pytest.importorskip("ppdsl.elaborate")
+    from ppdsl.cli import main
+
+    return main
+
+
+def test_cli_import_check_export_round_trip(tmp_path: Path, capsys):
+    """ZB-H1 as torch CSV -> `ppdsl import` -> .pp that `ppdsl check` accepts ->
+    `ppdsl export` gives back the same CSV, byte for byte."""
+    main = _cli()
+    original = to_torch_csv(make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1)))
+    csv_in = tmp_path / "zb_h1.csv"
+    csv_in.write_bytes(original.encode())
+    pp = tmp_path / "zb_h1.pp"
+    assert main(["import", str(csv_in), "-o", str(pp)]) == 0
+    assert main(["check", str(pp)]) == 0
+    out = tmp_path / "out.csv"
+    assert main(["export", str(pp), "-o", str(out)]) == 0
+    assert out.read_bytes().decode() == original
+    capsys.readouterr()
+
+
+def test_cli_import_bad_cell_is_located(tmp_path: Path, capsys):
+    """A bad cell: exit 1 and `file:line:col: error:` on stderr, no traceback."""
+    main = _cli()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0B0\n1F0,1Q0\n")
+    assert main(["import", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:2:5: error: bad action '1Q0'" in err
+    assert "Traceback" not in err

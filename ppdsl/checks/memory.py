@@ -57,7 +57,7 @@ def peak_positions(schedule: Schedule) -> tuple[tuple[Fraction, int | None], ...
     flat = flatten(schedule)
     table, denominator = _delta_table(schedule)
     deltas = table[flat.kind, flat.stage]
-    found = []
+    found: list[tuple[Fraction, int | None]] = []
     for dev in range(schedule.num_devices):
         a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
         if a == b:
