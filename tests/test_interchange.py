@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from factories import (
     ZB_H1,
-    parse_rows,
     breadth_first_orders,
     make_schedule,
     one_f_one_b_orders,
+    parse_rows,
     placement,
     schedules,
 )
