@@ -147,3 +147,13 @@ def test_plan_json_round_trip() -> None:
         plan = plan_from_schedule(s, lower(s))
         back = Plan.from_json(copy.deepcopy(plan.to_json()))
         assert back == plan
+
+
+def test_runtime_prediction_is_the_compilers() -> None:
+    """The plan's predicted peak (what the runtime prints) equals
+    ppdsl.checks.memory.peak_memory for every Python-built schedule at d=2,4,8."""
+    memory = pytest.importorskip("ppdsl.checks.memory")
+    for d in (2, 4, 8):
+        for s in python_schedules(d, 2 * d):
+            plan = plan_from_schedule(s, lower(s))
+            assert tuple(memory.peak_memory(s)) == tuple(plan.predicted_peak(r) for r in range(d))
