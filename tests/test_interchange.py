@@ -134,6 +134,8 @@ def test_torch_generated_schedules_read_and_check(name, v):
     assert check_schedule(s) == []
     # torch's runtime waits for receives only; under that semantics any valid order runs
     assert deadlock.check(s, lower(s), sends_block=False) == []
+    # and with receives pulled forward, also when every op of an exchange blocks
+    assert deadlock.check(s, deadlock.pull_receives_forward(lower(s))) == []
     t = simulate(s)
     assert t.makespan > 0
     if name == "ScheduleZBVZeroBubble":

@@ -282,3 +282,96 @@ def check(
             )
         )
     return found
+
+
+def pull_receives_forward(programs: tuple[RankProgram, ...]) -> tuple[RankProgram, ...]:
+    """A lowering aid: the same programs with receives moved into earlier
+    exchanges until nothing deadlocks under the semantics above.
+
+    Runs the ranks; whenever they are stuck, each cycle of waits holds a rank r
+    whose send of t waits for rank q to post the receive of t (a cycle of
+    receives only would mean the orders break a dependency, which the
+    dependency check rules out). Moving q's receive of t into the exchange q is
+    stuck at cannot add a wait, since r has posted the send, and it breaks the
+    cycle. Repeat until every rank finishes. A receive posted earlier only holds
+    its buffer longer. Programs that already run come back unchanged."""
+    ops: list[list] = [list(p.ops) for p in programs]
+    sent: dict[tuple, tuple[int, int]] = {}
+    received: dict[tuple, tuple[int, int]] = {}
+    for r, rank_ops in enumerate(ops):
+        for i, op in enumerate(rank_ops):
+            if type(op) is Exchange:
+                for t in op.sends:
+                    sent[_transfer_key(t)] = (r, i)
+                for t in op.recvs:
+                    received[_transfer_key(t)] = (r, i)
+    position = [0] * len(ops)
+
+    def blocker(r: int) -> tuple[int, Transfer, bool] | None:
+        """The first unmet requirement of rank r's current op: (peer, transfer, sending)."""
+        op = ops[r][position[r]]
+        if type(op) is not Exchange:
+            return None
+        for group, other, sending in ((op.sends, received, True), (op.recvs, sent, False)):
+            for t in group:
+                peer = other.get(_transfer_key(t))
+                if peer is None:
+                    raise ValueError(f"rank {r}: {t} has no matching op; lower the programs again")
+                if position[peer[0]] < peer[1]:
+                    return peer[0], t, sending
+        return None
+
+    changed = False
+    while True:
+        moved = True
+        while moved:
+            moved = False
+            for r in range(len(ops)):
+                while position[r] < len(ops[r]) and blocker(r) is None:
+                    position[r] += 1
+                    moved = True
+        stuck = {r: blocker(r) for r in range(len(ops)) if position[r] < len(ops[r])}
+        if not stuck:
+            break
+        waits = {r: b for r, b in stuck.items() if b is not None}
+        # follow the waits from each stuck rank to the cycle it ends in
+        state: dict[int, int] = {}
+        for first in sorted(waits):
+            walk: list[int] = []
+            r = first
+            while r in waits and r not in state:
+                state[r] = 1
+                walk.append(r)
+                r = waits[r][0]
+            if r in waits and state.get(r) == 1:
+                cycle = walk[walk.index(r) :]
+                sender = next((x for x in cycle if waits[x][2]), None)
+                if sender is None:
+                    raise ValueError(
+                        f"ranks {cycle} wait on each other's receives only: the orders "
+                        "break a dependency (run the dependency check first)"
+                    )
+                q, t, _ = waits[sender]
+                key = _transfer_key(t)
+                _, src = received[key]
+                dst = position[q]
+                old, new = ops[q][src], ops[q][dst]
+                ops[q][src] = Exchange(old.sends, tuple(x for x in old.recvs if x != t))
+                ops[q][dst] = Exchange(new.sends, (*new.recvs, t))
+                received[key] = (q, dst)
+                changed = True
+            for x in walk:
+                state[x] = 2
+    if not changed:
+        return programs
+    return tuple(
+        RankProgram(
+            prog.rank,
+            tuple(op for op in rank_ops if type(op) is not Exchange or op.sends or op.recvs),
+        )
+        for prog, rank_ops in zip(programs, ops, strict=True)
+    )
+
+
+def _transfer_key(t: Transfer) -> tuple[int, int, int, bool]:
+    return (t.microbatch, t.src_stage, t.dst_stage, t.kind is TransferKind.ACT)
