@@ -97,8 +97,9 @@ def generate(
 ) -> GeneratedFiles:
     """Generate from a `ppdsl.compiler.Compiled` or from (schedule, programs[, timeline])."""
     if programs is None:  # a Compiled
-        compiled = schedule
+        compiled: Any = schedule
         schedule, programs, timeline = compiled.schedule, compiled.programs, compiled.timeline
+    assert isinstance(schedule, Schedule)
     plan = plan_from_schedule(schedule, programs, timeline)
     env = _environment()
     files: dict[str, str] = {}

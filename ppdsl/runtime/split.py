@@ -194,17 +194,20 @@ def prepare_stage(stage: nn.Module) -> list[str]:
     autograd (their gradient is computed during B, not deferred to W)."""
     covered: set[int] = set()
     for module in stage.modules():
+        forward: Callable[[torch.Tensor], torch.Tensor]
         if type(module) is nn.Linear:
-            module.forward = _linear_forward(module)  # type: ignore[method-assign]
-        elif _plain_embedding(module):
-            module.forward = _embedding_forward(module)  # type: ignore[method-assign]
+            forward = _linear_forward(module)
+        elif isinstance(module, nn.Embedding) and _plain_embedding(module):
+            forward = _embedding_forward(module)
         elif (
             type(module) is nn.LayerNorm
             and module.elementwise_affine
             and module.bias is not None
         ):
-            module.forward = _layer_norm_forward(module)  # type: ignore[method-assign]
+            forward = _layer_norm_forward(module)
         else:
             continue
+        # An instance attribute shadows the class's forward for this module only.
+        object.__setattr__(module, "forward", forward)
         covered.update(id(p) for p in module.parameters(recurse=False))
     return [name for name, p in stage.named_parameters() if id(p) not in covered]

@@ -132,11 +132,12 @@ def main(
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
-    dist.init_process_group(
-        "nccl" if use_cuda else "gloo",
-        timeout=timedelta(seconds=opts.timeout),
-        **({"device_id": device} if use_cuda else {}),
-    )
+    if use_cuda:
+        dist.init_process_group(
+            "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device
+        )
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
     watchdog = Watchdog(rank, world, opts.timeout)
     watchdog.start()
     try:
