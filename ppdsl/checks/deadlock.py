@@ -28,6 +28,8 @@ receive with no matching op anywhere is reported on its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
@@ -35,18 +37,19 @@ from ppdsl.diagnostics import Diagnostic, Span
 from ppdsl.ir.rank import Exchange, RankProgram, Transfer, TransferKind
 from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
 
-__all__ = ["check", "Wait", "stuck_waits"]
+__all__ = ["check", "Wait", "stuck_waits", "pull_receives_forward"]
 
 
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Rank `rank`, at op `op_index`, waits for `peer` to post the other side of
     `transfer`; `sending` says whether this rank is the sender."""
 
-    __slots__ = ("rank", "op_index", "peer", "transfer", "sending")
-
-    def __init__(self, rank: int, op_index: int, peer: int, transfer: Transfer, sending: bool):
-        self.rank, self.op_index, self.peer = rank, op_index, peer
-        self.transfer, self.sending = transfer, sending
+    rank: int
+    op_index: int
+    peer: int
+    transfer: Transfer
+    sending: bool
 
     def describe(self) -> str:
         t = self.transfer
