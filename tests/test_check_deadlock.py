@@ -55,8 +55,8 @@ def test_consumer_order_differs_deadlock_reported_as_cycle():
     [err] = deadlock.check(s, lower(s))
     assert "ranks 0, 1 wait on each other in a cycle" in err.message
     assert [n for _, n in err.notes] == [
-        "rank 0 waits for send act(stage 0->1, mb 0) to rank 1 (for F0:s0)",
-        "rank 1 waits for recv act(stage 0->1, mb 1) from rank 0 (for F1:s1)",
+        "rank 0 waits for send act(stage 0->1, mb 0) to rank 1 (output of F0:s0)",
+        "rank 1 waits for recv act(stage 0->1, mb 1) from rank 0 (input of F1:s1)",
     ]
     assert err.notes[0][0] == s.orders[0][0].span
     assert err.notes[1][0] == s.orders[1][0].span
@@ -85,8 +85,8 @@ def test_hand_programs_recv_first_deadlock():
     s = make_schedule(placement("parallel", 2), 1, one_f_one_b_orders(2, 1), split_backward=False)
     [err] = deadlock.check(s, programs)
     assert [n for _, n in err.notes] == [
-        "rank 0 waits for recv grad(stage 1->0, mb 0) from rank 1 (for BW0:s0)",
-        "rank 1 waits for recv act(stage 0->1, mb 0) from rank 0 (for F0:s1)",
+        "rank 0 waits for recv grad(stage 1->0, mb 0) from rank 1 (input of BW0:s0)",
+        "rank 1 waits for recv act(stage 0->1, mb 0) from rank 0 (input of F0:s1)",
     ]
     assert brute_force_finishes(programs, random.Random(0)) is False
 

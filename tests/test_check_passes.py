@@ -32,7 +32,7 @@ def test_missing_passes_listed_in_full_per_device():
     orders[0] = [p for p in orders[0] if p != (B, 5, 0)]
     found = passes.check(_s(orders, d, m))
     assert [x.message for x in found] == [
-        "device 0 never runs 1 pass that its stages need: B5; add them to its order",
+        "device 0 never runs 1 pass that its stages need: B5; add it to its order",
         "device 1 never runs 12 passes that its stages need: W0-W11; add them to its order",
     ]
     assert all(x.span is not None for x in found)

@@ -272,7 +272,8 @@ def check(
         notes = []
         for w in cycle:
             span, name = _span_of(w.transfer, w.sending, schedule, spans)
-            notes.append((span, f"{w.describe()} (for {name})"))
+            role = "output of" if w.sending else "input of"
+            notes.append((span, f"{w.describe()} ({role} {name})"))
         ranks = ", ".join(str(w.rank) for w in cycle)
         found.append(
             Diagnostic(

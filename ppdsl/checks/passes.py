@@ -133,7 +133,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 Diagnostic(
                     "error",
                     f"device {device} never runs {count} pass{'es' if count != 1 else ''} that "
-                    f"its stages need: {listed}; add them to its order",
+                    f"its stages need: {listed}; add {'them' if count != 1 else 'it'} to its order",
                     s.span,
                 )
             )
