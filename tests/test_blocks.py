@@ -1,0 +1,219 @@
+"""Repeating building blocks (ppdsl.blocks.repeat_block): the order of a
+repeated block, spans, ties, W fill, and the papers' blocks built in Python."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from factories import ZB_H1, make_schedule, placement
+
+from ppdsl import checks
+from ppdsl.blocks import repeat_block
+from ppdsl.diagnostics import Span
+from ppdsl.ir.schedule import (
+    Block,
+    BlockSlot,
+    Costs,
+    MemoryModel,
+    PassKind,
+    Placement,
+    format_pass,
+)
+from ppdsl.simulate import simulate
+
+F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
+
+ONE_F_ONE_B = """\
+F0 F1 F2 F3 BW0 F4 BW1 F5 BW2 F6 BW3 F7 BW4 BW5 BW6 BW7
+F0 F1 F2 BW0 F3 BW1 F4 BW2 F5 BW3 F6 BW4 F7 BW5 BW6 BW7
+F0 F1 BW0 F2 BW1 F3 BW2 F4 BW3 F5 BW4 F6 BW5 F7 BW6 BW7
+F0 BW0 F1 BW1 F2 BW2 F3 BW3 F4 BW4 F5 BW5 F6 BW6 F7 BW7
+"""
+
+
+def _span(line: int) -> Span:
+    return Span("block.pp", line, 5, line, 20)
+
+
+def make_block(place: Placement, period, rows) -> Block:
+    """rows: (kind, stage, start, duration); slot k's span is on line k + 1."""
+    slots = tuple(
+        BlockSlot(
+            kind, stage, place.stage_device[stage], Fraction(start), Fraction(dur), _span(k + 1)
+        )
+        for k, (kind, stage, start, dur) in enumerate(rows)
+    )
+    return Block(Fraction(period), slots, _span(1))
+
+
+def zb_h1_block(d: int) -> tuple[Placement, Block]:
+    """ZB-H1 (zero-bubble paper §3.1): F at s, B at 3d-2-2s, W at 3d-1+s, T = 3."""
+    place = placement("parallel", d)
+    rows = [
+        r
+        for s in range(d)
+        for r in ((F, s, s, 1), (B, s, 3 * d - 2 - 2 * s, 1), (W, s, 3 * d - 1 + s, 1))
+    ]
+    return place, make_block(place, 3, rows)
+
+
+def one_f_one_b_block(d: int) -> tuple[Placement, Block]:
+    """1F1B: F at s, BW (lasting 2) at 3d-2-2s, T = 3."""
+    place = placement("parallel", d)
+    rows = [r for s in range(d) for r in ((F, s, s, 1), (BW, s, 3 * d - 2 - 2 * s, 2))]
+    return place, make_block(place, 3, rows)
+
+
+def zb_h2_block(d: int) -> tuple[Placement, Block]:
+    """ZB-H2 (zero-bubble paper §3.1): device s runs 2d-2s-1 F before its first
+    B, F B W in the steady state, W deferred by 2s microbatches."""
+    place = placement("parallel", d)
+    rows = [
+        r
+        for s in range(d)
+        for r in ((F, s, s, 1), (B, s, 6 * d - 5 * s - 5, 1), (W, s, 6 * d + s - 4, 1))
+    ]
+    return place, make_block(place, 3, rows)
+
+
+def v_block(d: int, kind: str) -> tuple[Placement, Block]:
+    """V-Min / V-Half (controllable-memory paper §4): F/B slots of chunk 0
+    (stage i) and chunk 1 (stage 2d-1-i), T = 6, W filled."""
+    place = placement("vshape", d)
+    rows = []
+    for i in range(d):
+        if kind == "min":
+            g = 2 if d % 3 == 0 else 0
+            f0, f1, b1, b0 = i, 2 * d - 1 - i, 2 * d + g + i, 4 * d + g - 1 - i
+        else:
+            g = 3 if d % 2 == 0 else 0
+            f0, f1, b1, b0 = 2 * i, 3 * d - 2 - i, 3 * d + g - 1 + 2 * i, 6 * d + g - 2 - i
+        s0, s1 = i, 2 * d - 1 - i
+        rows += [(F, s0, f0, 1), (F, s1, f1, 1), (B, s1, b1, 1), (B, s0, b0, 1)]
+    return place, make_block(place, 6, rows)
+
+
+def schedule_of(place, block, m, *, split=True, w_fill=False, m_w=Fraction(1, 2)):
+    costs = Costs.unit(place.num_stages)
+    orders = repeat_block(block, place, m, split_backward=split, w_fill=w_fill, costs=costs)
+    memory = MemoryModel((Fraction(1),) * place.num_stages, (m_w,) * place.num_stages)
+    return make_schedule(
+        place, m, orders, split_backward=split, costs=costs, memory=memory, block=block
+    )
+
+
+def rows_of(schedule) -> str:
+    return "".join(" ".join(format_pass(p, False) for p in o) + "\n" for o in schedule.orders)
+
+
+def errors(schedule) -> list:
+    return [d for d in checks.check_schedule(schedule) if d.severity == "error"]
+
+
+def test_zb_h1_block_gives_the_papers_order():
+    """ZB-H1's unit block repeated 8 times on 4 devices is DESIGN.md's order, makespan 27."""
+    place, block = zb_h1_block(4)
+    schedule = schedule_of(place, block, 8)
+    assert rows_of(schedule) == ZB_H1
+    assert errors(schedule) == []
+    assert simulate(schedule).makespan == 27
+
+
+def test_one_f_one_b_block_gives_the_papers_order():
+    """1F1B's block (BW lasting 2, period 3) is PipeDream-flush's order."""
+    place, block = one_f_one_b_block(4)
+    schedule = schedule_of(place, block, 8, split=False)
+    assert rows_of(schedule) == ONE_F_ONE_B
+    assert simulate(schedule).makespan == 33
+
+
+def test_every_pass_carries_its_slots_span():
+    """A pass points at the block line that made it."""
+    place, block = zb_h1_block(3)
+    schedule = schedule_of(place, block, 4)
+    by_slot = {(s.kind, s.stage): s.span for s in block.slots}
+    for order in schedule.orders:
+        for p in order:
+            assert p.span == by_slot[(p.kind, p.stage)]
+
+
+def test_ties_follow_the_blocks_line_order():
+    """Equal start times (zero-length slots) keep the order the block wrote them."""
+    place = placement("parallel", 1)
+    block = make_block(place, 2, [(W, 0, 1, 0), (B, 0, 1, 0), (F, 0, 0, 1)])
+    orders = repeat_block(block, place, 2, split_backward=True, w_fill=False, costs=Costs.unit(1))
+    assert [format_pass(p, False) for p in orders[0]] == ["F0", "W0", "B0", "F1", "W1", "B1"]
+
+
+def test_microbatch_j_starts_j_periods_later():
+    """A slot's passes appear once per microbatch, in microbatch order."""
+    place, block = zb_h1_block(2)
+    orders = repeat_block(block, place, 5, split_backward=True, w_fill=False, costs=Costs.unit(2))
+    for order in orders:
+        for kind in (F, B, W):
+            assert [p.microbatch for p in order if p.kind is kind] == list(range(5))
+
+
+def test_w_fill_needs_a_split_backward():
+    """W fill in a fused-backward block is refused."""
+    place, block = one_f_one_b_block(2)
+    with pytest.raises(ValueError, match="split backward"):
+        repeat_block(block, place, 2, split_backward=False, w_fill=True, costs=Costs.unit(2))
+
+
+def test_w_fill_refuses_explicit_w_slots():
+    """A W-fill block holds F and B only."""
+    place, block = zb_h1_block(2)
+    with pytest.raises(ValueError, match="only F and B"):
+        repeat_block(block, place, 2, split_backward=True, w_fill=True, costs=Costs.unit(2))
+
+
+def test_w_fill_puts_w_in_the_blocks_free_slots():
+    """One device, F at 0, B at 1, period 3: W fills slot 2 after its B."""
+    place = placement("parallel", 1)
+    block = make_block(place, 3, [(F, 0, 0, 1), (B, 0, 1, 1)])
+    orders = repeat_block(block, place, 3, split_backward=True, w_fill=True, costs=Costs.unit(1))
+    assert [format_pass(p, False) for p in orders[0]] == "F0 B0 W0 F1 B1 W1 F2 B2 W2".split()
+    w = [p for p in orders[0] if p.kind is W]
+    assert all(p.span == block.slots[1].span for p in w)
+
+
+def test_w_fill_leaves_the_rest_to_the_end():
+    """With no free slot in the block, every W runs after the last F/B."""
+    place = placement("parallel", 1)
+    block = make_block(place, 2, [(F, 0, 0, 1), (B, 0, 1, 1)])
+    orders = repeat_block(block, place, 3, split_backward=True, w_fill=True, costs=Costs.unit(1))
+    assert [format_pass(p, False) for p in orders[0]] == "F0 B0 F1 B1 F2 B2 W0 W1 W2".split()
+
+
+def test_no_microbatches_no_passes():
+    """m = 0 gives empty orders."""
+    place, block = zb_h1_block(2)
+    orders = repeat_block(block, place, 0, split_backward=True, w_fill=False, costs=Costs.unit(2))
+    assert orders == ((), ())
+
+
+@pytest.mark.parametrize("d", [2, 4, 8])
+def test_zb_h2_block_memory_and_bubble(d):
+    """ZB-H2: worker i (from 1) peaks at (2p-2i+1) M_B + (2i-2) M_W; no bubble at unit costs."""
+    place, block = zb_h2_block(d)
+    schedule = schedule_of(place, block, 2 * d)
+    assert errors(schedule) == []
+    timeline = simulate(schedule)
+    half = Fraction(1, 2)
+    assert timeline.peak_memory == tuple((2 * d - 2 * s - 1) + 2 * s * half for s in range(d))
+    assert timeline.bubble_ratio == 0
+
+
+@pytest.mark.parametrize("kind", ["min", "half"])
+@pytest.mark.parametrize("d", [2, 3, 4, 8, 16])
+def test_v_blocks_with_w_fill_reach_the_papers_memory(kind, d):
+    """V-Min / V-Half with W fill: valid, and the peak per device is 2·(p+4)//3 and
+    2·(p+2)//2 chunks (in 1F1B-stage units (p+4)//3 and (p+2)//2), M_W = M_B."""
+    place, block = v_block(d, kind)
+    bound = 2 * ((d + 4) // 3) if kind == "min" else 2 * ((d + 2) // 2)
+    for m in (d, 2 * d):
+        schedule = schedule_of(place, block, m, w_fill=True, m_w=Fraction(1))
+        assert errors(schedule) == []
+        assert max(simulate(schedule).peak_memory) == bound
