@@ -1,0 +1,456 @@
+"""Parse `.pp` text into the AST (`ppdsl.ast`).
+
+The grammar is grammar/ppdsl.lark (LALR). A post-lexer makes newlines and `;`
+statement separators except inside ( ) and [ ]; a lark Transformer builds the AST
+with a span on every node. Syntax errors become one located `CompileError`, labelled
+for the common mistakes (an unclosed brace, a missing value after `=`, a misspelt
+statement keyword) so a person can act on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from fractions import Fraction
+from functools import lru_cache
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+
+from ppdsl import ast
+from ppdsl._resources import grammar_text
+from ppdsl.diagnostics import CompileError, Diagnostic, Span
+
+__all__ = ["parse", "KEYWORDS"]
+
+# Words the grammar reserves; they cannot name a param or a loop variable.
+KEYWORDS = (
+    "schedule param let place backward cost memory block period order expect chunk at fill "
+    "for in reversed repeat if else interleave with and or not"
+).split()
+_STATEMENTS = ("param", "let", "place", "backward", "cost", "memory", "block", "order", "expect")
+_ORDER_STATEMENTS = ("let", "for", "repeat", "if", "interleave")
+_OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
+_CLOSERS = {v: k for k, v in _OPENERS.items()}
+_GLUE_BEFORE = ("ELSE", "WITH")  # a newline before these does not end the statement
+
+
+class _Postlex:
+    """Newlines and `;` end statements, except inside ( ) and [ ]; runs collapse."""
+
+    always_accept = ("_SEP",)
+
+    def __init__(self) -> None:
+        self.history: list[Token] = []
+
+    def process(self, stream):
+        self.history = history = []
+        stack: list[str] = []
+        pending: Token | None = None
+        for tok in stream:
+            kind = tok.type
+            if kind == "_SEP":
+                if (stack and stack[-1] != "LBRACE") or pending is not None:
+                    continue
+                if history and history[-1].type == "_SEP":
+                    continue
+                pending = tok
+                continue
+            if pending is not None:
+                if kind not in _GLUE_BEFORE:
+                    history.append(pending)
+                    yield pending
+                pending = None
+            if kind in _OPENERS:
+                stack.append(kind)
+            elif kind in _CLOSERS and stack and stack[-1] == _CLOSERS[kind]:
+                stack.pop()
+            history.append(tok)
+            yield tok
+        if pending is not None:
+            history.append(pending)
+            yield pending
+
+
+@lru_cache(maxsize=1)
+def _parser() -> tuple[Lark, _Postlex]:
+    postlex = _Postlex()
+    lark = Lark(
+        grammar_text(),
+        parser="lalr",
+        lexer="basic",
+        postlex=postlex,
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+    return lark, postlex
+
+
+def parse(text: str, file: str) -> ast.Module:
+    """Parse one `.pp` file's text; `file` names it in spans."""
+    lark, postlex = _parser()
+    try:
+        tree = lark.parse(text)
+    except UnexpectedInput as exc:
+        raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
+    try:
+        return _ToAst(file, text).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, CompileError):
+            raise exc.orig_exc from None
+        raise
+
+
+# --- the tree -> AST transformer ------------------------------------------------
+
+
+def _tok_span(file: str, tok: Token) -> Span:
+    return Span(file, tok.line, tok.column, tok.end_line, max(tok.column, tok.end_column - 1))
+
+
+_BINARY = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "floordiv": "//",
+    "mod": "%",
+    "or_": "or",
+    "and_": "and",
+}
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds `ppdsl.ast` nodes; every node gets the span of its source text."""
+
+    def __init__(self, file: str, text: str):
+        super().__init__()
+        self.file = file
+        self.text = text
+
+    def _span(self, meta) -> Span:
+        return Span(self.file, meta.line, meta.column, meta.end_line, max(1, meta.end_column - 1))
+
+    def _error(self, message: str, span: Span) -> CompileError:
+        return CompileError([Diagnostic("error", message, span)])
+
+    # the file
+    def start(self, meta, children):
+        return children[0]
+
+    def schedule(self, meta, children):
+        name, *stmts = children
+        span = _tok_span(self.file, name)
+        return ast.Module(str(name), tuple(stmts), self.file, span)
+
+    # top-level statements
+    def param(self, meta, children):
+        default = children[1] if len(children) > 1 else None
+        return ast.Param(str(children[0]), default, self._span(meta))
+
+    def let(self, meta, children):
+        return ast.Let(str(children[0]), children[1], self._span(meta))
+
+    def place_named(self, meta, children):
+        kind = children[0]
+        arg = children[1] if len(children) > 1 else None
+        return ast.Place(str(kind), arg, (), self._span(meta), _tok_span(self.file, kind))
+
+    def place_list(self, meta, children):
+        span = self._span(meta)
+        return ast.Place("list", None, tuple(children), span, span)
+
+    def backward(self, meta, children):
+        mode = children[0]
+        return ast.Backward(str(mode), self._span(meta), _tok_span(self.file, mode))
+
+    def stage_index(self, meta, children):
+        return ("index", str(children[0]))
+
+    def _per_stage(self, node, meta, children):
+        name = children[0]
+        index = children[1][1] if len(children) == 3 else None
+        value = children[-1]
+        return node(str(name), index, value, self._span(meta), _tok_span(self.file, name))
+
+    def cost(self, meta, children):
+        return self._per_stage(ast.Cost, meta, children)
+
+    def memory(self, meta, children):
+        return self._per_stage(ast.Memory, meta, children)
+
+    # the block form
+    def block(self, meta, children):
+        period, *lines = children
+        return ast.BlockDecl(period, tuple(lines), self._span(meta))
+
+    def slot(self, meta, children):
+        kind, start = children
+        return ast.Slot(str(kind), start, self._span(meta))
+
+    def slot_line(self, meta, children):
+        return ast.SlotLine(None, tuple(children), self._span(meta))
+
+    def chunk_line(self, meta, children):
+        which, *slots = children
+        chunk: int | str
+        if which.type == "NUMBER":
+            value = Fraction(str(which))
+            if value.denominator != 1:
+                raise self._error(
+                    f"a chunk index must be an integer, got {which}", _tok_span(self.file, which)
+                )
+            chunk = int(value)
+        else:
+            chunk = str(which)
+        return ast.SlotLine(chunk, tuple(slots), self._span(meta))
+
+    def fill(self, meta, children):
+        return ast.Fill(str(children[0]), self._span(meta))
+
+    # the order form
+    def order(self, meta, children):
+        return ast.OrderDecl(children[0], self._span(meta))
+
+    def body(self, meta, children):
+        return tuple(children)
+
+    def for_(self, meta, children):
+        var, rng, body = children
+        return ast.For(str(var), rng, body, self._span(meta))
+
+    def span_range(self, meta, children):
+        return ast.SpanRange(children[0], children[1], self._span(meta))
+
+    def reversed_range(self, meta, children):
+        return ast.ReversedRange(children[0], self._span(meta))
+
+    def named_range(self, meta, children):
+        return ast.NamedRange(children[0], self._span(meta))
+
+    def repeat(self, meta, children):
+        return ast.Repeat(children[0], children[1], self._span(meta))
+
+    def if_(self, meta, children):
+        cond, then, *rest = children
+        else_: tuple = ()
+        if rest:
+            else_ = rest[0] if isinstance(rest[0], tuple) else (rest[0],)
+        return ast.If(cond, then, else_, self._span(meta))
+
+    def interleave(self, meta, children):
+        return ast.Interleave(children[0], children[1], self._span(meta))
+
+    def pass_(self, meta, children):
+        kind, *args = children
+        return ast.PassCall(str(kind), tuple(args), self._span(meta))
+
+    # expectations
+    def expect(self, meta, children):
+        metric = children[0]
+        device = children[1] if len(children) == 4 else None
+        op, bound = children[-2], children[-1]
+        b = bound.span
+        text = self.text[
+            _offset(self.text, b.line, b.column) : _offset(self.text, b.end_line, b.end_column) + 1
+        ]
+        return ast.ExpectDecl(
+            str(metric),
+            device,
+            str(op),
+            bound,
+            " ".join(text.split()),
+            self._span(meta),
+            _tok_span(self.file, metric),
+        )
+
+    # expressions
+    def number(self, meta, children):
+        return ast.Number(Fraction(str(children[0])), self._span(meta))
+
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), self._span(meta))
+
+    def call(self, meta, children):
+        func, *args = children
+        return ast.Call(str(func), tuple(args), self._span(meta))
+
+    def neg(self, meta, children):
+        return ast.Unary("-", children[0], self._span(meta))
+
+    def not_(self, meta, children):
+        return ast.Unary("not", children[0], self._span(meta))
+
+    def compare(self, meta, children):
+        left, op, right = children
+        return ast.Binary(str(op), left, right, self._span(meta))
+
+    def cond(self, meta, children):
+        return ast.Cond(children[0], children[1], children[2], self._span(meta))
+
+    def __default__(self, data, children, meta):
+        op = _BINARY.get(data)
+        if op is None:  # pragma: no cover - every rule of the grammar has a method
+            raise AssertionError(f"no AST builder for rule {data!r}")
+        return ast.Binary(op, children[0], children[1], self._span(meta))
+
+
+def _offset(text: str, line: int, column: int) -> int:
+    pos = 0
+    for _ in range(line - 1):
+        pos = text.index("\n", pos) + 1
+    return pos + column - 1
+
+
+
+# --- syntax errors ---------------------------------------------------------------
+
+
+def _describe(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    if tok.type == "_SEP":
+        return "';'" if tok.value == ";" else "end of line"
+    if tok.type == "NAME":
+        return f"name '{tok.value}'"
+    if tok.type == "NUMBER":
+        return f"number {tok.value}"
+    return f"'{tok.value}'"
+
+
+def _expected_words(expected: set[str], lark: Lark) -> list[str]:
+    words = []
+    for name in sorted(expected):
+        if name == "NAME":
+            words.append("a name")
+        elif name == "NUMBER":
+            words.append("a number")
+        elif name == "_SEP":
+            words.append("end of line")
+        elif name == "$END":
+            words.append("end of file")
+        else:
+            try:
+                pattern = lark.get_terminal(name).pattern
+            except KeyError:
+                continue
+            words.append(f"'{pattern.value}'" if pattern.type == "str" else name)
+    return words
+
+
+def _keyword_candidates(expected: set[str]) -> list[str]:
+    return [k for k in KEYWORDS if k.upper() in expected]
+
+
+def _unclosed(text: str, file: str) -> Diagnostic | None:
+    """A bracket never closed or closed by the wrong kind; None when all match.
+    A `}` less indented than the line of the `{` it would close is taken to close an
+    outer `{` instead: the inner one is the one never closed."""
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    lines = text.split("\n")
+    indents = [len(line) - len(line.lstrip(" \t")) for line in lines]
+    stack: list[tuple[str, int, int]] = []
+    suspect: tuple[str, int, int] | None = None
+    for lineno, line in enumerate(lines, start=1):
+        for col, ch in enumerate(line, start=1):
+            if ch == "#":
+                break
+            if ch in pairs:
+                stack.append((ch, lineno, col))
+            elif ch in ")]}":
+                if not stack:
+                    span = Span(file, lineno, col, lineno, col)
+                    return Diagnostic("error", f"'{ch}' closes nothing", span)
+                opener, oline, ocol = stack.pop()
+                if pairs[opener] != ch:
+                    span = Span(file, lineno, col, lineno, col)
+                    return Diagnostic(
+                        "error", f"'{ch}' does not match '{opener}' opened at {oline}:{ocol}", span
+                    )
+                if ch == "}" and suspect is None and indents[oline - 1] > indents[lineno - 1]:
+                    suspect = (opener, oline, ocol)
+    if not stack:
+        return None
+    opener, oline, ocol = suspect if suspect is not None else stack[-1]
+    span = Span(file, oline, ocol, oline, ocol)
+    return Diagnostic("error", f"'{opener}' opened at {oline}:{ocol} is never closed", span)
+
+
+def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Token]) -> Diagnostic:
+    lark, _ = _parser()
+    if isinstance(exc, UnexpectedCharacters):
+        span = Span(file, exc.line, exc.column, exc.line, exc.column)
+        bracket = _unclosed(text, file)
+        if bracket is not None and exc.char in ")]}":
+            return bracket
+        return Diagnostic("error", f"unexpected character {exc.char!r}", span)
+    assert isinstance(exc, UnexpectedToken)
+    tok = exc.token
+    bracket = _unclosed(text, file)
+    if bracket is not None:
+        return bracket
+    if tok.type == "$END":
+        line = text.count("\n") + 1
+        col = len(text.rsplit("\n", 1)[-1]) + 1
+        span = Span(file, line, col, line, col)
+    else:
+        span = _tok_span(file, tok)
+    # the tokens before the failing one (history ends with it)
+    before = history[:-1] if history and history[-1] is tok else history
+    prev = before[-1] if before else None
+    expected = set(exc.expected)
+    if prev is not None and prev.type == "EQUAL" and tok.type in ("_SEP", "$END", "RBRACE"):
+        return Diagnostic("error", "expected a value after '='", span)
+    at_statement_start = prev is None or prev.type in ("_SEP", "LBRACE")
+    if tok.type == "NAME" and at_statement_start:
+        words = _keyword_candidates(expected)
+        if words:
+            return _unknown_word(f"unknown statement '{tok.value}'", tok.value, words, span)
+    if (
+        tok.type == "NAME"
+        and prev is not None
+        and prev.type == "NAME"
+        and len(before) >= 2
+        and before[-2].type in ("_SEP", "LBRACE")
+    ):
+        # `fr j in ...`: a word at the start of an order statement taken as a pass name
+        words = [w for w in _ORDER_STATEMENTS if w.upper() in lark_terminal_names()]
+        close = difflib.get_close_matches(prev.value, words, n=1, cutoff=0.6)
+        if close and "LPAR" in expected:
+            pspan = _tok_span(file, prev)
+            return Diagnostic(
+                "error", f"unknown statement '{prev.value}'; did you mean '{close[0]}'?", pspan
+            )
+        words = _keyword_candidates(expected)
+        if words:
+            return _unknown_word(
+                f"unexpected name '{tok.value}' after '{prev.value}'", tok.value, words, span
+            )
+    if tok.type == "NAME":
+        words = _keyword_candidates(expected)
+        close = difflib.get_close_matches(tok.value, words, n=1, cutoff=0.6)
+        if close:
+            return Diagnostic(
+                "error", f"unexpected name '{tok.value}'; did you mean '{close[0]}'?", span
+            )
+    wanted = _expected_words(expected, lark)
+    message = f"unexpected {_describe(tok)}"
+    if wanted and len(wanted) <= 6:
+        message += "; expected " + ", ".join(wanted[:-1]) + (" or " if len(wanted) > 1 else "")
+        message += wanted[-1]
+    return Diagnostic("error", message, span)
+
+
+def _unknown_word(message: str, word: str, candidates: list[str], span: Span) -> Diagnostic:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    if close:
+        message += f"; did you mean '{close[0]}'?"
+    else:
+        message += "; expected " + ", ".join(f"'{c}'" for c in candidates)
+    return Diagnostic("error", message, span)
+
+
+@lru_cache(maxsize=1)
+def lark_terminal_names() -> frozenset[str]:
+    lark, _ = _parser()
+    return frozenset(t.name for t in lark.terminals)
