@@ -224,7 +224,7 @@ class Engine:
         try:
             work = dist.irecv(buf, t.src_rank, tag=tag)
         except RuntimeError as exc:
-            raise PeerError(f"rank {self.rank}: posting the receive of {t} failed: {exc}") from exc
+            raise PeerError(f"posting the receive of {t} failed: {exc}") from exc
         return work, buf
 
     def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
@@ -255,7 +255,7 @@ class Engine:
             try:
                 self._sends.append((dist.isend(value, t.dst_rank, tag=tag), value, t))
             except RuntimeError as exc:
-                raise PeerError(f"rank {self.rank}: posting the send of {t} failed: {exc}") from exc
+                raise PeerError(f"posting the send of {t} failed: {exc}") from exc
         for t in op.recvs:
             if t not in self._posted:
                 self._posted[t] = self._post_recv(t)
@@ -273,12 +273,16 @@ class Engine:
             work.wait(self.timeout)
         except RuntimeError as exc:
             what = "receiving" if t.dst_rank == self.rank else "sending"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise PeerError(
-                f"rank {self.rank}: {what} {t} failed or timed out "
-                f"(after at most {self.timeout.total_seconds():g} s): rank {peer} "
-                f"did not answer ({first})"
-            ) from exc
+            text = str(exc)
+            if "reset by peer" in text or "closed" in text.lower() or "EOF" in text:
+                why = f"the connection to rank {peer} was lost (rank {peer} died)"
+            elif "timed out" in text.lower() or "timeout" in text.lower():
+                why = (f"rank {peer} did not answer within "
+                       f"{self.timeout.total_seconds():g} s (hung or deadlocked)")
+            else:
+                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+                why = f"rank {peer} failed ({first[:200]})"
+            raise PeerError(f"{what} {t}: {why}") from exc
 
     # -- results ---------------------------------------------------------------
 
