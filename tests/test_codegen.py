@@ -11,6 +11,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
+
 from ppdsl import __version__
 from ppdsl.codegen import generate, write
 from ppdsl.diagnostics import Span
@@ -117,3 +119,48 @@ def test_no_injection_through_user_fields(tmp_path: Path) -> None:
                           text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 1 and "torchrun" in proc.stderr
     assert not (tmp_path / "PWNED").exists()
+
+
+ZB_H1 = """schedule zb_h1 {
+    param d = 4
+    param m = 2 * d
+    place parallel
+    backward split
+    block period 3 {
+        F at s
+        B at 3*d - 2 - 2*s
+        W at 3*d - 1 + s
+    }
+}
+"""
+
+
+@pytest.mark.slow
+def test_compile_command_writes_the_directory(tmp_path: Path) -> None:
+    """`ppdsl compile FILE -D d=2 -o DIR` writes rank0.py, rank1.py, launch.py and
+    manifest.json, whose rank programs point back at the block's lines."""
+    src = tmp_path / "zb_h1.pp"
+    src.write_text(ZB_H1)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "ppdsl", "compile", str(src), "-D", "d=2",
+                           "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "launch.py", "manifest.json", "rank0.py", "rank1.py"]
+    assert f"F(0, 0),  # {src}:7" in (out / "rank0.py").read_text()
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["params"] == {"d": 2, "m": 4} and data["num_devices"] == 2
+    assert data["predicted_busy_share"] is not None
+
+
+@pytest.mark.slow
+def test_compile_command_bad_input(tmp_path: Path) -> None:
+    """An invalid .pp: exit 1, a located diagnostic, nothing written."""
+    src = tmp_path / "bad.pp"
+    src.write_text(ZB_H1.replace("F at s", "F at s +"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "ppdsl", "compile", str(src), "-o", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"{src}:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
