@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Union
 
 from ppdsl.diagnostics import Span
 
@@ -105,7 +104,7 @@ class Call:
     span: Span
 
 
-Expr = Union[Number, Name, Unary, Binary, Cond, Call]
+Expr = Number | Name | Unary | Binary | Cond | Call
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +132,7 @@ class NamedRange:
     span: Span
 
 
-Range = Union[SpanRange, ReversedRange, NamedRange]
+Range = SpanRange | ReversedRange | NamedRange
 
 
 # --- top-level statements -----------------------------------------------------
@@ -282,7 +281,7 @@ class PassCall:
     span: Span
 
 
-OrderStmt = Union[Let, For, Repeat, If, Interleave, PassCall]
+OrderStmt = Let | For | Repeat | If | Interleave | PassCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +305,7 @@ class ExpectDecl:
     metric_span: Span
 
 
-Stmt = Union[Param, Let, Place, Backward, Cost, Memory, BlockDecl, OrderDecl, ExpectDecl]
+Stmt = Param | Let | Place | Backward | Cost | Memory | BlockDecl | OrderDecl | ExpectDecl
 
 
 @dataclass(frozen=True, slots=True)

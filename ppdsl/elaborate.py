@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Union
 
 from ppdsl import ast
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
@@ -32,7 +32,7 @@ from ppdsl.ir.schedule import (
 
 __all__ = ["elaborate", "PLACEMENTS", "METRICS"]
 
-Value = Union[int, Fraction, bool, range]
+Value = int | Fraction | bool | range
 Env = dict[str, Value]
 Eval = Callable[[Env], Value]
 
@@ -176,7 +176,7 @@ def _compile_call(expr: ast.Call, scope: _Scope) -> Eval:
         raise _Error(f"{expr.func}() needs at least one argument", expr.span)
 
     def call(env: Env) -> Value:
-        return pick(_number(a(env), s) for a, s in zip(args, spans))
+        return pick(_number(a(env), s) for a, s in zip(args, spans, strict=True))
 
     return call
 
@@ -327,11 +327,19 @@ def _parse_override(name: str, text: str, state: _State) -> Value:
         module = parse(f"schedule _ {{ param _ = {text}\n}}", "<command line>")
         (param,) = module.stmts
         assert isinstance(param, ast.Param) and param.default is not None
+        if isinstance(param.default, ast.Name) and param.default.id not in state.env:
+            raise _Error(
+                f"{prefix}'{text}' is not a number (give an integer, a rational such as 3/2, "
+                "or an expression over earlier params such as 2*d)",
+                None,
+            )
         return _eval_top(state, param.default)
     except CompileError:
         raise _Error(f"{prefix}not a number or an expression over earlier params", None) from None
-    except (_Error, ValueError) as exc:
-        raise _Error(prefix + str(exc), None) from None
+    except _Error as exc:
+        if exc.diagnostic.message.startswith(prefix):
+            raise
+        raise _Error(prefix + exc.diagnostic.message, None) from None
 
 
 def _param(stmt: ast.Param, state: _State, overrides: dict[str, str]) -> None:
@@ -340,7 +348,9 @@ def _param(stmt: ast.Param, state: _State, overrides: dict[str, str]) -> None:
         where: Span | None = None
         prefix = f"-D {stmt.name}={overrides[stmt.name]}: "
     elif stmt.default is None:
-        raise _Error(f"param '{stmt.name}' has no value; give it with -D {stmt.name}=...", stmt.span)
+        raise _Error(
+            f"param '{stmt.name}' has no value; give it with -D {stmt.name}=...", stmt.span
+        )
     else:
         value = _eval_top(state, stmt.default)
         where = stmt.default.span
@@ -363,7 +373,9 @@ def _placement(stmt: ast.Place, state: _State) -> Placement:
         for expr in stmt.devices:
             dev = _integer(_eval_top(state, expr), expr.span, "a device index")
             if not 0 <= dev < d:
-                raise _Error(f"device {dev} out of range: d = {d}, so devices are 0..{d}", expr.span)
+                raise _Error(
+                    f"device {dev} out of range: d = {d}, so devices are 0..{d}", expr.span
+                )
             devices.append(dev)
         unused = sorted(set(range(d)) - set(devices))
         if unused:
@@ -374,9 +386,10 @@ def _placement(stmt: ast.Place, state: _State) -> Placement:
             )
         return Placement("list", d, tuple(devices))
     if stmt.kind not in PLACEMENTS:
-        hint = _did_you_mean(stmt.kind, PLACEMENTS) or "; expected one of " + ", ".join(
-            PLACEMENTS
-        ) + " or a list [e0, e1, ...]"
+        hint = (
+            _did_you_mean(stmt.kind, PLACEMENTS)
+            or "; expected one of " + ", ".join(PLACEMENTS) + " or a list [e0, e1, ...]"
+        )
         raise _Error(f"unknown placement '{stmt.kind}'{hint}", stmt.kind_span)
     takes_arg = stmt.kind in ("looped", "wave")
     if takes_arg and stmt.arg is None:
@@ -412,7 +425,9 @@ def _set_placement(state: _State, placement: Placement) -> None:
 def _refresh_names(state: _State) -> None:
     """Keep the derived defaults (BW = B + W, M_W = M_B / 2) and the T_*/M_* names."""
     if "BW" not in state.explicit:
-        state.costs["BW"] = [_norm(b + w) for b, w in zip(state.costs["B"], state.costs["W"])]
+        state.costs["BW"] = [
+            _norm(b + w) for b, w in zip(state.costs["B"], state.costs["W"], strict=True)
+        ]
     if "M_W" not in state.explicit:
         state.memory["M_W"] = [_norm(Fraction(x) / 2) for x in state.memory["M_B"]]
     for kind in ("F", "B", "W", "BW"):
@@ -431,9 +446,7 @@ def _ensure_placement(state: _State) -> Placement:
     return state.placement
 
 
-def _per_stage_values(
-    stmt: ast.Cost | ast.Memory, state: _State, what: str
-) -> list[Value]:
+def _per_stage_values(stmt: ast.Cost | ast.Memory, state: _State, what: str) -> list[Value]:
     num_stages = _ensure_placement(state).num_stages
     if stmt.index is None:
         value = _eval_top(state, stmt.value)
@@ -493,9 +506,7 @@ class _OrderContext:
 _Run = Callable[[Env, list], None]
 
 
-def _compile_body(
-    body: tuple[ast.OrderStmt, ...], scope: _Scope, ctx: _OrderContext
-) -> _Run:
+def _compile_body(body: tuple[ast.OrderStmt, ...], scope: _Scope, ctx: _OrderContext) -> _Run:
     inner = _Scope((), scope)
     steps = [_compile_stmt(stmt, inner, ctx) for stmt in body]
     if len(steps) == 1:
@@ -577,7 +588,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
         first(env, a)
         second(env, b)
         n = min(len(a), len(b))
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=False):
             out.append(x)
             out.append(y)
         out.extend(a[n:])
@@ -594,9 +605,7 @@ def _kind(name: str, span: Span, split_backward: bool) -> PassKind:
     if not split_backward and name in ("B", "W"):
         raise _Error(f"this schedule's backward is fused: write BW, not {name}", span)
     if split_backward and name == "BW":
-        raise _Error(
-            "this schedule's backward is split: write B and W (or `backward fused`)", span
-        )
+        raise _Error("this schedule's backward is split: write B and W (or `backward fused`)", span)
     return PassKind(name)
 
 
@@ -615,7 +624,7 @@ def _compile_pass(stmt: ast.PassCall, scope: _Scope, ctx: _OrderContext) -> _Run
     num_microbatches = ctx.num_microbatches
     span = stmt.span
 
-    def run(env: Env, out: list) -> None:
+    def microbatch(env: Env) -> int:
         j = micro(env)
         if type(j) is not int:
             j = _integer(j, mspan, "a microbatch index")
@@ -624,18 +633,27 @@ def _compile_pass(stmt: ast.PassCall, scope: _Scope, ctx: _OrderContext) -> _Run
                 f"microbatch {j} out of range: m = {num_microbatches}, so 0..{num_microbatches}",
                 mspan,
             )
+        return j
+
+    if chunk is None:
+
+        def run_first_chunk(env: Env, out: list) -> None:
+            out.append(Pass(kind, microbatch(env), env["__stages__"][0], span))
+
+        return run_first_chunk
+
+    def run(env: Env, out: list) -> None:
+        j = microbatch(env)
         stages = env["__stages__"]
-        c = 0
-        if chunk is not None:
-            c = chunk(env)
-            if type(c) is not int:
-                c = _integer(c, cspan, "a chunk index")
-            if not 0 <= c < len(stages):
-                raise _Error(
-                    f"chunk {c} out of range: device {env['i']} holds {len(stages)} chunk(s), "
-                    f"so 0..{len(stages)}",
-                    cspan,
-                )
+        c = chunk(env)
+        if type(c) is not int:
+            c = _integer(c, cspan, "a chunk index")
+        if not 0 <= c < len(stages):
+            raise _Error(
+                f"chunk {c} out of range: device {env['i']} holds {len(stages)} chunk(s), "
+                f"so 0..{len(stages)}",
+                cspan,
+            )
         out.append(Pass(kind, j, stages[c], span))
 
     return run
@@ -731,21 +749,22 @@ def _elaborate_block(
                 if entry is None:
                     raise _Error(
                         f"the block places no {kind} for stage {stage} (chunk {c} of device "
-                        f"{device}); add `{kind} at ...`"
-                        + (" or `W fill`" if kind == "W" else ""),
+                        f"{device}); add `{kind} at ...`" + (" or `W fill`" if kind == "W" else ""),
                         decl.span,
                     )
                 slot, start = entry
                 at = _number(start(env), slot.start.span, "a start time")
                 pk = PassKind(kind)
                 duration = _norm(Fraction(_stage_cost(state, kind, stage)))
-                slots.append(BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span))
+                slots.append(
+                    BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
+                )
+    # repeat_block breaks ties by slot position: keep the order the file wrote the slots
+    slots.sort(key=lambda slot: (slot.span.line, slot.span.column, slot.stage))
     block = Block(Fraction(period), tuple(slots), decl.span)
     from ppdsl.blocks import repeat_block
 
-    orders = repeat_block(
-        block, placement, m, split_backward=split, w_fill=w_fill, costs=costs
-    )
+    orders = repeat_block(block, placement, m, split_backward=split, w_fill=w_fill, costs=costs)
     return block, orders
 
 
@@ -761,9 +780,7 @@ def _expect(decl: ast.ExpectDecl, state: _State, num_devices: int) -> Expect:
         hint = _did_you_mean(decl.metric, METRICS) or "; metrics are " + ", ".join(METRICS)
         raise _Error(f"unknown metric '{decl.metric}'{hint}", decl.metric_span)
     if decl.op not in _EXPECT_OPS:
-        raise _Error(
-            f"expect takes one of {' '.join(_EXPECT_OPS)}, not '{decl.op}'", decl.span
-        )
+        raise _Error(f"expect takes one of {' '.join(_EXPECT_OPS)}, not '{decl.op}'", decl.span)
     device = None
     if decl.device is not None:
         if decl.metric != "peak_memory":
@@ -799,8 +816,10 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
     let_names = {s.name for s in module.stmts if isinstance(s, ast.Let)}
     for name, value in overrides.items():
         if name not in param_names:
-            what = f"'{name}' is a let, not a param" if name in let_names else (
-                f"no param '{name}' in this schedule"
+            what = (
+                f"'{name}' is a let, not a param"
+                if name in let_names
+                else (f"no param '{name}' in this schedule")
             )
             hint = _did_you_mean(name, param_names)
             known = ", ".join(param_names) if param_names else "none"
@@ -880,8 +899,10 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             f"schedule '{module.name}' has no 'order {{ ... }}' or 'block period T {{ ... }}'",
             module.span,
         )
-    params = tuple((name, _norm(value) if not isinstance(value, bool) else int(value))
-                   for name, value in state.params)
+    params = tuple(
+        (name, _norm(value) if not isinstance(value, bool) else int(value))
+        for name, value in state.params
+    )
     return Schedule(
         name=module.name,
         file=module.file,

@@ -302,7 +302,6 @@ def _offset(text: str, line: int, column: int) -> int:
     return pos + column - 1
 
 
-
 # --- syntax errors ---------------------------------------------------------------
 
 
