@@ -1,0 +1,20 @@
+# V-Half: half of 1F1B's activation memory.
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4.1 and
+# Figure 5 (V-Half building block): V-shape placement, F of chunk 0 every 2 slots so
+# the lifespans shrink to half of V-ZB's; W in the free slots.
+# Works for every d >= 2 and m >= 1 (the peak reaches the bound once m >= d).
+schedule v_half {
+    param d = 4
+    param m = 2 * d
+    let g = d % 2 == 0 ? 3 : 0        # shifts the backward so no slots collide mod 6
+    place vshape
+    backward split
+    memory M_W = M_B                  # the paper counts activations held until W ends
+    block period 6 {
+        chunk 0: F at 2*i, B at 6*d + g - 2 - i
+        chunk 1: F at 3*d - 2 - i, B at 3*d + g - 1 + 2*i
+        W fill
+    }
+    # §4.1: peak (p+2)//2 in units of a 1F1B stage; a V-shape chunk holds half of one
+    expect peak_memory <= (d + 2) // 2 * 2 * M_B
+}

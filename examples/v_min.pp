@@ -1,0 +1,20 @@
+# V-Min: about a third of 1F1B's activation memory.
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4.1 and
+# Figure 5 (V-Min building block): V-shape placement, chunk 0 = stage i, chunk 1 =
+# stage 2d-1-i; every pass as early as its dependencies allow; W in the free slots.
+# Works for every d >= 2 and m >= 1 (the peak reaches the bound once m >= d).
+schedule v_min {
+    param d = 4
+    param m = 2 * d
+    let g = d % 3 == 0 ? 2 : 0        # shifts the backward so no slots collide mod 6
+    place vshape
+    backward split
+    memory M_W = M_B                  # the paper counts activations held until W ends
+    block period 6 {
+        chunk 0: F at i, B at 4*d + g - 1 - i
+        chunk 1: F at 2*d - 1 - i, B at 2*d + g + i
+        W fill
+    }
+    # §4.1: peak (p+4)//3 in units of a 1F1B stage; a V-shape chunk holds half of one
+    expect peak_memory <= (d + 4) // 3 * 2 * M_B
+}
