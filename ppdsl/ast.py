@@ -44,6 +44,9 @@ __all__ = [
     "Stmt",
     "OrderStmt",
     "Module",
+    "format_expr",
+    "format_range",
+    "format_module",
 ]
 
 
@@ -316,3 +319,170 @@ class Module:
     stmts: tuple[Stmt, ...]
     file: str
     span: Span
+
+
+# --- the canonical text form ------------------------------------------------------
+
+# Binding strength of each operator, loosest first, as in grammar/ppdsl.lark.
+_PREC = {
+    "?": 0,
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "==": 4,
+    "!=": 4,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "//": 6,
+    "%": 6,
+    "neg": 7,
+}
+_ATOM = 8
+_INDENT = "    "
+
+
+def _format_number(value: Fraction) -> str:
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value.denominator == 1:
+        return f"{sign}{value.numerator}"
+    places, scale = 0, 1
+    while (scale * value).denominator != 1 and places < 40:
+        places += 1
+        scale *= 10
+    if (scale * value).denominator == 1:  # a finite decimal, as literals are
+        digits = str((scale * value).numerator).rjust(places + 1, "0")
+        return f"{sign}{digits[:-places]}.{digits[-places:]}"
+    return f"{sign}{value.numerator}/{value.denominator}"
+
+
+def _prec(expr: Expr) -> int:
+    if isinstance(expr, Number):
+        return _ATOM if expr.value >= 0 else _PREC["neg"]
+    if isinstance(expr, (Name, Call)):
+        return _ATOM
+    if isinstance(expr, Cond):
+        return _PREC["?"]
+    if isinstance(expr, Unary):
+        return _PREC["neg"] if expr.op == "-" else _PREC["not"]
+    return _PREC[expr.op]
+
+
+def _wrap(expr: Expr, at_least: int) -> str:
+    text = format_expr(expr)
+    return f"({text})" if _prec(expr) < at_least else text
+
+
+def format_expr(expr: Expr) -> str:
+    """An expression as source text, with only the parentheses it needs."""
+    if isinstance(expr, Number):
+        text = _format_number(expr.value)
+        return text if "/" not in text else f"({text})"
+    if isinstance(expr, Name):
+        return expr.id
+    if isinstance(expr, Call):
+        return f"{expr.func}({', '.join(format_expr(a) for a in expr.args)})"
+    if isinstance(expr, Cond):
+        cond = _wrap(expr.cond, _PREC["or"])
+        return f"{cond} ? {format_expr(expr.then)} : {format_expr(expr.else_)}"
+    if isinstance(expr, Unary):
+        if expr.op == "-":
+            return f"-{_wrap(expr.operand, _PREC['neg'])}"
+        return f"not {_wrap(expr.operand, _PREC['not'])}"
+    prec = _PREC[expr.op]
+    if prec == _PREC["=="]:  # comparisons do not chain
+        return f"{_wrap(expr.left, prec + 1)} {expr.op} {_wrap(expr.right, prec + 1)}"
+    return f"{_wrap(expr.left, prec)} {expr.op} {_wrap(expr.right, prec + 1)}"
+
+
+def format_range(rng: Range) -> str:
+    """A loop range as source text."""
+    if isinstance(rng, SpanRange):
+        return f"{_wrap(rng.start, _PREC['?'] + 1)}..{_wrap(rng.stop, _PREC['?'] + 1)}"
+    if isinstance(rng, ReversedRange):
+        return f"reversed({format_range(rng.inner)})"
+    return format_expr(rng.expr)
+
+
+def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
+    lines: list[str] = []
+    for stmt in body:
+        lines += _format_order_stmt(stmt, depth)
+    return lines
+
+
+def _format_order_stmt(stmt: OrderStmt, depth: int) -> list[str]:
+    pad = _INDENT * depth
+    if isinstance(stmt, PassCall):
+        return [f"{pad}{stmt.kind}({', '.join(format_expr(a) for a in stmt.args)})"]
+    if isinstance(stmt, Let):
+        return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, For):
+        head = f"{pad}for {stmt.var} in {format_range(stmt.range)} {{"
+        return [head, *_format_body(stmt.body, depth + 1), f"{pad}}}"]
+    if isinstance(stmt, Repeat):
+        head = f"{pad}repeat {format_expr(stmt.count)} {{"
+        return [head, *_format_body(stmt.body, depth + 1), f"{pad}}}"]
+    if isinstance(stmt, Interleave):
+        return [
+            f"{pad}interleave {{",
+            *_format_body(stmt.first, depth + 1),
+            f"{pad}}} with {{",
+            *_format_body(stmt.second, depth + 1),
+            f"{pad}}}",
+        ]
+    assert isinstance(stmt, If)
+    lines = [f"{pad}if {format_expr(stmt.cond)} {{", *_format_body(stmt.then, depth + 1)]
+    if stmt.else_:
+        lines += [f"{pad}}} else {{", *_format_body(stmt.else_, depth + 1)]
+    return lines + [f"{pad}}}"]
+
+
+def _format_stmt(stmt: Stmt) -> list[str]:
+    pad = _INDENT
+    if isinstance(stmt, Param):
+        value = "" if stmt.default is None else f" = {format_expr(stmt.default)}"
+        return [f"{pad}param {stmt.name}{value}"]
+    if isinstance(stmt, Let):
+        return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, Place):
+        if stmt.kind == "list":
+            return [f"{pad}place [{', '.join(format_expr(e) for e in stmt.devices)}]"]
+        arg = "" if stmt.arg is None else f"({format_expr(stmt.arg)})"
+        return [f"{pad}place {stmt.kind}{arg}"]
+    if isinstance(stmt, Backward):
+        return [f"{pad}backward {stmt.mode}"]
+    if isinstance(stmt, (Cost, Memory)):
+        word = "cost" if isinstance(stmt, Cost) else "memory"
+        index = "" if stmt.index is None else f"[{stmt.index}]"
+        return [f"{pad}{word} {stmt.name}{index} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, BlockDecl):
+        lines = [f"{pad}block period {format_expr(stmt.period)} {{"]
+        for line in stmt.lines:
+            if isinstance(line, Fill):
+                lines.append(f"{pad}{_INDENT}{line.kind} fill")
+                continue
+            slots = ", ".join(f"{s.kind} at {format_expr(s.start)}" for s in line.slots)
+            chunk = "" if line.chunk is None else f"chunk {line.chunk}: "
+            lines.append(f"{pad}{_INDENT}{chunk}{slots}")
+        return lines + [f"{pad}}}"]
+    if isinstance(stmt, OrderDecl):
+        return [f"{pad}order {{", *_format_body(stmt.body, 2), f"{pad}}}"]
+    assert isinstance(stmt, ExpectDecl)
+    device = "" if stmt.device is None else f"[{format_expr(stmt.device)}]"
+    return [f"{pad}expect {stmt.metric}{device} {stmt.op} {format_expr(stmt.bound)}"]
+
+
+def format_module(module: Module) -> str:
+    """The canonical source text of a module: parsing it gives the same AST
+    (spans aside). Search and tests use it to write `.pp` files."""
+    lines = [f"schedule {module.name} {{"]
+    for stmt in module.stmts:
+        lines += _format_stmt(stmt)
+    return "\n".join(lines + ["}"]) + "\n"
