@@ -207,18 +207,31 @@ def test_to_pp_writes_order_form():
     assert "        if i == 1 {\n            F(0); F(1); F(0, 1); F(1, 1); B(0, 1);" in text
 
 
+def test_to_pp_elaborates_back():
+    """What `ppdsl import` writes parses and elaborates to the same orders and
+    placement (torch's ZB-V: two chunks per device, chunk syntax F(j, c))."""
+    parse = pytest.importorskip("ppdsl.parse")
+    elaborate = pytest.importorskip("ppdsl.elaborate")
+
+    cls = torch_schedules.ScheduleZBVZeroBubble
+    s = from_torch_csv(_torch_dump(_torch_order(cls, 4, 8, 2)), "zbv.csv")
+    back = elaborate.elaborate(parse.parse(to_pp(s, source="zbv.csv"), "zbv.pp"), {})
+    assert _keys(back) == _keys(s)
+    assert back.placement.stage_device == s.placement.stage_device
+    assert back.split_backward and back.num_microbatches == 8
+
+
 def test_to_pp_compiles_back(tmp_path: Path):
-    """What `ppdsl import` writes, `ppdsl check` accepts, with the same orders."""
+    """A V-shape order written by to_pp compiles (all checks) to the same orders."""
     pytest.importorskip("ppdsl.parse")
     pytest.importorskip("ppdsl.elaborate")
     from ppdsl.compiler import compile_file
 
-    cls = torch_schedules.ScheduleZBVZeroBubble
-    s = from_torch_csv(_torch_dump(_torch_order(cls, 4, 8, 2)), "zbv.csv")
-    path = tmp_path / "zbv.pp"
-    path.write_text(to_pp(s, source="zbv.csv"))
-    compiled = compile_file(path)
-    assert _keys(compiled.schedule) == _keys(s)
+    place = placement("vshape", 3)
+    s = make_schedule(place, 4, breadth_first_orders(place, 4))
+    path = tmp_path / "v.pp"
+    path.write_text(to_pp(s))
+    assert _keys(compile_file(path).schedule) == _keys(s)
 
 
 def _cli():

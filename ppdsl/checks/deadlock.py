@@ -60,11 +60,11 @@ class Wait:
 
 
 @numba.njit(cache=True)
-def _run(offsets, req_offsets, req_rank, req_op):  # pragma: no cover - numba
-    """Advance every rank while each requirement of its next op holds
-    (`req_rank[k]` has reached global op index `req_op[k]`). Returns positions."""
+def _advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragma: no cover
+    """Advance every rank (from `position`, updated in place) while each enabled
+    requirement of its next op holds: rank `req_rank[k]` has reached global op
+    index `req_op[k]`."""
     num_ranks = offsets.shape[0] - 1
-    position = offsets[:-1].copy()
     moved = True
     while moved:
         moved = False
@@ -74,7 +74,7 @@ def _run(offsets, req_offsets, req_rank, req_op):  # pragma: no cover - numba
             while k < stop:
                 ok = True
                 for q in range(req_offsets[k], req_offsets[k + 1]):
-                    if position[req_rank[q]] < req_op[q]:
+                    if enabled[q] and position[req_rank[q]] < req_op[q]:
                         ok = False
                         break
                 if not ok:
@@ -82,28 +82,85 @@ def _run(offsets, req_offsets, req_rank, req_op):  # pragma: no cover - numba
                 k += 1
                 moved = True
             position[r] = k
-    return position
+
+
+@numba.njit(cache=True)
+def _pull(
+    position, offsets, req_offsets, peer_rank, req_op, enabled, sending, mirror
+):  # pragma: no cover
+    """The loop of `pull_receives_forward`: run the ranks; while stuck, break each
+    cycle of waits at one of its sends by moving the receive to where its rank
+    stands. Returns (moved receive entries, their new global op index, ok);
+    ok is False on a cycle of receives only."""
+    num_ranks = offsets.shape[0] - 1
+    moved_entries = np.empty(len(sending), dtype=np.int64)
+    moved_to = np.empty(len(sending), dtype=np.int64)
+    count = 0
+    waits = np.full(num_ranks, -1, dtype=np.int64)
+    state = np.zeros(num_ranks, dtype=np.int64)
+    walk = np.empty(num_ranks, dtype=np.int64)
+    while True:
+        _advance(position, offsets, req_offsets, peer_rank, req_op, enabled)
+        any_wait = False
+        for r in range(num_ranks):
+            waits[r] = -1
+            state[r] = 0
+            k = position[r]
+            if k >= offsets[r + 1]:
+                continue
+            for e in range(req_offsets[k], req_offsets[k + 1]):
+                if enabled[e] and position[peer_rank[e]] < req_op[e]:
+                    waits[r] = e
+                    any_wait = True
+                    break
+        if not any_wait:
+            return moved_entries[:count], moved_to[:count], True
+        for first in range(num_ranks):
+            if waits[first] < 0 or state[first] != 0:
+                continue
+            n = 0
+            r = first
+            while waits[r] >= 0 and state[r] == 0:
+                state[r] = 1
+                walk[n] = r
+                n += 1
+                r = peer_rank[waits[r]]
+            if waits[r] >= 0 and state[r] == 1:
+                start = 0
+                while walk[start] != r:
+                    start += 1
+                sender = -1
+                for x in range(start, n):
+                    if sending[waits[walk[x]]]:
+                        sender = walk[x]
+                        break
+                if sender < 0:
+                    return moved_entries[:count], moved_to[:count], False
+                send = waits[sender]
+                receive = mirror[send]
+                q = peer_rank[send]
+                enabled[receive] = False  # posted where q stands; the send is posted
+                req_op[send] = position[q]
+                moved_entries[count] = receive
+                moved_to[count] = position[q]
+                count += 1
+            for x in range(n):
+                state[walk[x]] = 2
 
 
 _ACT = TransferKind.ACT
 
 
-def _match(
-    keys: np.ndarray, against: np.ndarray, against_op: np.ndarray, missing: int
-) -> np.ndarray:
-    """For each key, the global op index where `against` holds it (`missing` if none)."""
+def _match(keys: np.ndarray, against: np.ndarray, against_ids: np.ndarray) -> np.ndarray:
+    """For each key, the id of the entry of `against` that holds it (-1 if none)."""
+    out = np.full(len(keys), -1, dtype=np.int64)
+    if len(against) == 0:
+        return out
     order = np.argsort(against, kind="stable")
     sorted_keys = against[order]
-    at = np.searchsorted(sorted_keys, keys)
-    at_clipped = np.minimum(at, max(len(sorted_keys) - 1, 0))
-    found = (
-        (at < len(sorted_keys)) & (sorted_keys[at_clipped] == keys)
-        if len(sorted_keys)
-        else (np.zeros(len(keys), dtype=bool))
-    )
-    out = np.full(len(keys), missing, dtype=np.int64)
-    if len(sorted_keys):
-        out[found] = against_op[order[at_clipped[found]]]
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    found = sorted_keys[at] == keys
+    out[found] = against_ids[order[at[found]]]
     return out
 
 
@@ -144,11 +201,14 @@ class _Index:
         self.sending = np.asarray(sending, dtype=bool)
         self.rank = np.searchsorted(self.offsets, self.where, side="right") - 1
         is_send = self.sending
-        # the peer op of a send is the receive of the same transfer, and back
-        peer = np.empty(len(key), dtype=np.int64)
+        # the mirror of a send is the receive of the same transfer, and back
+        ids = np.arange(len(key), dtype=np.int64)
+        mirror = np.empty(len(key), dtype=np.int64)
+        mirror[is_send] = _match(key[is_send], key[~is_send], ids[~is_send])
+        mirror[~is_send] = _match(key[~is_send], key[is_send], ids[is_send])
+        self.mirror = mirror
         never = self.total + 1  # a global index no rank reaches: waits forever
-        peer[is_send] = _match(key[is_send], key[~is_send], self.where[~is_send], never)
-        peer[~is_send] = _match(key[~is_send], key[is_send], self.where[is_send], never)
+        peer = np.where(mirror >= 0, self.where[np.maximum(mirror, 0)], never)
         self.peer_op = peer
         self.peer_rank = np.where(
             peer == never, self.rank, np.searchsorted(self.offsets, peer, side="right") - 1
@@ -163,6 +223,14 @@ class _Index:
                 seen[first] = True
                 self.duplicates += chosen[~seen].tolist()
 
+    def requirement_offsets(self, chosen: np.ndarray) -> np.ndarray:
+        """CSR offsets, per global op, into the requirements `chosen` (which are
+        in op order)."""
+        counts = np.bincount(self.where[chosen], minlength=self.total)
+        offsets = np.zeros(self.total + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return offsets
+
     def op_index(self, e: int) -> int:
         return int(self.where[e] - self.offsets[self.rank[e]])
 
@@ -176,10 +244,10 @@ def stuck_waits(
     use = np.ones(len(ix.where), dtype=bool) if sends_block else ~ix.sending
     use[ix.unmatched] = True  # an unmatched op waits forever, send or not
     chosen = np.flatnonzero(use)
-    counts = np.bincount(ix.where[chosen], minlength=ix.total)
-    req_offsets = np.zeros(ix.total + 1, dtype=np.int64)
-    np.cumsum(counts, out=req_offsets[1:])
-    position = _run(ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen])
+    position = ix.offsets[:-1].copy()
+    req_offsets = ix.requirement_offsets(chosen)
+    enabled = np.ones(len(chosen), dtype=bool)
+    _advance(position, ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen], enabled)
     waits: dict[int, Wait] = {}
     for r in range(len(programs)):
         k = int(position[r])
@@ -297,85 +365,52 @@ def pull_receives_forward(programs: tuple[RankProgram, ...]) -> tuple[RankProgra
     receives only would mean the orders break a dependency, which the
     dependency check rules out). Moving q's receive of t into the exchange q is
     stuck at cannot add a wait, since r has posted the send, and it breaks the
-    cycle. Repeat until every rank finishes. A receive posted earlier only holds
-    its buffer longer. Programs that already run come back unchanged."""
-    ops: list[list] = [list(p.ops) for p in programs]
-    sent: dict[tuple, tuple[int, int]] = {}
-    received: dict[tuple, tuple[int, int]] = {}
-    for r, rank_ops in enumerate(ops):
-        for i, op in enumerate(rank_ops):
-            if type(op) is Exchange:
-                for t in op.sends:
-                    sent[_transfer_key(t)] = (r, i)
-                for t in op.recvs:
-                    received[_transfer_key(t)] = (r, i)
-    position = [0] * len(ops)
-
-    def blocker(r: int) -> tuple[int, Transfer, bool] | None:
-        """The first unmet requirement of rank r's current op: (peer, transfer, sending)."""
-        op = ops[r][position[r]]
-        if type(op) is not Exchange:
-            return None
-        for group, other, sending in ((op.sends, received, True), (op.recvs, sent, False)):
-            for t in group:
-                peer = other.get(_transfer_key(t))
-                if peer is None:
-                    raise ValueError(f"rank {r}: {t} has no matching op; lower the programs again")
-                if position[peer[0]] < peer[1]:
-                    return peer[0], t, sending
-        return None
-
-    changed = False
-    while True:
-        moved = True
-        while moved:
-            moved = False
-            for r in range(len(ops)):
-                while position[r] < len(ops[r]) and blocker(r) is None:
-                    position[r] += 1
-                    moved = True
-        stuck = {r: blocker(r) for r in range(len(ops)) if position[r] < len(ops[r])}
-        if not stuck:
-            break
-        waits = {r: b for r, b in stuck.items() if b is not None}
-        # follow the waits from each stuck rank to the cycle it ends in
-        state: dict[int, int] = {}
-        for first in sorted(waits):
-            walk: list[int] = []
-            r = first
-            while r in waits and r not in state:
-                state[r] = 1
-                walk.append(r)
-                r = waits[r][0]
-            if r in waits and state.get(r) == 1:
-                cycle = walk[walk.index(r) :]
-                sender = next((x for x in cycle if waits[x][2]), None)
-                if sender is None:
-                    raise ValueError(
-                        f"ranks {cycle} wait on each other's receives only: the orders "
-                        "break a dependency (run the dependency check first)"
-                    )
-                q, t, _ = waits[sender]
-                key = _transfer_key(t)
-                _, src = received[key]
-                dst = position[q]
-                old, new = ops[q][src], ops[q][dst]
-                ops[q][src] = Exchange(old.sends, tuple(x for x in old.recvs if x != t))
-                ops[q][dst] = Exchange(new.sends, (*new.recvs, t))
-                received[key] = (q, dst)
-                changed = True
-            for x in walk:
-                state[x] = 2
-    if not changed:
+    cycle; then the ranks run on. A receive moves at most once and only holds
+    its buffer longer. Programs that already run, or whose transfers do not
+    match up (the check reports those), come back unchanged."""
+    ix = _Index(programs)
+    if len(ix.unmatched) or ix.duplicates:
         return programs
-    return tuple(
+    everything = np.arange(len(ix.where), dtype=np.int64)
+    req_offsets = ix.requirement_offsets(everything)
+    req_op = ix.peer_op.copy()
+    enabled = np.ones(len(everything), dtype=bool)
+    position = ix.offsets[:-1].copy()
+    receives, targets, ok = _pull(
+        position, ix.offsets, req_offsets, ix.peer_rank, req_op, enabled, ix.sending, ix.mirror
+    )
+    if not ok:
+        raise ValueError(
+            "ranks wait on each other's receives only: the orders break a dependency "
+            "(run the dependency check first)"
+        )
+    moves = list(zip(receives.tolist(), targets.tolist(), strict=True))
+    if not moves:
+        return programs
+    removed: dict[int, set[int]] = {}  # global op -> receive entries leaving it
+    added: dict[int, list[int]] = {}  # global op -> receive entries joining it
+    for receive, target in moves:
+        removed.setdefault(int(ix.where[receive]), set()).add(receive)
+        added.setdefault(target, []).append(receive)
+    first_entry = np.searchsorted(ix.where, np.arange(ix.total + 1, dtype=np.int64)).tolist()
+    ops = [list(prog.ops) for prog in programs]
+    touched = np.asarray(sorted(set(removed) | set(added)), dtype=np.int64)
+    touched_rank = np.searchsorted(ix.offsets, touched, side="right") - 1
+    touched_index = touched - ix.offsets[touched_rank]
+    for g, r, i in zip(
+        touched.tolist(), touched_rank.tolist(), touched_index.tolist(), strict=True
+    ):
+        op = ops[r][i]
+        gone = removed.get(g, set())
+        lo, hi = first_entry[g], first_entry[g + 1]
+        recvs = [ix.transfers[e] for e in range(lo, hi) if not ix.sending[e] and e not in gone]
+        recvs += [ix.transfers[e] for e in added.get(g, [])]
+        ops[r][i] = Exchange(op.sends, tuple(recvs))
+    out = [
         RankProgram(
             prog.rank,
             tuple(op for op in rank_ops if type(op) is not Exchange or op.sends or op.recvs),
         )
         for prog, rank_ops in zip(programs, ops, strict=True)
-    )
-
-
-def _transfer_key(t: Transfer) -> tuple[int, int, int, bool]:
-    return (t.microbatch, t.src_stage, t.dst_stage, t.kind is TransferKind.ACT)
+    ]
+    return tuple(out)
