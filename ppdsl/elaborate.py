@@ -47,6 +47,11 @@ _BUILTINS = frozenset(
     ["S", "T_F", "T_B", "T_W", "T_BW", "T_comm", "M_B", "M_W", "s", "i", "c", "chunks"]
     + list(_FUNCTIONS)
 )
+# Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
+_MAX_DEVICES = 1 << 16
+_MAX_MICROBATCHES = 1 << 20
+_MAX_STAGES = 1 << 20
+_MAX_PASSES = 50_000_000
 _WHERE_BOUND = {
     "s": "the stage index 's' is bound only in per-stage `cost`/`memory` and in `block` lines",
     "i": "the device index 'i' is bound only in `block` and `order`",
@@ -312,6 +317,11 @@ def _eval_top(state: _State, expr: ast.Expr) -> Value:
     return _compile(expr, state.scope())(state.env)
 
 
+def _at_most(value: int, limit: int, span: Span | None, what: str, prefix: str = "") -> None:
+    if value > limit:
+        raise _Error(f"{prefix}{what} is {value}; ppdsl handles at most {limit}", span)
+
+
 def _positive_int(value: Value, span: Span | None, what: str, prefix: str = "") -> int:
     if isinstance(value, bool) or type(value) is not int or value <= 0:
         raise _Error(f"{prefix}{what} must be a positive integer, got {_show(value)}", span)
@@ -359,8 +369,10 @@ def _param(stmt: ast.Param, state: _State, overrides: dict[str, str]) -> None:
         raise _Error(f"{prefix}a param must be a number, got the range {_show(value)}", where)
     if stmt.name == "d":
         _positive_int(value, where, "d (the number of devices)", prefix)
+        _at_most(value, _MAX_DEVICES, where, "d (the number of devices)", prefix)
     elif stmt.name == "m":
         _positive_int(value, where, "m (the number of microbatches)", prefix)
+        _at_most(value, _MAX_MICROBATCHES, where, "m (the number of microbatches)", prefix)
     state.define(stmt.name, value, stmt.span)
     state.params.append((stmt.name, value))
 
@@ -402,6 +414,7 @@ def _placement(stmt: ast.Place, state: _State) -> Placement:
         return Placement("vshape", d, tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d)))
     assert stmt.arg is not None
     v = _positive_int(_eval_top(state, stmt.arg), stmt.arg.span, "the number of chunks")
+    _at_most(v * d, _MAX_STAGES, stmt.arg.span, "the number of stages v*d")
     if stmt.kind == "looped":
         return Placement("looped", d, tuple(s % d for s in range(v * d)))
     stages = tuple(s % d if (s // d) % 2 == 0 else d - 1 - s % d for s in range(v * d))
@@ -545,9 +558,13 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
         _bind(stmt.var, loop_scope, stmt.span)
         body = _compile_body(stmt.body, loop_scope, ctx)
         var = stmt.var
+        span = stmt.range.span
 
         def for_(env: Env, out: list) -> None:
-            for x in rng(env):
+            values = rng(env)
+            if len(values) > _MAX_PASSES:
+                raise _Error(f"a loop over {len(values)} values; at most {_MAX_PASSES}", span)
+            for x in values:
                 env[var] = x
                 body(env, out)
 
@@ -559,8 +576,8 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
 
         def repeat(env: Env, out: list) -> None:
             n = _integer(count(env), cspan, "a repeat count")
-            if n < 0:
-                raise _Error(f"a repeat count must be >= 0, got {n}", cspan)
+            if not 0 <= n <= _MAX_PASSES:
+                raise _Error(f"a repeat count must be in 0..{_MAX_PASSES}, got {n}", cspan)
             for _ in range(n):
                 body(env, out)
 
@@ -666,6 +683,7 @@ def _elaborate_order(
     scope = _Scope(["i", "chunks"], state.scope())
     body = _compile_body(decl.body, scope, ctx)
     orders = []
+    total = 0
     for device in range(placement.num_devices):
         stages = placement.chunks(device)
         env = dict(state.env)
@@ -674,6 +692,9 @@ def _elaborate_order(
         env["__stages__"] = stages  # type: ignore[assignment]
         out: list[Pass] = []
         body(env, out)
+        total += len(out)
+        if total > _MAX_PASSES:
+            raise _Error(f"the order makes more than {_MAX_PASSES} passes", decl.span)
         orders.append(tuple(out))
     return tuple(orders)
 
@@ -762,6 +783,10 @@ def _elaborate_block(
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
     slots.sort(key=lambda slot: (slot.span.line, slot.span.column, slot.stage))
     block = Block(Fraction(period), tuple(slots), decl.span)
+    if len(slots) * m > _MAX_PASSES:
+        raise _Error(
+            f"the block repeated m = {m} times makes more than {_MAX_PASSES} passes", decl.span
+        )
     from ppdsl.blocks import repeat_block
 
     orders = repeat_block(block, placement, m, split_backward=split, w_fill=w_fill, costs=costs)
