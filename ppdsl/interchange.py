@@ -237,26 +237,25 @@ def from_torch_csv(
             found.append(Diagnostic("error", str(exc), whole))
             raise CompileError(found) from None
         num_stages = place.num_stages
+        # one error per (stage, rank) that disagrees, at its first action
+        wrong: dict[tuple[int, int], list[Span]] = {}
         for rank, row in enumerate(rows):
             for _kind, _mb, stage, span in row:
-                if stage < num_stages and place.stage_device[stage] != rank:
-                    found.append(
-                        Diagnostic(
-                            "error",
-                            f"stage {stage} is on rank {rank} here, but placement {placement} "
-                            f"puts it on rank {place.stage_device[stage]}",
-                            span,
-                        )
-                    )
-                elif stage >= num_stages:
-                    found.append(
-                        Diagnostic(
-                            "error",
-                            f"stage {stage} is out of range: placement {placement} on {d} "
-                            f"devices has {num_stages} stages",
-                            span,
-                        )
-                    )
+                if stage >= num_stages or place.stage_device[stage] != rank:
+                    wrong.setdefault((stage, rank), []).append(span)
+        for (stage, rank), spans in wrong.items():
+            count = f"{len(spans)} action{'s' if len(spans) != 1 else ''}, the first here"
+            if stage >= num_stages:
+                message = (
+                    f"stage {stage} is out of range: placement {placement} on {d} devices has "
+                    f"{num_stages} stages ({count})"
+                )
+            else:
+                message = (
+                    f"stage {stage} runs on rank {rank} ({count}), but placement {placement} "
+                    f"puts it on rank {place.stage_device[stage]}"
+                )
+            found.append(Diagnostic("error", message, spans[0]))
     else:
         absent = [s for s in range(num_stages) if s not in stage_rank]
         if absent:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from factories import BW, B, F, W, make_schedule, one_f_one_b_orders, placement, with_spans
 
 from ppdsl.checks import check_schedule, passes
-from ppdsl.ir.schedule import PassKind
+from ppdsl.ir.schedule import Pass, PassKind
 
 
 def _s(orders, d=2, m=2, split=True, kind="parallel"):
@@ -68,13 +68,13 @@ def test_out_of_range_and_wrong_kind():
     orders[1].append((BW, 0, 1))
     found = passes.check(_s(orders))
     text = "\n".join(x.message for x in found)
-    assert "microbatch 7 is out of range (m = 2: microbatches 0..1)" in text
-    assert "stage 5 is out of range (the placement has 2 stages: 0..1)" in text
-    assert "a fused backward BW in a split-backward schedule; write B and W" in text
+    assert "device 0 runs F7:s0: microbatch out of range (m = 2: microbatches 0..1)" in text
+    assert "device 0 runs F0:s5: stage out of range (the placement has 2 stages: 0..1)" in text
+    assert "device 1 runs BW0:s1: a fused backward BW in a split-backward schedule" in text
     fused = [[(k if k is F else BW, j, s) for k, j, s in o if k is not W] for o in _valid()]
     fused[0].append((PassKind.B, 0, 0))
     found = passes.check(_s(fused, split=False))
-    assert any("B in a fused-backward schedule; write BW" in x.message for x in found)
+    assert any("B0:s0: B/W in a fused-backward schedule; write BW" in x.message for x in found)
 
 
 def test_check_schedule_stops_after_passes():
@@ -94,3 +94,16 @@ def test_findings_sorted_by_location():
     found = check_schedule(_s(orders, m=4))
     keys = [x.sort_key() for x in found]
     assert keys == sorted(keys) and len(found) == 2
+
+
+def test_one_error_per_source_line_listing_every_pass():
+    """Passes made by one loop line that are out of range give one error at that
+    line listing them all, not one error each."""
+    orders = with_spans(_valid(2, 2))
+    line = orders[0][0].span
+    extra = tuple(Pass(PassKind.F, j, 0, line) for j in range(2, 10))
+    found = passes.check(_s((orders[0] + extra, orders[1])))
+    assert [x.message for x in found] == [
+        "device 0 runs F2-F9:s0 (8 passes): microbatch out of range (m = 2: microbatches 0..1)"
+    ]
+    assert found[0].span == line

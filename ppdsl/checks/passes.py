@@ -38,6 +38,17 @@ def format_runs(kind: PassKind, stage: int, microbatches: list[int], show_stage:
     return ", ".join(parts)
 
 
+def _list_passes(passes: list[Pass]) -> str:
+    """Every pass, as runs per (kind, stage): `F8-F15:s1 (8 passes)`."""
+    by_group: dict[tuple[PassKind, int], list[int]] = {}
+    for p in passes:
+        by_group.setdefault((p.kind, p.stage), []).append(p.microbatch)
+    listed = ", ".join(
+        format_runs(kind, stage, sorted(set(mbs)), True) for (kind, stage), mbs in by_group.items()
+    )
+    return listed if len(passes) == 1 else f"{listed} ({len(passes)} passes)"
+
+
 def check(schedule: Schedule) -> list[Diagnostic]:
     """Out-of-range, misplaced, wrong-kind, duplicated and missing passes; all of
     them, sorted by location."""
@@ -64,24 +75,39 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     ok_device = np.zeros(flat.size, dtype=bool)
     ok_device[ok_stage] = stage_device[st[ok_stage]] == dev[ok_stage]
 
+    # passes that cannot be where they are: one error per (device, source line, reason),
+    # listing every pass of the group (a loop line makes many)
+    groups: dict[tuple, list[Pass]] = {}
     for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device)).tolist():
         p = flat.passes[k]
-        where = f"device {int(dev[k])} runs {_name(p)}"
         if not ok_mb[k]:
-            msg = f"{where}: microbatch {p.microbatch} is out of range (m = {m}: microbatches 0..{m - 1})"
+            reason: tuple = ("microbatch",)
         elif not ok_stage[k]:
-            msg = f"{where}: stage {p.stage} is out of range (the placement has {S} stages: 0..{S - 1})"
+            reason = ("stage",)
         elif not ok_kind[k]:
-            if s.split_backward:
-                msg = f"{where}: a fused backward BW in a split-backward schedule; write B and W"
-            else:
-                msg = f"{where}: {p.kind.value} in a fused-backward schedule; write BW"
+            reason = ("kind",)
         else:
+            reason = ("device", p.stage)
+        groups.setdefault((int(dev[k]), p.span, reason), []).append(p)
+    for (device, span, reason), bad in groups.items():
+        what = f"device {device} runs {_list_passes(bad)}"
+        if reason[0] == "microbatch":
+            msg = f"{what}: microbatch out of range (m = {m}: microbatches 0..{m - 1})"
+        elif reason[0] == "stage":
+            msg = f"{what}: stage out of range (the placement has {S} stages: 0..{S - 1})"
+        elif reason[0] == "kind":
+            if s.split_backward:
+                msg = f"{what}: a fused backward BW in a split-backward schedule; write B and W"
+            else:
+                msg = f"{what}: B/W in a fused-backward schedule; write BW"
+        else:
+            stage = reason[1]
             msg = (
-                f"{where}, but the placement ({s.placement.kind}) puts stage {p.stage} on "
-                f"device {int(stage_device[p.stage])}; move the pass to that device's order"
+                f"{what}, but the placement ({s.placement.kind}) puts stage {stage} on "
+                f"device {int(stage_device[stage])}; move "
+                f"{'them' if len(bad) != 1 else 'it'} to that device's order"
             )
-        found.append(Diagnostic("error", msg, p.span))
+        found.append(Diagnostic("error", msg, span))
 
     valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
