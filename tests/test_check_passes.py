@@ -45,7 +45,7 @@ def test_duplicate_points_at_both():
     orders = (orders[0] + (replace(dup, span=orders[0][-1].span),), orders[1])
     found = passes.check(_s(orders))
     assert len(found) == 1
-    assert "F0:s0 runs twice on device 0" in found[0].message
+    assert "F0:s0 runs again on device 0; every pass runs exactly once" in found[0].message
     assert found[0].span == orders[0][-1].span
     assert found[0].notes[0][0] == dup.span
 
@@ -107,3 +107,17 @@ def test_one_error_per_source_line_listing_every_pass():
         "device 0 runs F2-F9:s0 (8 passes): microbatch out of range (m = 2: microbatches 0..1)"
     ]
     assert found[0].span == line
+
+
+def test_repeated_line_is_one_error():
+    """A line whose passes all run a second time gives one error listing them."""
+    orders = with_spans(_valid(2, 3))
+    loop_line, repeat_line = orders[0][0].span, orders[0][-1].span
+    orders = (tuple(replace(p, span=loop_line) if p.kind is F else p for p in orders[0]), orders[1])
+    again = tuple(replace(p, span=repeat_line) for p in orders[0] if p.kind is F)
+    found = passes.check(_s((orders[0] + again, orders[1]), m=3))
+    assert [x.message for x in found] == [
+        "F0-F2:s0 (3 passes) run again on device 0; every pass runs exactly once: remove the repeat"
+    ]
+    assert found[0].span == repeat_line
+    assert found[0].notes[0] == (loop_line, "the first run of F0:s0: pass 0 of the order")

@@ -185,7 +185,7 @@ def test_errors_from_checks_point_at_csv_cells():
     """A missing backward found by the passes check is reported; a duplicate points at its cell."""
     s = from_torch_csv("0F0,0B0,0B0\n", "dup.csv")
     [err] = check_schedule(s)
-    assert str(err.span) == "dup.csv:1:9" and "runs twice" in err.message
+    assert str(err.span) == "dup.csv:1:9" and "runs again" in err.message
 
 
 def test_placements_by_name():

@@ -112,27 +112,35 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
     counts = np.bincount(linear, minlength=4 * m * S) if len(linear) else np.zeros(4 * m * S, int)
-    # duplicates: every occurrence after the first, with a note at the first
+    # duplicates: every occurrence after the first, grouped by the lines of the
+    # repeat and of the first run, with a note at the first run
     if np.any(counts > 1):
         first: dict[int, int] = {}
+        repeats: dict[tuple, list[int]] = {}
         for k, key in zip(valid.tolist(), linear.tolist(), strict=True):
             if counts[key] < 2:
                 continue
             if key not in first:
                 first[key] = k
                 continue
-            p, q = flat.passes[k], flat.passes[first[key]]
+            q = flat.passes[first[key]]
+            group = (int(dev[k]), flat.passes[k].span, q.span)
+            repeats.setdefault(group, []).append(k)
+        for (device, span, first_span), ks in repeats.items():
+            bad = [flat.passes[k] for k in ks]
+            many = len(bad) != 1
+            at = first[int(linear[np.searchsorted(valid, ks[0])])]
             found.append(
                 Diagnostic(
                     "error",
-                    f"{_name(p)} runs twice on device {int(dev[k])}; every pass runs exactly "
-                    "once: remove one",
-                    p.span,
+                    f"{_list_passes(bad)} run{'' if many else 's'} again on device {device}; "
+                    f"every pass runs exactly once: remove the repeat",
+                    span,
                     (
                         (
-                            q.span,
-                            f"its first run: pass "
-                            f"{first[key] - int(flat.offsets[dev[first[key]]])} of the order",
+                            first_span,
+                            f"the first run of {_name(flat.passes[at])}: pass "
+                            f"{at - int(flat.offsets[device])} of the order",
                         ),
                     ),
                 )
