@@ -317,10 +317,27 @@ def _describe(tok: Token) -> str:
     return f"'{tok.value}'"
 
 
+# Terminals that continue an expression; listed as "an operator" when many are expected.
+_OPERATORS = frozenset(
+    ["PLUS", "MINUS", "STAR", "SLASH", "_FLOORDIV", "PERCENT", "CMP", "AND", "OR", "QMARK"]
+    + ["_DOTDOT"]
+)
+# Tokens after which a value must follow.
+_NEEDS_VALUE = frozenset(
+    ["EQUAL", "AT", "PLUS", "MINUS", "STAR", "SLASH", "_FLOORDIV", "PERCENT", "CMP", "_DOTDOT"]
+)
+_VALUE_END = ("_SEP", "$END", "RBRACE", "RPAR", "RSQB", "COMMA")
+
+
 def _expected_words(expected: set[str], lark: Lark) -> list[str]:
     words = []
+    if len(expected) > 6 and expected & _OPERATORS:
+        expected = expected - _OPERATORS
+        words.append("an operator")
     for name in sorted(expected):
-        if name == "NAME":
+        if name == "CMP":
+            words.append("a comparison (<= < == >= >)")
+        elif name == "NAME":
             words.append("a name")
         elif name == "NUMBER":
             words.append("a number")
@@ -398,9 +415,27 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Toke
     before = history[:-1] if history and history[-1] is tok else history
     prev = before[-1] if before else None
     expected = set(exc.expected)
-    if prev is not None and prev.type == "EQUAL" and tok.type in ("_SEP", "$END", "RBRACE"):
-        return Diagnostic("error", "expected a value after '='", span)
+    try:  # the terminals really acceptable here (LALR's expected set is wider)
+        expected = set(exc.interactive_parser.accepts()) or expected
+    except Exception:  # pragma: no cover - only a better message is lost
+        pass
+    if prev is not None and prev.type in _NEEDS_VALUE and tok.type in _VALUE_END:
+        return Diagnostic("error", f"expected a value after '{prev.value}'", span)
+    if tok.type == "SCHEDULE" and "$END" in expected:
+        return Diagnostic("error", "a file holds one schedule; this is a second one", span)
     at_statement_start = prev is None or prev.type in ("_SEP", "LBRACE")
+    keyword = tok.type.lower() if tok.type.lower() in KEYWORDS else None
+    if (
+        keyword in _STATEMENTS + _ORDER_STATEMENTS
+        and "_SEP" in expected
+        and prev is not None
+        and prev.line == tok.line
+    ):
+        return Diagnostic(
+            "error",
+            f"'{keyword}' starts a new statement: put it on its own line or after ';'",
+            span,
+        )
     if tok.type == "NAME" and at_statement_start:
         words = _keyword_candidates(expected)
         if words:
