@@ -133,3 +133,17 @@ def test_numba_equals_reference(s):
     """The numba kernel and the plain-Python definition give the same timeline."""
     fast, ref = simulate(s, memory_over_time=True), simulate_reference(s, memory_over_time=True)
     assert fast == ref
+
+
+def test_examples_numba_equals_reference():
+    """Every examples/*.pp simulates the same in the numba kernel and the reference."""
+    parse = pytest.importorskip("ppdsl.parse")
+    elaborate = pytest.importorskip("ppdsl.elaborate")
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parent.parent / "examples").glob("*.pp"))
+    if not examples:
+        pytest.skip("no examples/*.pp yet")
+    for path in examples:
+        s = elaborate.elaborate(parse.parse(path.read_text(), str(path)), {})
+        assert simulate(s) == simulate_reference(s), path.name
