@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from factories import (
@@ -139,8 +140,6 @@ def test_examples_numba_equals_reference():
     """Every examples/*.pp simulates the same in the numba kernel and the reference."""
     parse = pytest.importorskip("ppdsl.parse")
     elaborate = pytest.importorskip("ppdsl.elaborate")
-    from pathlib import Path
-
     examples = sorted((Path(__file__).parent.parent / "examples").glob("*.pp"))
     if not examples:
         pytest.skip("no examples/*.pp yet")
