@@ -7,7 +7,10 @@ B), `W` weight-gradient backward, `B` full backward (our BW), e.g. `0F1`,
 `3I0`. An empty cell is an idle step and is skipped. torch's DualPipeV writes
 two overlapped actions as one cell `(0F3;7B1)OVERLAP_F_B`; we read it as the
 two actions in that order. A schedule that mixes full backwards with I/W
-(DualPipeV again) is read as a split one: each full backward becomes I then W. Rows may differ in length; torch writes them with
+(DualPipeV again) is read as a split one: each full backward becomes I then W.
+torch's compute_comms form (what `_PipelineScheduleRuntime._dump_csv` writes by
+default) is read too: its SEND/RECV and FSDP actions (UNSHARD, RESHARD,
+REDUCE_GRAD) are skipped, since ppdsl lowers its own transfers. Rows may differ in length; torch writes them with
 Python's csv module (CRLF line ends), and so do we.
 
 `from_torch_csv` rebuilds a Schedule: ranks = rows, the stage -> rank map from
@@ -131,15 +134,13 @@ def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[Pa
             actions.append((_LETTER_KIND[m.group(2)], int(m.group(3)), int(m.group(1))))
             continue
         if _TORCH_NON_COMPUTE.fullmatch(part):
-            hint = (
-                "a communication or FSDP action; ppdsl reads torch's compute-only format "
-                "(dump it with format='compute_only') and inserts transfers itself"
-            )
-        else:
-            hint = (
-                "expected <stage><F|I|W|B><microbatch> such as 0F1 (F forward, I input "
-                "gradient, W weight gradient, B full backward)"
-            )
+            # torch's compute_comms format: its own transfers and FSDP steps; ppdsl
+            # inserts its transfers itself (lowering), so only the compute order counts
+            continue
+        hint = (
+            "expected <stage><F|I|W|B><microbatch> such as 0F1 (F forward, I input "
+            "gradient, W weight gradient, B full backward)"
+        )
         found.append(Diagnostic("error", f"bad action {part!r}: {hint}", span))
     return actions
 

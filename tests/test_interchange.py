@@ -148,15 +148,29 @@ def test_torch_generated_schedules_read_and_check(name, v):
 
 def test_bad_cells_are_located():
     """Every bad cell is an error at file:line:col, all reported together."""
-    text = "0F0,0X1,0F1\n1F0, 1SEND_F0 ,1F1\n"
+    text = "0F0,0X1,0F1\n1F0, 1Q0 ,1F1\n"
     with pytest.raises(CompileError) as exc:
         from_torch_csv(text, "bad.csv")
     found = exc.value.diagnostics
     assert [(str(d.span), d.message.split(":")[0]) for d in found] == [
         ("bad.csv:1:5", "bad action '0X1'"),
-        ("bad.csv:2:6", "bad action '1SEND_F0'"),
+        ("bad.csv:2:6", "bad action '1Q0'"),
     ]
-    assert "compute-only format" in found[1].message
+
+
+def test_compute_comms_format_reads_the_compute_order():
+    """torch's compute_comms CSV (its own lowering: UNSHARD, SEND_F, RECV_B, REDUCE_GRAD
+    ...) reads as the same compute order as the compute-only one."""
+    order = _torch_order(torch_schedules.ScheduleInterleaved1F1B, 4, 8, 2)
+    comms = {r: torch_schedules._add_unshard_reshard(order[r]) for r in order}
+    comms = {r: torch_schedules._add_reduce_grad(comms[r], 8) for r in comms}
+    mapping = torch_schedules.generate_stage_to_rank_mapping(4, 8, style="loop")
+    comms = torch_schedules._add_send_recv(comms, stage_to_rank=lambda s: mapping[s], num_stages=8)
+    text = _torch_dump(comms)
+    assert "SEND_F" in text and "UNSHARD" in text
+    assert _keys(from_torch_csv(text, "c.csv")) == _keys(
+        from_torch_csv(_torch_dump(order), "o.csv")
+    )
 
 
 def test_stage_on_two_ranks_and_placement_mismatch():
