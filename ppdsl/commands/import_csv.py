@@ -1,6 +1,7 @@
-"""Read torch.distributed.pipelining's compute-only action CSV (one row per rank,
-cells like `0F1`), check it like a `.pp` file (every error points at its CSV
-cell), and write it as an order-form `.pp` file that `ppdsl check` accepts."""
+"""Read torch.distributed.pipelining's action CSV (one row per rank, cells like
+`0F1`; its compute-only or compute+comms form), check it like a `.pp` file (every
+error points at its CSV cell), and write it as an order-form `.pp` file that
+`ppdsl check` accepts."""
 
 from __future__ import annotations
 
