@@ -1,8 +1,8 @@
 # Looped breadth-first: every microbatch through a local stage before the next one.
-# Lamy-Poirier, "Breadth-First Pipeline Parallelism" (MLSys 2023), §3 and Figure 2
+# Lamy-Poirier, "Breadth-First Pipeline Parallelism" (MLSys 2023)
 # (looped placement, breadth-first order); the order of torch.distributed.pipelining's
 # ScheduleLoopedBFS (backward in reverse microbatch order).
-# Works for every d >= 1, v >= 1 and m >= 1.
+# Works for every d >= 1, v >= 1 and m >= d (fewer microbatches: valid, larger bubble).
 schedule looped_bfs {
     param d = 4
     param v = 2

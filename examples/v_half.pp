@@ -1,8 +1,8 @@
 # V-Half: half of 1F1B's activation memory.
-# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4.1 and
-# Figure 5 (V-Half building block): V-shape placement, F of chunk 0 every 2 slots so
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4,
+# the V-Half building block: V-shape placement, F of chunk 0 every 2 slots so
 # the lifespans shrink to half of V-ZB's; W in the free slots.
-# Works for every d >= 2 and m >= 1 (the peak reaches the bound once m >= d).
+# Works for every d >= 2 and m >= d (fewer microbatches: valid, but the bubble differs).
 schedule v_half {
     param d = 4
     param m = 2 * d

@@ -1,8 +1,8 @@
 # V-Min: about a third of 1F1B's activation memory.
-# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4.1 and
-# Figure 5 (V-Min building block): V-shape placement, chunk 0 = stage i, chunk 1 =
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4,
+# the V-Min building block: V-shape placement, chunk 0 = stage i, chunk 1 =
 # stage 2d-1-i; every pass as early as its dependencies allow; W in the free slots.
-# Works for every d >= 2 and m >= 1 (the peak reaches the bound once m >= d).
+# Works for every d >= 2 and m >= 2 (the peak reaches the bound once m >= d).
 schedule v_min {
     param d = 4
     param m = 2 * d

@@ -1,9 +1,9 @@
 # ZB-V: zero bubble on a V-shape placement at 1F1B's activation memory.
-# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §6 and Figure 8: two chunks
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §6: two chunks
 # per device in a V (chunk 0 = stage i, chunk 1 = stage 2d-1-i), B split from W. The
 # order is that of torch.distributed.pipelining's ScheduleZBVZeroBubble, which writes
 # the paper's schedule as warm-up, steady F0 B0 W0 F1 B1 W1, and cool-down.
-# Works for every d >= 1 and m >= 2d - 1 (torch pads fewer microbatches to 2d - 1).
+# Works for every d >= 1 and m >= 2d - 1 (torch pads fewer to 2d - 1 and drops the padding).
 schedule zb_v {
     param d = 4
     param m = 2 * d
