@@ -51,7 +51,7 @@ _BUILTINS = frozenset(
 _MAX_DEVICES = 1 << 16
 _MAX_MICROBATCHES = 1 << 20
 _MAX_STAGES = 1 << 20
-_MAX_PASSES = 50_000_000
+_MAX_PASSES = 20_000_000
 _WHERE_BOUND = {
     "s": "the stage index 's' is bound only in per-stage `cost`/`memory` and in `block` lines",
     "i": "the device index 'i' is bound only in `block` and `order`",
@@ -567,6 +567,8 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
             for x in values:
                 env[var] = x
                 body(env, out)
+                if len(out) > env["__limit__"]:
+                    _too_many(env, span)
 
         return for_
     if isinstance(stmt, ast.Repeat):
@@ -580,6 +582,8 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
                 raise _Error(f"a repeat count must be in 0..{_MAX_PASSES}, got {n}", cspan)
             for _ in range(n):
                 body(env, out)
+                if len(out) > env["__limit__"]:
+                    _too_many(env, cspan)
 
         return repeat
     if isinstance(stmt, ast.If):
@@ -612,6 +616,15 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: _Scope, ctx: _OrderContext) -> _Ru
         out.extend(b[n:])
 
     return interleave
+
+
+def _too_many(env: Env, span: Span) -> None:
+    needed = env["__needed__"]
+    raise _Error(
+        f"device {env['i']}'s order grows past {env['__limit__']} passes here, but its stages "
+        f"need {needed} (each pass once)",
+        span,
+    )
 
 
 def _kind(name: str, span: Span, split_backward: bool) -> PassKind:
@@ -683,18 +696,20 @@ def _elaborate_order(
     scope = _Scope(["i", "chunks"], state.scope())
     body = _compile_body(decl.body, scope, ctx)
     orders = []
-    total = 0
     for device in range(placement.num_devices):
         stages = placement.chunks(device)
         env = dict(state.env)
         env["i"] = device
         env["chunks"] = range(len(stages))
         env["__stages__"] = stages  # type: ignore[assignment]
+        # a valid order has exactly `needed` passes; far more is a runaway loop
+        needed = len(stages) * m * (3 if state.split_backward else 2)
+        env["__needed__"] = needed
+        env["__limit__"] = 4 * needed + 1000
         out: list[Pass] = []
         body(env, out)
-        total += len(out)
-        if total > _MAX_PASSES:
-            raise _Error(f"the order makes more than {_MAX_PASSES} passes", decl.span)
+        if len(out) > env["__limit__"]:
+            _too_many(env, decl.span)
         orders.append(tuple(out))
     return tuple(orders)
 
