@@ -273,7 +273,7 @@ def test_passes_carry_the_span_of_their_call():
             "repeat 10000 { repeat 10000 { F(0) } }",
             "device 0's order grows past 1016 passes here, but its stages need 4",
             6,
-            16,
+            31,
         ),
     ],
 )
