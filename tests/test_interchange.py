@@ -46,7 +46,7 @@ def _torch_load(text: str) -> dict[int, list]:
 def _torch_order(cls, d: int, m: int, v: int) -> dict[int, list]:
     """torch's own per-rank order for a schedule class (its _calculate_single_rank_operations),
     without building stages or process groups."""
-    o = cls.__new__(cls)
+    o = cls.__new__(cls)  # private torch API: skip, not fail, if a torch release changes it
     o.pp_group_size, o.n_local_stages, o._n_microbatches = d, v, m
     o._num_stages = o.num_stages = v * d
     o.number_of_rounds = max(1, m // d)
@@ -59,7 +59,10 @@ def _torch_order(cls, d: int, m: int, v: int) -> dict[int, list]:
     o.stage_index_to_group_rank = torch_schedules.generate_stage_to_rank_mapping(
         d, v * d, style=style
     )
-    return {r: o._calculate_single_rank_operations(r) for r in range(d)}
+    try:
+        return {r: o._calculate_single_rank_operations(r) for r in range(d)}
+    except AttributeError as exc:
+        pytest.skip(f"torch's {cls.__name__} internals changed: {exc}")
 
 
 def _torch_dump(order: dict[int, list]) -> str:
