@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from ppdsl import ast
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
@@ -32,8 +33,9 @@ from ppdsl.ir.schedule import (
 
 __all__ = ["elaborate", "PLACEMENTS", "METRICS"]
 
-Value = int | Fraction | bool | range
-Env = dict[str, Value]
+Num = int | Fraction  # bool is an int
+Value = Num | range
+Env = dict[str, Any]  # Values, plus the device's stages and limits in the order form
 Eval = Callable[[Env], Value]
 
 PLACEMENTS = ("parallel", "looped", "vshape", "wave")
@@ -93,7 +95,7 @@ def _show(x: Value) -> str:
 # --- expressions ------------------------------------------------------------------
 
 
-def _number(value: Value, span: Span, what: str = "this") -> Value:
+def _number(value: Value, span: Span, what: str = "this") -> Num:
     if isinstance(value, range):
         raise _Error(f"{what} is a range ({_show(value)}), not a number", span)
     return value
@@ -294,10 +296,10 @@ class _State:
     placement: Placement | None = None
     split_backward: bool = True
     backward_seen: Span | None = None
-    costs: dict[str, list[Value]] = field(default_factory=dict)
-    comm: Value = 0
+    costs: dict[str, list[Num]] = field(default_factory=dict)
+    comm: Num = 0
     explicit: set[str] = field(default_factory=set)
-    memory: dict[str, list[Value]] = field(default_factory=dict)
+    memory: dict[str, list[Num]] = field(default_factory=dict)
 
     def scope(self) -> _Scope:
         return _Scope(self.env)
@@ -368,10 +370,10 @@ def _param(stmt: ast.Param, state: _State, overrides: dict[str, str]) -> None:
     if isinstance(value, range):
         raise _Error(f"{prefix}a param must be a number, got the range {_show(value)}", where)
     if stmt.name == "d":
-        _positive_int(value, where, "d (the number of devices)", prefix)
+        value = _positive_int(value, where, "d (the number of devices)", prefix)
         _at_most(value, _MAX_DEVICES, where, "d (the number of devices)", prefix)
     elif stmt.name == "m":
-        _positive_int(value, where, "m (the number of microbatches)", prefix)
+        value = _positive_int(value, where, "m (the number of microbatches)", prefix)
         _at_most(value, _MAX_MICROBATCHES, where, "m (the number of microbatches)", prefix)
     state.define(stmt.name, value, stmt.span)
     state.params.append((stmt.name, value))
@@ -459,7 +461,7 @@ def _ensure_placement(state: _State) -> Placement:
     return state.placement
 
 
-def _per_stage_values(stmt: ast.Cost | ast.Memory, state: _State, what: str) -> list[Value]:
+def _per_stage_values(stmt: ast.Cost | ast.Memory, state: _State, what: str) -> list[Num]:
     num_stages = _ensure_placement(state).num_stages
     if stmt.index is None:
         value = _eval_top(state, stmt.value)
@@ -476,10 +478,12 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: _State, what: str) -> 
         for s in range(num_stages):
             env[stmt.index] = s
             values.append(fn(env))
+    nums: list[Num] = []
     for value in values:
         if isinstance(value, range) or value < 0:
             raise _Error(f"{what} must be a number >= 0, got {_show(value)}", stmt.value.span)
-    return [_norm(Fraction(v)) if isinstance(v, bool) else v for v in values]
+        nums.append(int(value) if isinstance(value, bool) else value)
+    return nums
 
 
 def _cost(stmt: ast.Cost, state: _State) -> None:
@@ -766,7 +770,7 @@ def _elaborate_block(
                 )
             start = _compile(slot.start, scope)
             table[slot.kind] = (slot, start, line.chunk) if table is named else (slot, start)
-    if w_fill and any("W" in t for t in [general, named, *numbered.values()]):
+    if w_fill and ("W" in general or "W" in named or any("W" in x for x in numbered.values())):
         raise _Error("W is placed explicitly and by 'W fill'; keep one", decl.span)
     kinds = ["F", "B"] + ([] if w_fill else ["W"]) if split else ["F", "BW"]
     slots = []
@@ -796,7 +800,7 @@ def _elaborate_block(
                     BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
                 )
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
-    slots.sort(key=lambda slot: (slot.span.line, slot.span.column, slot.stage))
+    slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))
     block = Block(Fraction(period), tuple(slots), decl.span)
     if len(slots) * m > _MAX_PASSES:
         raise _Error(
@@ -808,7 +812,7 @@ def _elaborate_block(
     return block, orders
 
 
-def _stage_cost(state: _State, kind: str, stage: int) -> Value:
+def _stage_cost(state: _State, kind: str, stage: int) -> Num:
     return state.costs[kind][stage]
 
 
@@ -854,7 +858,7 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
     state = _State(module.file)
     param_names = [s.name for s in module.stmts if isinstance(s, ast.Param)]
     let_names = {s.name for s in module.stmts if isinstance(s, ast.Let)}
-    for name, value in overrides.items():
+    for name, text in overrides.items():
         if name not in param_names:
             what = (
                 f"'{name}' is a let, not a param"
@@ -863,7 +867,7 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             )
             hint = _did_you_mean(name, param_names)
             known = ", ".join(param_names) if param_names else "none"
-            raise _Error(f"-D {name}={value}: {what}{hint} (params: {known})", None)
+            raise _Error(f"-D {name}={text}: {what}{hint} (params: {known})", None)
     for required, meaning in (("d", "the number of devices"), ("m", "the number of microbatches")):
         if required not in param_names:
             raise _Error(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
@@ -103,7 +104,7 @@ def parse(text: str, file: str) -> ast.Module:
 # --- the tree -> AST transformer ------------------------------------------------
 
 
-def _tok_span(file: str, tok: Token) -> Span:
+def _tok_span(file: str, tok: Any) -> Span:
     return Span(file, tok.line, tok.column, tok.end_line, max(tok.column, tok.end_column - 1))
 
 
