@@ -95,6 +95,31 @@ def test_torch_parser_and_validator_accept_our_csv():
         ]
 
 
+def test_torch_runtime_load_csv_and_dump_csv_round_trip(tmp_path: Path):
+    """torch's own _PipelineScheduleRuntime._load_csv reads our CSV (validating it and
+    inferring the stage -> rank map), lowers it with its own transfers, and its
+    _dump_csv output (compute_comms form) reads back as the same orders."""
+    place = placement("vshape", 3)
+    s = make_schedule(place, 4, breadth_first_orders(place, 4))
+    runtime_cls = torch_schedules._PipelineScheduleRuntime
+    runtime = runtime_cls.__new__(runtime_cls)  # no stages or process group needed to load
+    runtime.pp_group_size, runtime._num_stages, runtime._n_microbatches = 3, 6, 4
+    runtime._stages, runtime.pipeline_order, runtime._defer_pp_recv = [], {}, False
+    ours = tmp_path / "ours.csv"
+    ours.write_bytes(to_torch_csv(s).encode())
+    try:
+        runtime._load_csv(str(ours))
+    except AttributeError as exc:
+        pytest.skip(f"torch's _PipelineScheduleRuntime internals changed: {exc}")
+    mapping = runtime.stage_index_to_group_rank
+    assert tuple(mapping[k] for k in range(6)) == place.stage_device
+    dumped = tmp_path / "torch.csv"
+    runtime._dump_csv(str(dumped))  # compute_comms: with torch's SEND/RECV/UNSHARD actions
+    text = dumped.read_text()
+    assert "SEND_F" in text
+    assert _keys(from_torch_csv(text, "torch.csv")) == _keys(s)
+
+
 def test_csv_matches_torch_dump_byte_for_byte():
     """Our CSV equals what torch's _dump_csv writes for the same actions."""
     s = make_schedule(placement("parallel", 2), 2, one_f_one_b_orders(2, 2, split=True))
