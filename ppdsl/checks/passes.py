@@ -77,7 +77,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
 
     # passes that cannot be where they are: one error per (device, source line, reason),
     # listing every pass of the group (a loop line makes many)
-    groups: dict[tuple, list[Pass]] = {}
+    misplaced: dict[tuple, list[Pass]] = {}
     for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device)).tolist():
         p = flat.passes[k]
         if not ok_mb[k]:
@@ -88,8 +88,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             reason = ("kind",)
         else:
             reason = ("device", p.stage)
-        groups.setdefault((int(dev[k]), p.span, reason), []).append(p)
-    for (device, span, reason), bad in groups.items():
+        misplaced.setdefault((int(dev[k]), p.span, reason), []).append(p)
+    for (device, span, reason), bad in misplaced.items():
         what = f"device {device} runs {_list_passes(bad)}"
         if reason[0] == "microbatch":
             msg = f"{what}: microbatch out of range (m = {m}: microbatches 0..{m - 1})"
