@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
 
 HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
@@ -80,24 +81,30 @@ def _filter_torchrun(stream, out) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppdsl.codegen import generate, write
-
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device]
+    for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
+                        ("--timeout", args.timeout), ("--json", args.json_out)):
+        if value is not None:
+            rank_args += [flag, str(value)]
+    return launch(compiled, rank_args, args.output)
+
+
+def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> int:
+    """Generate `compiled` into `output` (or a temporary folder) and run it under
+    torchrun on this machine; returns 0 when every rank succeeded, else 1."""
+    from ppdsl.codegen import generate, write
+
     tmp = None
-    if args.output:
-        out = Path(args.output)
+    if output:
+        out = Path(output)
     else:
         tmp = tempfile.TemporaryDirectory(prefix="ppdsl-run-")
         out = Path(tmp.name)
     try:
         write(generate(compiled), out)
-        rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device]
-        for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
-                            ("--timeout", args.timeout), ("--json", args.json_out)):
-            if value is not None:
-                rank_args += [flag, str(value)]
         cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices, free_port(),
                                rank_args)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),

@@ -15,9 +15,9 @@ EXAMPLES = ROOT / "examples"
 
 
 def _compile(path: Path, defines: dict[str, int]):
-    from ppdsl.compiler import compile_file
+    from tests.dist.compat import compile_pulled
 
-    return compile_file(path, {k: str(v) for k, v in defines.items()})
+    return compile_pulled(path, {k: str(v) for k, v in defines.items()})
 
 
 def example_files() -> list[Path]:
@@ -26,9 +26,8 @@ def example_files() -> list[Path]:
 
 def front_end_ready() -> bool:
     try:
-        import ppdsl.parse  # noqa: F401
-
         import ppdsl.compiler  # noqa: F401
+        import ppdsl.parse  # noqa: F401
     except ImportError:
         return False
     return bool(example_files())
