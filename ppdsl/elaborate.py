@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -188,6 +189,21 @@ def _compile_call(expr: ast.Call, scope: _Scope) -> Eval:
     return call
 
 
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
 def _compile_binary(expr: ast.Binary, scope: _Scope) -> Eval:
     left, right = _compile(expr.left, scope), _compile(expr.right, scope)
     lspan, rspan, op = expr.left.span, expr.right.span, expr.op
@@ -195,65 +211,47 @@ def _compile_binary(expr: ast.Binary, scope: _Scope) -> Eval:
         return lambda env: bool(_number(left(env), lspan)) and bool(_number(right(env), rspan))
     if op == "or":
         return lambda env: bool(_number(left(env), lspan)) or bool(_number(right(env), rspan))
+    divides = op in ("/", "//", "%")
 
-    def operands(env: Env):
-        a, b = left(env), right(env)
-        if type(a) is not int:
-            _number(a, lspan)
-        if type(b) is not int:
-            _number(b, rspan)
-        return a, b
+    def slow(a: Value, b: Value) -> Value:
+        # rationals, bools, ranges (an error) and division by zero
+        a, b = _number(a, lspan), _number(b, rspan)
+        if divides and b == 0:
+            raise _Error(f"division by zero: '{op}' by a value that is 0", expr.span)
+        if op == "/":
+            return _norm(Fraction(a) / Fraction(b))
+        if op == "//":
+            return math.floor(Fraction(a) / Fraction(b))
+        result = _OPS[op](a, b)
+        return result if isinstance(result, bool) else _norm(result)
 
-    if op == "+":
-
-        def add(env: Env) -> Value:
-            a, b = operands(env)
-            return _norm(a + b)
-
-        return add
-    if op == "-":
-
-        def sub(env: Env) -> Value:
-            a, b = operands(env)
-            return _norm(a - b)
-
-        return sub
-    if op == "*":
-
-        def mul(env: Env) -> Value:
-            a, b = operands(env)
-            return _norm(a * b)
-
-        return mul
-    if op in ("/", "//", "%"):
+    if op == "/":
 
         def divide(env: Env) -> Value:
-            a, b = operands(env)
-            if b == 0:
-                raise _Error(f"division by zero: '{op}' by a value that is 0", expr.span)
-            if op == "/":
-                if type(a) is int and type(b) is int and a % b == 0:
-                    return a // b
-                return _norm(Fraction(a) / Fraction(b))
-            if op == "//":
-                return a // b if type(a) is int and type(b) is int else math.floor(Fraction(a) / b)
-            return _norm(a % b)
+            a, b = left(env), right(env)
+            if type(a) is int and type(b) is int and b and a % b == 0:
+                return a // b
+            return slow(a, b)
 
         return divide
-    compare = {
-        "==": lambda a, b: a == b,
-        "!=": lambda a, b: a != b,
-        "<": lambda a, b: a < b,
-        "<=": lambda a, b: a <= b,
-        ">": lambda a, b: a > b,
-        ">=": lambda a, b: a >= b,
-    }[op]
+    fn = _OPS[op]
+    if divides:
 
-    def cmp(env: Env) -> Value:
-        a, b = operands(env)
-        return compare(a, b)
+        def int_divide(env: Env) -> Value:
+            a, b = left(env), right(env)
+            if type(a) is int and type(b) is int and b:
+                return fn(a, b)
+            return slow(a, b)
 
-    return cmp
+        return int_divide
+
+    def arithmetic(env: Env) -> Value:
+        a, b = left(env), right(env)
+        if type(a) is int and type(b) is int:
+            return fn(a, b)
+        return slow(a, b)
+
+    return arithmetic
 
 
 def _compile_range(rng: ast.Range, scope: _Scope) -> Callable[[Env], range]:
