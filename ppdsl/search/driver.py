@@ -1,0 +1,283 @@
+"""The search itself: try building blocks and order-level heuristics, keep the
+orders with the smallest bubble ratio within the memory budget.
+
+Three stages, each reporting progress:
+1. the building-block space (`blockspace`): every collision-free block, W by
+   the fill rule;
+2. a grid of order-level heuristics (`listsched`): B or F first, W policy,
+   admission control, chunk priorities, in-flight caps;
+3. randomised refinement: the best heuristic settings again with random
+   priority perturbations, until the time allowance runs out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from ppdsl.ir.schedule import Pass, PassKind
+from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks
+from ppdsl.search.evaluate import Metrics, evaluate_orders, time_orders
+from ppdsl.search.listsched import list_schedule
+from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
+from ppdsl.search.rendezvous import make_rendezvous_safe
+
+__all__ = ["Arrays", "Candidate", "SearchResult", "search", "arrays_for", "evaluate_passes"]
+
+_KINDS = (PassKind.F, PassKind.B, PassKind.W)
+_CODE = {PassKind.F: 0, PassKind.B: 1, PassKind.W: 2}
+
+
+@dataclass(frozen=True, eq=False)
+class Arrays:
+    """The problem as the kernels want it. Memory is scaled to integers:
+    `mem[kind, stage] / scale` is the delta in M_B."""
+
+    dev_stages: np.ndarray
+    stage_device: np.ndarray
+    dur: np.ndarray
+    comm: float
+    mem: np.ndarray
+    scale: int
+    limit: int
+
+
+def arrays_for(problem: SearchProblem) -> Arrays:
+    pl, mm, c = problem.placement, problem.memory, problem.costs
+    d = pl.num_devices
+    dev_stages = np.array([pl.chunks(dev) for dev in range(d)], dtype=np.int64)
+    stage_device = np.array(pl.stage_device, dtype=np.int64)
+    dur = np.array([c.forward, c.backward_input, c.backward_weight], dtype=np.float64)
+    values = [Fraction(x) for x in (*mm.activation, *mm.weight_retained, problem.budget)]
+    scale = math.lcm(*(x.denominator for x in values))
+    mem = np.array(
+        [
+            [int(a * scale) for a in mm.activation],
+            [int((w - a) * scale) for a, w in zip(mm.activation, mm.weight_retained, strict=True)],
+            [int(-w * scale) for w in mm.weight_retained],
+        ],
+        dtype=np.int64,
+    )
+    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale,
+                  int(problem.budget * scale))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One set of per-device orders and what it achieves."""
+
+    offsets: np.ndarray
+    kind: np.ndarray
+    microbatch: np.ndarray
+    stage: np.ndarray
+    metrics: Metrics
+    method: str
+    """How it was found, in words (goes into the .pp header)."""
+    block: BlockShape | None = None
+
+    def orders(self) -> tuple[tuple[Pass, ...], ...]:
+        out = []
+        for dev in range(len(self.offsets) - 1):
+            a, b = self.offsets[dev], self.offsets[dev + 1]
+            out.append(
+                tuple(
+                    Pass(_KINDS[k], int(j), int(s))
+                    for k, j, s in zip(self.kind[a:b], self.microbatch[a:b], self.stage[a:b], strict=True)
+                )
+            )
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best candidate and the search's bookkeeping."""
+
+    best: Candidate
+    problem: SearchProblem
+    arrays: Arrays
+    tried: int
+    seconds: float
+
+    def peak_memory(self) -> tuple[Fraction, ...]:
+        return tuple(Fraction(int(x), self.arrays.scale) for x in self.best.metrics.peak)
+
+
+def evaluate_passes(problem: SearchProblem, arrays: Arrays, orders) -> Metrics:
+    """Metrics of orders given as Pass tuples (for references and tests)."""
+    flat = [p for order in orders for p in order]
+    offsets = np.cumsum([0] + [len(o) for o in orders]).astype(np.int64)
+    kind = np.array([_CODE[p.kind] for p in flat], dtype=np.int64)
+    mb = np.array([p.microbatch for p in flat], dtype=np.int64)
+    st = np.array([p.stage for p in flat], dtype=np.int64)
+    return evaluate_orders(offsets, kind, mb, st, arrays.stage_device, arrays.dur, arrays.comm,
+                           arrays.mem, problem.num_microbatches)
+
+
+def _better(a: Metrics, b: Metrics | None) -> bool:
+    if b is None:
+        return True
+    key_a = (round(a.bubble, 12), round(a.makespan, 9), int(a.peak.max()))
+    key_b = (round(b.bubble, 12), round(b.makespan, 9), int(b.peak.max()))
+    return key_a < key_b
+
+
+class _Search:
+    def __init__(self, problem: SearchProblem, progress: Callable[[str, float], None] | None):
+        self.problem = problem
+        self.arrays = arrays_for(problem)
+        self.progress = progress or (lambda stage, fraction: None)
+        self.best: Candidate | None = None
+        self.tried = 0
+        a = self.arrays
+        S, m = problem.num_stages, problem.num_microbatches
+        self.no_noise = np.zeros((2, S, m))
+        d = problem.num_devices
+        self.empty = np.zeros((d, 1), dtype=np.int64)
+        self.empty_len = np.zeros(d, dtype=np.int64)
+        self.limits = np.full(d, a.limit, dtype=np.int64)
+
+    def consider(self, offsets, kind, mb, stage, ok, method, block=None) -> Metrics | None:
+        self.tried += 1
+        if not ok:
+            return None
+        a = self.arrays
+        m = self.problem.num_microbatches
+        start, _, ok = time_orders(offsets, kind, mb, stage, a.stage_device, a.dur, a.comm, m)
+        if not ok:
+            return None
+        kind, mb, stage, ok, _ = make_rendezvous_safe(
+            offsets, kind, mb, stage, a.stage_device, m, start
+        )
+        if not ok:
+            return None
+        metrics = evaluate_orders(offsets, kind, mb, stage, a.stage_device, a.dur, a.comm, a.mem,
+                                  self.problem.num_microbatches)
+        if not metrics.ok:
+            return None
+        if int(metrics.peak.max()) > a.limit:
+            return None
+        if _better(metrics, self.best.metrics if self.best else None):
+            self.best = Candidate(offsets, kind, mb, stage, metrics, method, block)
+        return metrics
+
+    # 1. building blocks
+    def blocks(self) -> None:
+        p = self.problem
+        shapes = enumerate_blocks(p.placement)
+        for n, shape in enumerate(shapes):
+            if n % 16 == 0:
+                self.progress("building blocks", n / len(shapes))
+            orders = block_orders(p.placement, shape, p.num_microbatches)
+            if orders is not None:
+                self.consider(*orders, True, f"building block {_shape_text(shape)}, W fill", shape)
+        self.progress("building blocks", 1.0)
+
+    def _caps(self, alpha: float) -> np.ndarray:
+        """In-flight cap per stage: alpha x (time from F(s) to B(s) on the
+        critical path) / (the device's F+B time per microbatch)."""
+        p, a = self.problem, self.arrays
+        S = p.num_stages
+        caps = np.zeros(S, dtype=np.int64)
+        for s in range(S):
+            path = a.dur[0, s:].sum() + a.dur[1, s:].sum() + a.comm * 2 * (S - 1 - s)
+            dev = a.stage_device[s]
+            per = sum(a.dur[0, x] + a.dur[1, x] for x in a.dev_stages[dev])
+            caps[s] = max(1, math.ceil(alpha * path / per - 1e-9))
+        return np.minimum(caps, p.num_microbatches + 1)
+
+    def grid(self) -> list[tuple[float, np.ndarray, float]]:
+        a, p = self.arrays, self.problem
+        v = p.chunks_per_device
+        settings = list(
+            itertools.product(
+                (1, 0),  # b_first
+                (0, 1, 2),  # w_mode
+                (0, 1) if v > 1 else (0,),  # admission
+                (0, 1, 2) if v > 1 else (0,),  # f_priority
+                (0, 1) if v > 1 else (0,),  # b_priority
+                (0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
+            )
+        )
+        scored = []
+        for n, (bf, wm, adm, fp, bp, alpha) in enumerate(settings):
+            if n % 8 == 0:
+                self.progress("heuristics", n / len(settings))
+            params = np.array([bf, wm, adm, fp, bp, 0], dtype=np.int64)
+            caps = self._caps(alpha)
+            out = list_schedule(a.dev_stages, a.stage_device, p.num_microbatches, a.dur, a.comm,
+                                a.mem, self.limits, caps, params, self.no_noise, self.empty,
+                                self.empty, self.empty, self.empty_len)
+            method = (
+                f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
+                f"{', admission control' if adm else ''}, in-flight cap x{alpha:g})"
+            )
+            metrics = self.consider(*out, method)
+            if metrics is not None:
+                scored.append((metrics.bubble, params, alpha))
+        self.progress("heuristics", 1.0)
+        scored.sort(key=lambda x: x[0])
+        return scored
+
+    def refine(self, scored, deadline: float, seed: int) -> None:
+        a, p = self.arrays, self.problem
+        if not scored:
+            return
+        rng = np.random.default_rng(seed)
+        top = scored[: min(6, len(scored))]
+        S, m = p.num_stages, p.num_microbatches
+        start = time.monotonic()
+        total = max(deadline - start, 1e-6)
+        n = 0
+        while time.monotonic() < deadline:
+            _, params, alpha = top[n % len(top)]
+            scale = rng.choice((0.3, 1.0, 3.0))
+            noise = rng.random((2, S, m)) * scale
+            caps = self._caps(alpha * rng.choice((0.9, 1.0, 1.1)))
+            out = list_schedule(a.dev_stages, a.stage_device, m, a.dur, a.comm, a.mem,
+                                self.limits, caps, params, noise, self.empty, self.empty,
+                                self.empty, self.empty_len)
+            self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")
+            n += 1
+            if n % 32 == 0:
+                self.progress("refining", min(1.0, (time.monotonic() - start) / total))
+        self.progress("refining", 1.0)
+
+
+_W_TEXT = {0: "fills every gap", 1: "fills gaps >= T_W", 2: "right after B"}
+
+
+def _shape_text(shape: BlockShape) -> str:
+    return (
+        f"(F offsets {list(shape.f_offset)}, turn {shape.f_turn}, gap {shape.gap}, "
+        f"B offsets {list(shape.b_offset)}, turn {shape.b_turn}, period {shape.period})"
+    )
+
+
+def search(
+    problem: SearchProblem,
+    *,
+    seconds: float = 5.0,
+    seed: int = 0,
+    progress: Callable[[str, float], None] | None = None,
+) -> SearchResult:
+    """Find the orders with the smallest bubble within `problem.budget`.
+    `seconds` bounds the randomised refinement (the blocks and the grid always
+    run). Raises SearchInputError, naming the smallest budget any tried
+    schedule needs, when nothing fits."""
+    begin = time.monotonic()
+    run = _Search(problem, progress)
+    run.blocks()
+    scored = run.grid()
+    run.refine(scored, begin + seconds, seed)
+    if run.best is None:  # pragma: no cover - build_problem rejects budgets below the floor
+        raise SearchInputError(
+            f"no schedule found within {problem.budget} M_B per device; the smallest "
+            f"feasible budget is {smallest_budget(problem.placement, problem.memory)} M_B"
+        )
+    return SearchResult(run.best, problem, run.arrays, run.tried, time.monotonic() - begin)

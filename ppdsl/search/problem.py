@@ -1,0 +1,219 @@
+"""What a search is asked: devices, microbatches, placement, costs, the memory
+model and the memory budget, and how the command line spells them.
+
+Memory units. Budgets are in multiples of M_B, the activation one microbatch
+leaves on one *1F1B stage* (1/d of the model). A placement with v chunks per
+device cuts the model into v·d stages, so one of its stages leaves M_B / v: the
+emitted `.pp` says `memory M_B = 1/2` for a V-shape. 1F1B holds d·M_B on its
+first device; `0.5x1f1b` is therefore d/2 · M_B on every placement, and budgets
+compare bytes across placements.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ppdsl.ir.schedule import Costs, MemoryModel, Placement
+
+__all__ = [
+    "SearchProblem",
+    "SearchInputError",
+    "make_placement",
+    "parse_budget",
+    "parse_costs",
+    "one_f_one_b_memory",
+    "build_problem",
+    "smallest_budget",
+]
+
+
+class SearchInputError(ValueError):
+    """Bad search input (the command prints it and exits 1)."""
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """One search: find per-device orders with the smallest bubble ratio whose
+    peak activation memory stays within `budget` on every device."""
+
+    num_devices: int
+    """d: pipeline ranks."""
+    num_microbatches: int
+    """m: microbatches per training step."""
+    placement: Placement
+    """Which device holds each stage."""
+    costs: Costs
+    """Pass durations per stage and the cross-device transfer cost."""
+    memory: MemoryModel
+    """M_B and M_W per stage, in 1F1B-stage units (a chunk's M_B is 1/v)."""
+    budget: Fraction
+    """Peak activation memory allowed on every device, same units."""
+    weight_fraction: Fraction = Fraction(1, 2)
+    """M_W / M_B (1/2 is ppdsl's default; 1 counts a microbatch as held until
+    its W ends, as the controllable-memory paper does)."""
+
+    @property
+    def num_stages(self) -> int:
+        return self.placement.num_stages
+
+    @property
+    def chunks_per_device(self) -> int:
+        return self.placement.num_stages // self.placement.num_devices
+
+
+def make_placement(kind: str, num_devices: int, v: int = 2) -> Placement:
+    """parallel, vshape, looped(v) as Placement objects (the language's rules)."""
+    d = num_devices
+    if kind == "parallel":
+        return Placement("parallel", d, tuple(range(d)))
+    if kind == "vshape":
+        return Placement(
+            "vshape", d, tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d))
+        )
+    if kind == "looped":
+        return Placement("looped", d, tuple(s % d for s in range(v * d)))
+    raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
+
+
+def parse_placement(text: str, num_devices: int) -> Placement:
+    """`parallel`, `vshape`, `looped(3)` or `looped3`."""
+    text = text.strip().lower()
+    match = re.fullmatch(r"looped\(?\s*(\d+)\s*\)?", text)
+    if match:
+        v = int(match.group(1))
+        if v < 1:
+            raise SearchInputError(f"looped({v}): v must be at least 1")
+        return make_placement("looped", num_devices, v)
+    if text == "looped":
+        raise SearchInputError("looped needs its chunk count: --placement 'looped(2)'")
+    return make_placement(text, num_devices)
+
+
+_COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm"}
+
+
+def parse_costs(text: str | None, num_stages: int) -> Costs:
+    """`F=18.5,B=18.1,W=9.3,comm=0.6`; a per-stage cost is a colon list with one
+    value per stage (`F=1:1:2:2`). Unnamed kinds cost 1, comm 0."""
+    values: dict[str, tuple[float, ...] | float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in _COST_KEYS:
+            raise SearchInputError(
+                f"--costs {item.strip()!r}: expected F=, B=, W= or comm= (e.g. F=3,B=4,W=2,comm=0)"
+            )
+        try:
+            numbers = tuple(float(Fraction(x.strip())) for x in value.split(":"))
+        except (ValueError, ZeroDivisionError):
+            raise SearchInputError(f"--costs {item.strip()!r}: {value!r} is not a number") from None
+        if any(x < 0 or not math.isfinite(x) for x in numbers):
+            raise SearchInputError(f"--costs {item.strip()!r}: costs must be finite and >= 0")
+        if key == "comm":
+            if len(numbers) != 1:
+                raise SearchInputError("--costs comm= takes one value")
+            values[key] = numbers[0]
+            continue
+        if len(numbers) == 1:
+            numbers = numbers * num_stages
+        if len(numbers) != num_stages:
+            raise SearchInputError(
+                f"--costs {key}= lists {len(numbers)} values; this placement has "
+                f"{num_stages} stages"
+            )
+        if any(x <= 0 for x in numbers):
+            raise SearchInputError(f"--costs {key}=: a pass must take some time (> 0)")
+        values[key] = numbers
+    one = (1.0,) * num_stages
+    f = values.get("F", one)
+    b = values.get("B", one)
+    w = values.get("W", one)
+    assert isinstance(f, tuple) and isinstance(b, tuple) and isinstance(w, tuple)
+    comm = values.get("comm", 0.0)
+    assert isinstance(comm, float)
+    return Costs(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+
+
+def one_f_one_b_memory(num_devices: int) -> Fraction:
+    """1F1B's peak on its first device: d·M_B (M_B of a 1F1B stage)."""
+    return Fraction(num_devices)
+
+
+def parse_budget(text: str, num_devices: int) -> Fraction:
+    """`8`, `1.5p`, `2p`, `3/2p` (p = d devices), or `0.5x1f1b` (relative to
+    1F1B's d·M_B). Returns the budget in M_B."""
+    raw = text.strip().lower().replace(" ", "")
+    try:
+        if raw.endswith("x1f1b"):
+            return Fraction(raw[: -len("x1f1b")] or "1") * one_f_one_b_memory(num_devices)
+        if raw.endswith("p"):
+            return Fraction(raw[:-1] or "1") * num_devices
+        if raw.endswith("m_b"):
+            raw = raw[:-3].rstrip("*")
+        return Fraction(raw)
+    except (ValueError, ZeroDivisionError):
+        raise SearchInputError(
+            f"--memory {text!r}: expected a multiple of M_B such as 8, 2p, 1.5p or 0.5x1f1b"
+        ) from None
+
+
+def make_memory(placement: Placement, weight_fraction: Fraction) -> MemoryModel:
+    """M_B = 1/v of a 1F1B stage per stage; M_W = weight_fraction · M_B."""
+    v = placement.num_stages // placement.num_devices
+    activation = (Fraction(1, v),) * placement.num_stages
+    return MemoryModel(activation, tuple(a * weight_fraction for a in activation))
+
+
+def smallest_budget(placement: Placement, memory: MemoryModel) -> Fraction:
+    """The least budget any schedule needs: one microbatch in flight, i.e. the
+    activations of every chunk of the fullest device at once (a microbatch
+    keeps its earlier chunks' activations until their B)."""
+    return max(
+        sum((memory.activation[s] for s in placement.chunks(dev)), Fraction(0))
+        for dev in range(placement.num_devices)
+    )
+
+
+def build_problem(
+    *,
+    devices: int,
+    microbatches: int,
+    placement: str,
+    costs: str | None,
+    memory: str,
+    weight_fraction: str = "1/2",
+) -> SearchProblem:
+    """A SearchProblem from the command line's spelling; every inconsistency is
+    a SearchInputError that says what to do."""
+    if devices < 1:
+        raise SearchInputError(f"--devices {devices}: need at least 1 device")
+    if microbatches < 1:
+        raise SearchInputError(f"--microbatches {microbatches}: need at least 1 microbatch")
+    pl = parse_placement(placement, devices)
+    try:
+        wf = Fraction(weight_fraction)
+    except (ValueError, ZeroDivisionError):
+        raise SearchInputError(f"--weight-memory {weight_fraction!r} is not a number") from None
+    if not 0 <= wf <= 1:
+        raise SearchInputError(
+            f"--weight-memory {weight_fraction}: M_W is part of M_B, so between 0 and 1"
+        )
+    mm = make_memory(pl, wf)
+    budget = parse_budget(memory, devices)
+    floor = smallest_budget(pl, mm)
+    if budget < floor:
+        raise SearchInputError(
+            f"--memory {memory} is {_text(budget)} M_B per device, below the smallest feasible "
+            f"budget {_text(floor)} M_B (one microbatch in flight); use --memory {_text(floor)} "
+            "or more"
+        )
+    return SearchProblem(devices, microbatches, pl, parse_costs(costs, pl.num_stages), mm, budget, wf)
+
+
+def _text(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"

@@ -1,0 +1,149 @@
+"""`ppdsl search`: budgets, the evaluator against ppdsl.simulate, the block
+space, the rendezvous repair, found files that compile, the command line."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ppdsl.checks import deadlock
+from ppdsl.cli import main
+from ppdsl.compiler import compile_file
+from ppdsl.ir.schedule import Schedule
+from ppdsl.lower import lower
+from ppdsl.search import SearchInputError, emit_pp, references, search
+from ppdsl.search.blockspace import block_orders, v_half, v_min
+from ppdsl.search.driver import arrays_for, evaluate_passes
+from ppdsl.search.problem import build_problem, parse_budget, parse_costs
+from ppdsl.simulate import simulate
+from tests.factories import make_schedule, one_f_one_b_orders
+
+
+def _problem(d=4, m=8, place="parallel", memory="1p", costs=None, wf="1/2"):
+    return build_problem(devices=d, microbatches=m, placement=place, costs=costs, memory=memory,
+                         weight_fraction=wf)
+
+
+def _schedule(problem, orders) -> Schedule:
+    return make_schedule(problem.placement, problem.num_microbatches, orders,
+                         costs=problem.costs, memory=problem.memory)
+
+
+def test_budgets_parse_in_1f1b_stage_units():
+    """2p, 1.5p, 8 and 0.5x1f1b all mean multiples of one 1F1B stage's M_B."""
+    assert parse_budget("2p", 8) == 16
+    assert parse_budget("1.5p", 4) == 6
+    assert parse_budget("8", 4) == 8
+    assert parse_budget("0.5x1f1b", 8) == 4
+    assert parse_budget("1/3x1f1b", 6) == 2
+    with pytest.raises(SearchInputError, match="expected a multiple of M_B"):
+        parse_budget("lots", 4)
+
+
+def test_costs_parse_per_stage_and_reject_bad_values():
+    """Per-stage colon lists need one value per stage; negative costs are errors."""
+    costs = parse_costs("F=1:2:3:4,comm=0.5", 4)
+    assert costs.forward == (1, 2, 3, 4) and costs.comm == 0.5 and costs.backward_input == (1,) * 4
+    with pytest.raises(SearchInputError, match="4 stages"):
+        parse_costs("F=1:2", 4)
+    with pytest.raises(SearchInputError, match=">= 0"):
+        parse_costs("W=-1", 4)
+
+
+def test_budget_below_floor_names_the_smallest_feasible_budget():
+    """Less than one microbatch per device is refused with the smallest budget."""
+    with pytest.raises(SearchInputError, match="smallest feasible budget 1 M_B"):
+        _problem(memory="0.5")
+    with pytest.raises(SearchInputError, match="M_W is part of M_B"):
+        _problem(wf="2")
+
+
+def test_evaluator_matches_ppdsl_simulate():
+    """The search's numba evaluator gives ppdsl.simulate's bubble, makespan, peak."""
+    problem = _problem(d=4, m=8, costs="F=3,B=4,W=2,comm=0.5")
+    orders = one_f_one_b_orders(4, 8, split=True)
+    schedule = _schedule(problem, orders)
+    timeline = simulate(schedule)
+    metrics = evaluate_passes(problem, arrays_for(problem), schedule.orders)
+    assert metrics.bubble == pytest.approx(timeline.bubble_ratio, abs=1e-12)
+    assert metrics.makespan == pytest.approx(timeline.makespan, abs=1e-9)
+    scale = arrays_for(problem).scale
+    assert tuple(Fraction(int(x), scale) for x in metrics.peak) == timeline.peak_memory
+
+
+def test_paper_blocks_have_the_papers_memory():
+    """V-Min and V-Half, repeated with W in free slots, hold (d+4)//3 and (d+2)//2."""
+    for d in (4, 6, 8):
+        problem = _problem(d=d, m=3 * d, place="vshape", memory="1x1f1b", wf="1")
+        found = {r.name: r for r in references(problem)}
+        assert found["V-Min"].peak == (d + 4) // 3
+        assert found["V-Half"].peak == (d + 2) // 2
+        assert block_orders(problem.placement, v_min(d), 3 * d) is not None
+        assert block_orders(problem.placement, v_half(d), 3 * d) is not None
+
+
+def test_search_matches_zb_h1_at_1f1b_memory():
+    """Unit costs, p M_B: the search finds ZB-H1's bubble (p-1)/(3m+p-1)."""
+    problem = _problem(d=4, m=12, memory="1p", wf="1")
+    result = search(problem, seconds=0.2)
+    assert result.best.metrics.bubble <= 3 / 39 + 1e-9
+    assert max(result.peak_memory()) <= 4
+
+
+def test_found_orders_are_rendezvous_safe_and_within_budget():
+    """Every found schedule passes ppdsl's deadlock check under blocking sends."""
+    for place, memory in (("parallel", "2p"), ("vshape", "0.5x1f1b"), ("looped(2)", "1p")):
+        problem = _problem(d=4, m=8, place=place, memory=memory, costs="F=3,B=4,W=2,comm=0.3")
+        result = search(problem, seconds=0.2)
+        schedule = _schedule(problem, result.best.orders())
+        assert deadlock.check(schedule, lower(schedule)) == []
+        assert max(result.peak_memory()) <= problem.budget
+
+
+def test_found_file_compiles_and_its_timeline_is_the_searchs(tmp_path):
+    """search -> .pp -> compile_file: same orders, same bubble, expects hold."""
+    problem = _problem(d=4, m=8, place="vshape", memory="0.5x1f1b", costs="F=3,B=4,W=2,comm=0.5")
+    result = search(problem, seconds=0.2)
+    best = result.best
+    text = emit_pp(problem, best.orders(), name="found", command="ppdsl search test",
+                   method=best.method, bubble=best.metrics.bubble,
+                   makespan=best.metrics.makespan, peak=max(result.peak_memory()))
+    path = tmp_path / "found.pp"
+    path.write_text(text)
+    compiled = compile_file(path)
+    keys = tuple(tuple(p.key for p in o) for o in compiled.schedule.orders)
+    assert keys == tuple(tuple(p.key for p in o) for o in best.orders())
+    assert compiled.timeline.bubble_ratio == pytest.approx(best.metrics.bubble, abs=1e-12)
+    assert {e.metric for e in compiled.schedule.expects} == {"peak_memory", "bubble", "makespan"}
+    assert text.startswith("# Found by: ppdsl search test")
+
+
+def test_cli_writes_a_checkable_file_and_no_progress_in_pipes(tmp_path, capsys):
+    """The command writes found.pp, prints the summary, and no bar when piped."""
+    out = tmp_path / "found.pp"
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "2p", "--time", "0.1", "-o", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "bubble" in captured.out and "peak memory per device" in captured.out
+    assert "\r" not in captured.err
+    assert main(["check", str(out)]) == 0
+
+
+def test_cli_bad_budget_is_a_clear_error(capsys):
+    """A budget below one microbatch exits 1 and says what is feasible."""
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "0.2p"])
+    assert code == 1
+    assert "smallest feasible budget 1 M_B" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_d8_vshape_beats_v_half_at_its_memory():
+    """d=8, m=24, unit costs, V-Half's memory: bubble no worse than V-Half's."""
+    problem = _problem(d=8, m=24, place="vshape", memory="5", wf="1")
+    ref = {r.name: r for r in references(problem)}["V-Half"]
+    result = search(problem, seconds=1.0)
+    assert result.best.metrics.bubble <= ref.bubble + 1e-12
+    assert max(result.peak_memory()) <= ref.peak
+    assert np.all(result.best.metrics.peak <= result.arrays.limit)
