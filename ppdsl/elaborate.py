@@ -136,8 +136,120 @@ class _Scope:
         return out
 
 
+class _Slow(Exception):
+    """The integer fast path does not apply; evaluate exactly."""
+
+
+def _fast_div(a, b):
+    if type(a) is int and type(b) is int and b and a % b == 0:
+        return a // b
+    raise _Slow
+
+
+def _fast_bool(x) -> bool:
+    if type(x) is range:
+        raise _Slow
+    return bool(x)
+
+
+def _fast_eq(a, b) -> bool:
+    if type(a) is range or type(b) is range:
+        raise _Slow
+    return a == b
+
+
+def _fast_ne(a, b) -> bool:
+    if type(a) is range or type(b) is range:
+        raise _Slow
+    return a != b
+
+
+def _fast_number(x):
+    if type(x) is range:
+        raise _Slow
+    return x
+
+
+_FAST_GLOBALS = {
+    "__builtins__": {},
+    "_div": _fast_div,
+    "_b": _fast_bool,
+    "_eq": _fast_eq,
+    "_ne": _fast_ne,
+    "_n": _fast_number,
+    "_ceil": math.ceil,
+    "_floor": math.floor,
+    "min": min,
+    "max": max,
+}
+_FAST_OPS = ("+", "-", "*", "//", "%", "<", "<=", ">", ">=")
+
+
+def _python(expr: ast.Expr) -> str:
+    """Python source for `expr` assuming every value is an int; raises _Slow for
+    anything the int path cannot express (rational literals)."""
+    if isinstance(expr, ast.Number):
+        if expr.value.denominator != 1:
+            raise _Slow
+        return repr(int(expr.value))
+    if isinstance(expr, ast.Name):
+        return f"env[{expr.id!r}]"
+    if isinstance(expr, ast.Unary):
+        inner = _python(expr.operand)
+        return f"(-{inner})" if expr.op == "-" else f"(not _b({inner}))"
+    if isinstance(expr, ast.Cond):
+        cond, then, else_ = _python(expr.cond), _python(expr.then), _python(expr.else_)
+        return f"({then} if _b({cond}) else {else_})"
+    if isinstance(expr, ast.Call):
+        args = [_python(a) for a in expr.args]
+        if expr.func in ("ceil", "floor"):
+            return f"_{expr.func}(_n({args[0]}))"
+        if len(args) == 1:
+            return f"_n({args[0]})"
+        return f"{expr.func}({', '.join(args)})"
+    left, right = _python(expr.left), _python(expr.right)
+    if expr.op in ("and", "or"):
+        return f"(_b({left}) {expr.op} _b({right}))"
+    if expr.op == "/":
+        return f"_div({left}, {right})"
+    if expr.op == "==":
+        return f"_eq({left}, {right})"
+    if expr.op == "!=":
+        return f"_ne({left}, {right})"
+    assert expr.op in _FAST_OPS
+    return f"({left} {expr.op} {right})"
+
+
 def _compile(expr: ast.Expr, scope: _Scope) -> Eval:
-    """Turn an expression into a closure over the environment."""
+    """Turn an expression into a closure over the environment. Names resolve (or
+    fail) now. Values that are ints all the way through take a compiled Python
+    fast path; anything else (rationals, ranges, errors) is evaluated exactly."""
+    exact = _compile_exact(expr, scope)
+    if isinstance(expr, (ast.Number, ast.Name)):
+        return exact
+    try:
+        source = _python(expr)
+        if len(source) > 4000:
+            return exact
+        fast = eval(f"lambda env: {source}", dict(_FAST_GLOBALS))  # noqa: S307 - built from the AST
+    except (_Slow, SyntaxError, RecursionError, MemoryError):
+        return exact
+
+    def evaluate(env: Env) -> Value:
+        try:
+            result = fast(env)
+        except Exception:
+            return exact(env)
+        if type(result) is int or type(result) is bool:
+            return result
+        return exact(env)
+
+    return evaluate
+
+
+def _compile_exact(expr: ast.Expr, scope: _Scope) -> Eval:
+    """Turn an expression into a closure over the environment, with exact semantics
+    and located errors for every mistake."""
     if isinstance(expr, ast.Number):
         value = _norm(expr.value)
         return lambda env: value
@@ -150,13 +262,13 @@ def _compile(expr: ast.Expr, scope: _Scope) -> Eval:
             raise _Error(f"undefined name '{name}'{hint}", expr.span)
         return lambda env: env[name]
     if isinstance(expr, ast.Unary):
-        operand = _compile(expr.operand, scope)
+        operand = _compile_exact(expr.operand, scope)
         span = expr.operand.span
         if expr.op == "-":
             return lambda env: -_number(operand(env), span)
         return lambda env: not _number(operand(env), span)
     if isinstance(expr, ast.Cond):
-        cond, then, else_ = (_compile(e, scope) for e in (expr.cond, expr.then, expr.else_))
+        cond, then, else_ = (_compile_exact(e, scope) for e in (expr.cond, expr.then, expr.else_))
         cspan = expr.cond.span
         return lambda env: then(env) if _number(cond(env), cspan) else else_(env)
     if isinstance(expr, ast.Call):
@@ -171,7 +283,7 @@ def _compile_call(expr: ast.Call, scope: _Scope) -> Eval:
         if not hint:
             hint = "; functions are " + ", ".join(_FUNCTIONS)
         raise _Error(f"unknown function '{expr.func}'{hint}", expr.span)
-    args = [_compile(a, scope) for a in expr.args]
+    args = [_compile_exact(a, scope) for a in expr.args]
     spans = [a.span for a in expr.args]
     if expr.func in ("ceil", "floor"):
         if len(args) != 1:
@@ -205,7 +317,7 @@ _OPS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def _compile_binary(expr: ast.Binary, scope: _Scope) -> Eval:
-    left, right = _compile(expr.left, scope), _compile(expr.right, scope)
+    left, right = _compile_exact(expr.left, scope), _compile_exact(expr.right, scope)
     lspan, rspan, op = expr.left.span, expr.right.span, expr.op
     if op == "and":
         return lambda env: bool(_number(left(env), lspan)) and bool(_number(right(env), rspan))

@@ -354,3 +354,79 @@ def test_schedule_span_and_file():
     schedule = build(GPIPE)
     assert schedule.file == "t.pp" and schedule.name == "gpipe"
     assert schedule.span is not None and schedule.span.line == 1
+
+
+# --- property: the integer fast path agrees with exact evaluation ------------------
+
+_ENV_NAMES = ("a", "b", "z", "r")
+
+
+def _fast_and_exact_agree(expr, env):
+    from ppdsl.elaborate import _compile, _compile_exact, _Error, _Scope
+
+    scope = _Scope(_ENV_NAMES)
+
+    def outcome(fn):
+        try:
+            value = fn(expr, scope)(dict(env))
+        except _Error as exc:
+            return ("error", exc.diagnostic.message)
+        return (type(value), value)
+
+    assert outcome(_compile) == outcome(_compile_exact)
+
+
+def _expressions():
+    from hypothesis import strategies as st
+
+    from ppdsl import ast as A
+    from ppdsl.diagnostics import Span
+
+    span = Span("p", 1, 1, 1, 1)
+    leaves = st.one_of(
+        st.sampled_from(_ENV_NAMES).map(lambda n: A.Name(n, span)),
+        st.sampled_from(["0", "1", "2", "3", "0.5"]).map(lambda v: A.Number(Fraction(v), span)),
+    )
+
+    def extend(children):
+        ops = ["+", "-", "*", "/", "//", "%", "==", "!=", "<", ">=", "and", "or"]
+        return st.one_of(
+            st.tuples(st.sampled_from(ops), children, children).map(
+                lambda t: A.Binary(t[0], t[1], t[2], span)
+            ),
+            st.tuples(st.sampled_from(["-", "not"]), children).map(
+                lambda t: A.Unary(t[0], t[1], span)
+            ),
+            st.tuples(children, children, children).map(lambda t: A.Cond(*t, span)),
+            st.tuples(
+                st.sampled_from(["min", "max", "ceil", "floor"]),
+                st.lists(children, min_size=1, max_size=3),
+            ).map(
+                lambda t: A.Call(t[0], tuple(t[1][:1] if t[0] in ("ceil", "floor") else t[1]), span)
+            ),
+        )
+
+    return st.recursive(leaves, extend, max_leaves=10)
+
+
+def test_fast_path_agrees_with_exact_evaluation():
+    """Compiled int fast path and exact evaluation give the same value (and type) or
+    the same located error, for ints, rationals, zero and ranges in the environment."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    envs = st.fixed_dictionaries(
+        {
+            "a": st.integers(-5, 5),
+            "b": st.one_of(st.integers(-3, 3), st.just(Fraction(3, 2))),
+            "z": st.just(0),
+            "r": st.just(range(0, 2)),
+        }
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(_expressions(), envs)
+    def check(expr, env):
+        _fast_and_exact_agree(expr, env)
+
+    check()
