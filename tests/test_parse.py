@@ -210,3 +210,78 @@ def test_printed_expression_parses_back(expr):
     """format_expr adds exactly the parentheses needed: parse(print(e)) == e."""
     (let,) = stmts(f"schedule s {{ let x = {ast.format_expr(expr)} }}")
     assert strip(let.value) == strip(expr)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "message"),
+    [
+        (
+            "schedule s {\n param d = 4\n order { F(0) \n",
+            (3, 8),
+            "'{' opened at 3:8 is never closed",
+        ),
+        (
+            "schedule s {\n order {\n  for j in 0..m {\n   F(j)\n  \n }\n}\n",
+            (3, 17),
+            "'{' opened at 3:17 is never closed",
+        ),
+        ("schedule s {\n cost B[s = 1\n}\n", (3, 1), "'}' does not match '[' opened at 2:8"),
+        ("schedule s {\n param d = 4\n}\n}\n", (4, 1), "'}' closes nothing"),
+        (
+            "schedule s {\n param d = 4\n block period 3 {\n  F at\n }\n}\n",
+            (4, 7),
+            "expected a value after 'at'",
+        ),
+        ("schedule s {\n param m = 2 *\n}\n", (2, 15), "expected a value after '*'"),
+        ("schedule s {\n param m =\n}\n", (2, 11), "expected a value after '='"),
+        (
+            "schedule s {\n plase parallel\n}\n",
+            (2, 2),
+            "unknown statement 'plase'; did you mean 'place'?",
+        ),
+        (
+            "schedule s {\n order {\n  fr j in 0..m { F(j) }\n }\n}\n",
+            (3, 3),
+            "unknown statement 'fr'; did you mean 'for'?",
+        ),
+        (
+            "schedule s {\n order {\n  iff i == 0 { F(0) }\n }\n}\n",
+            (3, 3),
+            "unknown statement 'iff'; did you mean 'if'?",
+        ),
+        (
+            "schedule s {\n block period 3 {\n  F att s\n }\n}\n",
+            (3, 5),
+            "unexpected name 'att' after 'F'; did you mean 'at'?",
+        ),
+        (
+            "schedule s {\n param d = 4 param m = 2\n}\n",
+            (2, 14),
+            "'param' starts a new statement: put it on its own line or after ';'",
+        ),
+        (
+            "schedule s {\n order {\n  interleave { F(0) } { F(1) }\n }\n}\n",
+            (3, 23),
+            "unexpected '{'; expected 'with'",
+        ),
+        (
+            "schedule s {\n}\nschedule t {\n}\n",
+            (3, 1),
+            "a file holds one schedule; this is a second one",
+        ),
+        ("schedule s {\n param d = 8 $ 2\n}\n", (2, 14), "unexpected character '$'"),
+        (
+            "schedule s {\n expect peak_memory 4\n}\n",
+            (2, 21),
+            "unexpected number 4; expected a comparison (<= < == >= >) or '['",
+        ),
+        ("# only a comment\n", (2, 1), "unexpected end of file; expected 'schedule'"),
+    ],
+)
+def test_syntax_error_labels(text: str, where: tuple[int, int], message: str):
+    """Common syntax mistakes get a message saying what is wrong, at the right place."""
+    with pytest.raises(CompileError) as info:
+        parse(text, "t.pp")
+    (diag,) = info.value.diagnostics
+    assert diag.message == message
+    assert diag.span is not None and (diag.span.line, diag.span.column) == where
