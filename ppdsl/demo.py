@@ -1,6 +1,6 @@
-"""`make demo`: compile examples/zb_v.pp (d=4, m=8) and train tiny_gpt on a
-4-process CPU pipeline (gloo on loopback), printing loss per step and the
-predicted-vs-measured memory table."""
+"""`make demo`: compile examples/zb_v.pp (d=4, m=8) and train tiny_gpt (its
+128-token variant) on a 4-process CPU pipeline (gloo on loopback), printing loss
+per step and the predicted-vs-measured memory table."""
 
 from __future__ import annotations
 
@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
         return 1
-    return launch(compiled, ["--model", f"{model}:stages", "--steps", steps[0], "--device", "cpu"])
+    # stages_long: 128-token sequences with unfused attention, the zero-bubble paper's
+    # memory regime (B frees most of a microbatch's activations).
+    return launch(
+        compiled, ["--model", f"{model}:stages_long", "--steps", steps[0], "--device", "cpu"]
+    )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,15 @@ SEED = 1234
 
 
 class Block(nn.Module):
-    """Pre-norm attention + MLP, causal."""
+    """Pre-norm attention + MLP, causal. `explicit_attention` computes softmax(q k^T)
+    v step by step, so autograd keeps the heads x seq x seq probabilities as an
+    unfused attention does (the zero-bubble paper's 5as^2b term of M_B, which B
+    frees); otherwise a fused scaled_dot_product_attention."""
 
-    def __init__(self) -> None:
+    def __init__(self, explicit_attention: bool = False, heads: int = HEADS) -> None:
         super().__init__()
+        self.explicit_attention = explicit_attention
+        self.heads = heads
         self.norm1 = nn.LayerNorm(DIM)
         self.qkv = nn.Linear(DIM, 3 * DIM)
         self.proj = nn.Linear(DIM, DIM)
@@ -41,17 +46,22 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(DIM, dim=-1)
-        q, k, v = (z.reshape(b, t, HEADS, DIM // HEADS).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (z.reshape(b, t, self.heads, DIM // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.explicit_attention:
+            scores = q.matmul(k.transpose(-2, -1)) * (DIM // self.heads) ** -0.5
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            att = scores.masked_fill(mask, float("-inf")).softmax(-1).matmul(v)
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, DIM))
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
 class Embed(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, seq: int = SEQ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(VOCAB, DIM)
-        self.positions = nn.Embedding(SEQ, DIM)
+        self.positions = nn.Embedding(seq, DIM)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -68,15 +78,16 @@ class Head(nn.Module):
         return self.out(self.norm(x))
 
 
-def _layer(index: int) -> nn.Module:
+def _layer(index: int, seq: int = SEQ, explicit_attention: bool = False,
+           heads: int = HEADS) -> nn.Module:
     """Layer `index` of [embed, block 0..LAYERS-1, head], from its own seed."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED + index)
         if index == 0:
-            return Embed()
+            return Embed(seq)
         if index == LAYERS + 1:
             return Head()
-        return Block()
+        return Block(explicit_attention, heads)
 
 
 def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -84,25 +95,43 @@ def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, batch_size: int, seq: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences of an affine recurrence mod VOCAB (learnable), seeded by the step."""
     g = torch.Generator().manual_seed(SEED * 7919 + step)
     start = torch.randint(0, VOCAB, (batch_size, 1), generator=g)
     mult = torch.randint(1, 4, (batch_size, 1), generator=g) * 2 + 1
-    seq = [start]
-    for _ in range(SEQ):
-        seq.append((seq[-1] * mult + 7) % VOCAB)
-    tokens = torch.cat(seq, dim=1)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    tokens = [start]
+    for _ in range(seq):
+        tokens.append((tokens[-1] * mult + 7) % VOCAB)
+    whole = torch.cat(tokens, dim=1)
+    return whole[:, :-1].contiguous(), whole[:, 1:].contiguous()
 
 
-def stages(num_stages: int) -> PipelineModel:
-    """The protocol's factory: the model cut into `num_stages` stages."""
+def _model(num_stages: int, seq: int, explicit_attention: bool, heads: int) -> PipelineModel:
     groups = split_layers(list(range(1, LAYERS + 1)), num_stages)
     groups[0].insert(0, 0)
     groups[-1].append(LAYERS + 1)
 
     def stage(index: int) -> nn.Module:
-        return nn.Sequential(*(_layer(i) for i in groups[index]))
+        return nn.Sequential(
+            *(_layer(i, seq, explicit_attention, heads) for i in groups[index])
+        )
 
-    return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch)
+    def batch_of(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch(step, batch_size, seq)
+
+    return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch_of)
+
+
+def stages(num_stages: int) -> PipelineModel:
+    """The protocol's factory: the model cut into `num_stages` stages (16 tokens,
+    fused attention: small and fast, for tests)."""
+    return _model(num_stages, SEQ, explicit_attention=False, heads=HEADS)
+
+
+def stages_long(num_stages: int) -> PipelineModel:
+    """The same weights on 128-token sequences with unfused 8-head attention: the
+    heads x seq^2 probabilities dominate the activations, as in the zero-bubble
+    paper's regime (its 5as^2b term), so B frees most of a microbatch's
+    memory (measured M_W/M_B about 0.4 rather than about 1.1 for `stages`)."""
+    return _model(num_stages, 128, explicit_attention=True, heads=8)
