@@ -138,8 +138,6 @@ class _Search:
         S, m = problem.num_stages, problem.num_microbatches
         self.no_noise = np.zeros((2, S, m))
         d = problem.num_devices
-        self.empty = np.zeros((d, 1), dtype=np.int64)
-        self.empty_len = np.zeros(d, dtype=np.int64)
         self.limits = np.full(d, a.limit, dtype=np.int64)
 
     def consider(self, offsets, kind, mb, stage, ok, method, block=None) -> Metrics | None:
@@ -202,17 +200,17 @@ class _Search:
                 (0, 1, 2) if v > 1 else (0,),  # f_priority
                 (0, 1) if v > 1 else (0,),  # b_priority
                 (0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
+                (1, 0),  # prefer_pair
             )
         )
         scored = []
-        for n, (bf, wm, adm, fp, bp, alpha) in enumerate(settings):
+        for n, (bf, wm, adm, fp, bp, alpha, pair) in enumerate(settings):
             if n % 8 == 0:
                 self.progress("heuristics", n / len(settings))
-            params = np.array([bf, wm, adm, fp, bp, 0], dtype=np.int64)
+            params = np.array([bf, wm, adm, fp, bp, pair], dtype=np.int64)
             caps = self._caps(alpha)
             out = list_schedule(a.dev_stages, a.stage_device, p.num_microbatches, a.dur, a.comm,
-                                a.mem, self.limits, caps, params, self.no_noise, self.empty,
-                                self.empty, self.empty, self.empty_len)
+                                a.mem, self.limits, caps, params, self.no_noise)
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
                 f"{', admission control' if adm else ''}, in-flight cap x{alpha:g})"
@@ -240,8 +238,7 @@ class _Search:
             noise = rng.random((2, S, m)) * scale
             caps = self._caps(alpha * rng.choice((0.9, 1.0, 1.1)))
             out = list_schedule(a.dev_stages, a.stage_device, m, a.dur, a.comm, a.mem,
-                                self.limits, caps, params, noise, self.empty, self.empty,
-                                self.empty, self.empty_len)
+                                self.limits, caps, params, noise)
             self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")
             n += 1
             if n % 32 == 0:

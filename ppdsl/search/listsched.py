@@ -7,12 +7,13 @@ per-stage in-flight cap allow it (as many F as memory allows in warm-up), and
 otherwise a W to fill the gap (`w_mode` 0: always; 1: only a gap at least T_W
 long or when memory blocks an F; 2: a W right after its B). The W left over run
 at the end. With `admission` a device admits a microbatch's first chunk only if
-the F of its later chunks on this device still fit, which makes the multi-chunk
-placements deadlock-free under tight budgets.
+the F of its later chunks on this device still fit, which keeps the
+multi-chunk placements from deadlocking under tight budgets.
 
-In `fixed` mode the F/B order of every device is given (a repeated building
-block) and only the W are placed, by the same gap rule: the building block's
-"W fill".
+The orders must also run under ppdsl's blocking exchanges (`rendezvous` repairs
+what does not): with `prefer_pair`, after a pass whose output goes to device b,
+a device takes first the pass that consumes what b is sending back, so the two
+exchanges meet as in 1F1B's steady state.
 """
 
 from __future__ import annotations
@@ -27,7 +28,38 @@ INF = np.inf
 EPS = 1e-9
 
 # params[k]: what the kth integer knob means
-PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "fixed")
+PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair")
+
+
+@numba.njit(cache=True)
+def _consumer(kd, s, stage_device, num_stages):  # pragma: no cover - numba
+    if kd == F and s < num_stages - 1 and stage_device[s + 1] != stage_device[s]:
+        return F, s + 1
+    if kd == B and s > 0 and stage_device[s - 1] != stage_device[s]:
+        return B, s - 1
+    return -1, -1
+
+
+@numba.njit(cache=True)
+def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages):  # pragma: no cover - numba
+    """When pass (kd, s, j) on dev could start (INF: an input is undecided)."""
+    r = 0.0
+    if kd == F:
+        if s > 0:
+            e = endt[F, s - 1, j]
+            r = INF if e < 0 else e + (comm if stage_device[s - 1] != dev else 0.0)
+    elif kd == B:
+        r = endt[F, s, j]
+        if r < 0:
+            r = INF
+        if s < num_stages - 1:
+            e = endt[B, s + 1, j]
+            r = INF if e < 0 else max(r, e + (comm if stage_device[s + 1] != dev else 0.0))
+    else:
+        r = endt[B, s, j]
+        if r < 0:
+            r = INF
+    return r
 
 
 @numba.njit(cache=True)
@@ -42,18 +74,13 @@ def list_schedule(  # pragma: no cover - numba
     caps,  # int64[S] in-flight cap (F done, B not yet) per stage
     params,  # int64[6]
     noise,  # float[2, S, m] priority noise for F and B (0 for none)
-    fb_kind,  # int64[d, L] fixed F/B order (fixed mode)
-    fb_stage,
-    fb_mb,
-    fb_len,  # int64[d]
 ):
     """Returns (offsets, kind, microbatch, stage, ok): the per-device orders as
     flat arrays, and False when the rules deadlock under the budget."""
     d, v = dev_stages.shape
     S = stage_device.shape[0]
-    b_first, w_mode, admission, f_prio, b_prio, fixed = (
-        params[0], params[1], params[2], params[3], params[4], params[5]
-    )
+    b_first, w_mode, admission, f_prio, b_prio = params[0], params[1], params[2], params[3], params[4]
+    prefer_pair = params[5]
     per_dev = 3 * v * m
     out_kind = np.zeros((d, per_dev), dtype=np.int64)
     out_stage = np.zeros((d, per_dev), dtype=np.int64)
@@ -67,11 +94,17 @@ def list_schedule(  # pragma: no cover - numba
     last_end = np.zeros(d)
     cur = np.zeros(d, dtype=np.int64)
     reserved = np.zeros(d, dtype=np.int64)
+    chunk_of = np.zeros(S, dtype=np.int64)
     later = np.zeros(d, dtype=np.int64)  # memory of chunks 1.. of one microbatch
     for dev in range(d):
-        for c in range(1, v):
-            later[dev] += mem[F, dev_stages[dev, c]]
-    fpos = np.zeros(d, dtype=np.int64)
+        for c in range(v):
+            chunk_of[dev_stages[dev, c]] = c
+            if c > 0:
+                later[dev] += mem[F, dev_stages[dev, c]]
+    # the send a device still owes (its consumer undecided)
+    owe_k = np.full(d, -1, dtype=np.int64)
+    owe_s = np.zeros(d, dtype=np.int64)
+    owe_j = np.zeros(d, dtype=np.int64)
     total = 3 * S * m
     done = 0
     while done < total:
@@ -83,36 +116,28 @@ def list_schedule(  # pragma: no cover - numba
                 dev = x
         if dev < 0:
             break  # every device waits: the rules deadlock
+        if owe_k[dev] >= 0 and endt[owe_k[dev], owe_s[dev], owe_j[dev]] >= 0:
+            owe_k[dev] = -1
         pick_kind = -1
         pick_stage = -1
         next_ready = INF
         mem_blocked = False
-        if fixed == 1:
-            if fpos[dev] < fb_len[dev]:
-                kd = fb_kind[dev, fpos[dev]]
-                s = fb_stage[dev, fpos[dev]]
-                j = fb_mb[dev, fpos[dev]]
-                r = 0.0
-                if kd == F:
-                    if s > 0:
-                        e = endt[F, s - 1, j]
-                        r = INF if e < 0 else e + (comm if stage_device[s - 1] != dev else 0.0)
-                else:
-                    r = endt[F, s, j]
-                    if r < 0:
-                        r = INF
-                    if s < S - 1:
-                        e = endt[B, s + 1, j]
-                        if e < 0:
-                            r = INF
-                        else:
-                            r = max(r, e + (comm if stage_device[s + 1] != dev else 0.0))
-                if r <= t + EPS:
-                    pick_kind = kd
-                    pick_stage = s
-                else:
-                    next_ready = r
-        else:
+        if owe_k[dev] >= 0 and prefer_pair == 1:
+            # a pass that receives from the device we just sent to: the two
+            # exchanges meet (what keeps 1F1B's steady state from deadlocking)
+            b = stage_device[owe_s[dev]]
+            if owe_k[b] >= 0 and stage_device[owe_s[b]] == dev:
+                xk, xs, xj = owe_k[b], owe_s[b], owe_j[b]
+                nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
+                if nxt and xk == F:
+                    if admission == 1 and chunk_of[xs] == 0:
+                        nxt = cur[dev] + reserved[dev] + mem[F, xs] + later[dev] <= limit[dev]
+                    elif admission == 0:
+                        nxt = cur[dev] + mem[F, xs] <= limit[dev]
+                if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S) <= t + EPS:
+                    pick_kind = xk
+                    pick_stage = xs
+        if pick_kind < 0:
             best_b = INF
             best_f = INF
             bs = -1
@@ -121,10 +146,7 @@ def list_schedule(  # pragma: no cover - numba
                 s = dev_stages[dev, c]
                 j = nb[s]
                 if j < nf[s]:
-                    r = endt[F, s, j]
-                    if s < S - 1:
-                        e = endt[B, s + 1, j]
-                        r = INF if e < 0 else max(r, e + (comm if stage_device[s + 1] != dev else 0.0))
+                    r = _ready(B, s, j, dev, endt, stage_device, comm, S)
                     if r <= t + EPS:
                         if b_prio == 0:
                             key = j * 4.0 * S - s + noise[1, s, j]
@@ -137,10 +159,7 @@ def list_schedule(  # pragma: no cover - numba
                         next_ready = min(next_ready, r)
                 j = nf[s]
                 if j < m:
-                    r = 0.0
-                    if s > 0:
-                        e = endt[F, s - 1, j]
-                        r = INF if e < 0 else e + (comm if stage_device[s - 1] != dev else 0.0)
+                    r = _ready(F, s, j, dev, endt, stage_device, comm, S)
                     fits = nf[s] - nb[s] < caps[s]
                     if admission == 1:
                         if c == 0:
@@ -176,22 +195,22 @@ def list_schedule(  # pragma: no cover - numba
             elif fs >= 0:
                 pick_kind = F
                 pick_stage = fs
-        if pick_kind < 0:
-            # nothing F/B to run now: the oldest pending W, if the gap rule allows
-            ws = -1
-            oldest = INF
-            for c in range(v):
-                s = dev_stages[dev, c]
-                if nw[s] < nb[s]:
-                    e = endt[B, s, nw[s]]
-                    if e < oldest:
-                        oldest = e
-                        ws = s
-            if ws >= 0:
-                gap = next_ready - t
-                if w_mode != 1 or mem_blocked or gap >= dur[W, ws] - EPS or next_ready == INF:
-                    pick_kind = W
-                    pick_stage = ws
+            if pick_kind < 0:
+                # nothing F/B to run now: the oldest pending W, if the gap rule allows
+                ws = -1
+                oldest = INF
+                for c in range(v):
+                    s = dev_stages[dev, c]
+                    if nw[s] < nb[s]:
+                        e = endt[B, s, nw[s]]
+                        if e < oldest:
+                            oldest = e
+                            ws = s
+                if ws >= 0:
+                    gap = next_ready - t
+                    if w_mode != 1 or mem_blocked or gap >= dur[W, ws] - EPS or next_ready == INF:
+                        pick_kind = W
+                        pick_stage = ws
         if pick_kind < 0:
             free[dev] = max(next_ready, last_end[dev]) if next_ready < INF else INF
             if free[dev] <= t:
@@ -201,12 +220,8 @@ def list_schedule(  # pragma: no cover - numba
         if pick_kind == F:
             j = nf[s]
             nf[s] += 1
-            chunk = 0
-            for c in range(v):
-                if dev_stages[dev, c] == s:
-                    chunk = c
             if admission == 1:
-                if chunk == 0:
+                if chunk_of[s] == 0:
                     reserved[dev] += later[dev]
                 else:
                     reserved[dev] -= mem[F, s]
@@ -216,8 +231,11 @@ def list_schedule(  # pragma: no cover - numba
         else:
             j = nw[s]
             nw[s] += 1
-        if fixed == 1 and pick_kind != W:
-            fpos[dev] += 1
+        ck, cs = _consumer(pick_kind, s, stage_device, S)
+        if ck >= 0:
+            owe_k[dev] = ck
+            owe_s[dev] = cs
+            owe_j[dev] = j
         cur[dev] += mem[pick_kind, s]
         end = t + dur[pick_kind, s]
         endt[pick_kind, s, j] = end
@@ -230,8 +248,8 @@ def list_schedule(  # pragma: no cover - numba
         free[dev] = end
         done += 1
         for x in range(d):
-            if x != dev and free[x] > end:
-                free[x] = max(last_end[x], end)
+            if x != dev and free[x] > t:
+                free[x] = max(last_end[x], t)
     offsets = np.zeros(d + 1, dtype=np.int64)
     for x in range(d):
         offsets[x + 1] = offsets[x] + count[x]
