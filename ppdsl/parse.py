@@ -403,15 +403,17 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Toke
         return Diagnostic("error", f"unexpected character {exc.char!r}", span)
     assert isinstance(exc, UnexpectedToken)
     tok = exc.token
-    bracket = _unclosed(text, file)
-    if bracket is not None:
-        return bracket
     if tok.type == "$END":
         line = text.count("\n") + 1
         col = len(text.rsplit("\n", 1)[-1]) + 1
         span = Span(file, line, col, line, col)
     else:
         span = _tok_span(file, tok)
+    # a bracket problem at or before the failure is its likely cause
+    bracket = _unclosed(text, file)
+    if bracket is not None and bracket.span is not None:
+        if (bracket.span.line, bracket.span.column) <= (span.line, span.column):
+            return bracket
     # the tokens before the failing one (history ends with it)
     before = history[:-1] if history and history[-1] is tok else history
     prev = before[-1] if before else None
@@ -449,8 +451,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Toke
         and before[-2].type in ("_SEP", "LBRACE")
     ):
         # `fr j in ...`: a word at the start of an order statement taken as a pass name
-        words = [w for w in _ORDER_STATEMENTS if w.upper() in lark_terminal_names()]
-        close = difflib.get_close_matches(prev.value, words, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(prev.value, _ORDER_STATEMENTS, n=1, cutoff=0.6)
         if close and "LPAR" in expected:
             pspan = _tok_span(file, prev)
             return Diagnostic(
@@ -483,9 +484,3 @@ def _unknown_word(message: str, word: str, candidates: list[str], span: Span) ->
     else:
         message += "; expected " + ", ".join(f"'{c}'" for c in candidates)
     return Diagnostic("error", message, span)
-
-
-@lru_cache(maxsize=1)
-def lark_terminal_names() -> frozenset[str]:
-    lark, _ = _parser()
-    return frozenset(t.name for t in lark.terminals)

@@ -225,7 +225,8 @@ def test_printed_expression_parses_back(expr):
             (3, 17),
             "'{' opened at 3:17 is never closed",
         ),
-        ("schedule s {\n cost B[s = 1\n}\n", (3, 1), "'}' does not match '[' opened at 2:8"),
+        ("schedule s {\n cost B[s = 1\n}\n", (2, 11), "unexpected '='; expected ']'"),
+        ("schedule s {\n cost B[s] = (1\n}\n", (3, 1), "'}' does not match '(' opened at 2:14"),
         ("schedule s {\n param d = 4\n}\n}\n", (4, 1), "'}' closes nothing"),
         (
             "schedule s {\n param d = 4\n block period 3 {\n  F at\n }\n}\n",
