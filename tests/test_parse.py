@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -286,3 +287,20 @@ def test_syntax_error_labels(text: str, where: tuple[int, int], message: str):
     (diag,) = info.value.diagnostics
     assert diag.message == message
     assert diag.span is not None and (diag.span.line, diag.span.column) == where
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.pp"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_round_trip_through_the_printer(path: Path):
+    """Every example printed canonically parses back to the same AST and elaborates
+    to the same schedule."""
+    from ppdsl.elaborate import elaborate
+    from ppdsl.ir.schedule import format_schedule
+
+    module = parse(path.read_text(encoding="utf-8"), path.name)
+    text = ast.format_module(module)
+    again = parse(text, path.name)
+    assert strip(again) == strip(module)
+    assert format_schedule(elaborate(again, {})) == format_schedule(elaborate(module, {}))
