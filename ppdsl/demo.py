@@ -13,7 +13,7 @@ from ppdsl.diagnostics import CompileError, render_all
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _compile(path: Path, overrides: dict[str, str]) -> Compiled:
+def compile_example(path: Path, overrides: dict[str, str]) -> Compiled:
     """compile_file; where the blocking-exchange deadlock check rejects the lowered
     programs, apply ppdsl.checks.deadlock.pull_receives_forward (receives posted
     earlier) and check again -- until the compiler does so itself."""
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = (argv or [])[:1] or ["20"]
     print("ppdsl demo: examples/zb_v.pp -D d=4 -D m=8, tiny_gpt, 4 CPU ranks", flush=True)
     try:
-        compiled = _compile(example, {"d": "4", "m": "8"})
+        compiled = compile_example(example, {"d": "4", "m": "8"})
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
         return 1
