@@ -962,6 +962,12 @@ def elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
         return _elaborate(module, overrides)
     except _Error as exc:
         raise CompileError([exc.diagnostic]) from None
+    except RecursionError:
+        message = (
+            "the file nests expressions or blocks too deeply for ppdsl; split long "
+            "expressions with `let`"
+        )
+        raise CompileError([Diagnostic("error", message, module.span)]) from None
 
 
 def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:

@@ -95,10 +95,23 @@ def parse(text: str, file: str) -> ast.Module:
         raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
     try:
         return _ToAst(file, text).transform(tree)
+    except RecursionError:
+        raise CompileError([_too_deep(file)]) from None
     except VisitError as exc:
         if isinstance(exc.orig_exc, CompileError):
             raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, RecursionError):
+            raise CompileError([_too_deep(file)]) from None
         raise
+
+
+def _too_deep(file: str) -> Diagnostic:
+    return Diagnostic(
+        "error",
+        "the file nests expressions or blocks too deeply for ppdsl; split long "
+        "expressions with `let`",
+        Span(file, 1, 1, 1, 1),
+    )
 
 
 # --- the tree -> AST transformer ------------------------------------------------

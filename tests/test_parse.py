@@ -304,3 +304,11 @@ def test_examples_round_trip_through_the_printer(path: Path):
     again = parse(text, path.name)
     assert strip(again) == strip(module)
     assert format_schedule(elaborate(again, {})) == format_schedule(elaborate(module, {}))
+
+
+def test_absurd_nesting_is_an_error_not_a_crash():
+    """A 5000-term expression is a located CompileError, not a RecursionError."""
+    text = "schedule s {\n param d = 1\n param m = " + "+".join(["1"] * 5000) + "\n}\n"
+    with pytest.raises(CompileError) as info:
+        parse(text, "t.pp")
+    assert "nests expressions or blocks too deeply" in info.value.diagnostics[0].message
