@@ -10,6 +10,7 @@ statement keyword) so a person can act on it.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -43,8 +44,9 @@ class _Postlex:
     def __init__(self) -> None:
         self.history: list[Token] = []
 
-    def process(self, stream):
-        self.history = history = []
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        history: list[Token] = []
+        self.history = history
         stack: list[str] = []
         pending: Token | None = None
         for tok in stream:
@@ -205,7 +207,7 @@ class _ToAst(Transformer):
     def slot_line(self, meta, children):
         return ast.SlotLine(None, tuple(children), self._span(meta))
 
-    def chunk_line(self, meta, children):
+    def chunk_line(self, meta: Any, children: list) -> ast.SlotLine:
         which, *slots = children
         chunk: int | str
         if which.type == "NUMBER":
@@ -245,7 +247,7 @@ class _ToAst(Transformer):
     def repeat(self, meta, children):
         return ast.Repeat(children[0], children[1], self._span(meta))
 
-    def if_(self, meta, children):
+    def if_(self, meta: Any, children: list) -> ast.If:
         cond, then, *rest = children
         else_: tuple = ()
         if rest:
