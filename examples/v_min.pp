@@ -18,7 +18,8 @@ schedule v_min {
     # §4.1: peak (p+4)//3 in units of a 1F1B stage; a V-shape chunk holds half of one
     expect peak_memory <= (d + 4) // 3 * 2 * M_B
     # measured at unit costs (the paper gives no closed form): 4d - 5 + g of bubble per
-    # device, against 1F1B's 6(d - 1) on the same model (T_F + T_B + T_W of two chunks)
+    # device (the warm-up/cool-down step would raise the peak here, so the plain
+    # repetition stands), against 1F1B's 6(d - 1) on the same model
     expect bubble == (4*d - 5 + g) / (6*m + 4*d - 5 + g)
     expect bubble <= 6 * (d - 1) / (6*m + 6 * (d - 1))
 }

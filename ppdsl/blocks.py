@@ -13,6 +13,24 @@ the collision check reports, or for zero-length slots) are broken by the
 slot's position in the block (the order the file wrote it), then by
 microbatch: the order is deterministic and can be steered from the source.
 
+Warm-up and cool-down (the controllable-memory paper's last step, done in its
+authors' scheduler after repeating and squeezing): the truncated repetitions
+can leave a device idle where the paper's schedules are not. So the orders are
+then run in time under the file's costs, each device taking its next pass in
+order, except that
+
+- in its warm-up (before its first backward) a device that would idle runs the
+  next *ready* forward further down its order instead;
+- in its cool-down (no forward left) it runs a ready B/BW before pending W,
+  so input gradients travel on while weight gradients fill the wait;
+- a device that would idle runs a pending W (its B done) further down its order.
+
+The result is kept only when, on every device, the activation peak does not
+rise (counted both with W holding all of M_B and with W holding none of it) and
+the makespan and the longest idle time within a device's span do not grow;
+otherwise the plain block order stands. 1F1B, ZB-H1 and ZB-H2 come out
+unchanged; V-ZB's repetitions lose their warm-up and cool-down bubble.
+
 `W fill` (the zero-bubble paper's greedy W placement, §3 and its ZB-V
 scheduler): the block gives F and B slots only. A device runs its F/B passes in
 block order; whenever the next one is not ready yet it runs its oldest pending
@@ -59,11 +77,13 @@ def repeat_block(
     for device_slots in timed:
         device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
     if w_fill:
-        return _fill_w(timed, costs)
-    return tuple(
-        tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
-        for device_slots in timed
-    )
+        orders = _fill_w(timed, costs)
+    else:
+        orders = tuple(
+            tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
+            for device_slots in timed
+        )
+    return _fix_warm_up_and_cool_down(orders, placement, costs)
 
 
 def _fill_w(
@@ -92,3 +112,200 @@ def _fill_w(
         order += [w for _, w in pending]
         orders.append(tuple(order))
     return tuple(orders)
+
+
+def _fix_warm_up_and_cool_down(
+    orders: tuple[tuple[Pass, ...], ...], placement: Placement, costs: Costs
+) -> tuple[tuple[Pass, ...], ...]:
+    """The orders with warm-up and cool-down tightened (module docstring), or
+    the orders themselves when that would not help or would raise a peak."""
+    plain = _Run(orders, placement, costs, improve=False)
+    if not plain.finished:
+        return orders  # the dependency check reports why
+    for hoist_forwards in (True, False):
+        better = _Run(orders, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+        if (
+            better.finished
+            and better.makespan <= plain.makespan
+            and better.worst_idle <= plain.worst_idle
+            and (better.makespan, better.worst_idle) != (plain.makespan, plain.worst_idle)
+            and all(b <= p for b, p in zip(_peaks(better.orders), _peaks(orders), strict=True))
+        ):
+            return better.orders
+    return orders
+
+
+def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[int, int]]:
+    """Per device, the peak number of microbatch-stages holding activations,
+    counting a W as releasing them (M_W = M_B) and a B as releasing them (M_W = 0)."""
+    result = []
+    for order in orders:
+        until_w = until_b = top_w = top_b = 0
+        for p in order:
+            if p.kind is _F:
+                until_w += 1
+                until_b += 1
+            elif p.kind is _B:
+                until_b -= 1
+            elif p.kind is _W:
+                until_w -= 1
+            else:
+                until_w -= 1
+                until_b -= 1
+            top_w, top_b = max(top_w, until_w), max(top_b, until_b)
+        result.append((top_w, top_b))
+    return [(w, b) for w, b in result]
+
+
+_WINDOW = 64  # how far down its order a device looks for a pass to run early
+
+
+class _Run:
+    """The orders run in time, all devices together (see the module docstring).
+    `improve=False` keeps every device to its order: that is the simulator's
+    as-soon-as-possible timing."""
+
+    def __init__(
+        self,
+        orders: tuple[tuple[Pass, ...], ...],
+        placement: Placement,
+        costs: Costs,
+        *,
+        improve: bool,
+        hoist_forwards: bool = True,
+    ) -> None:
+        self.stage_device = placement.stage_device
+        self.last_stage = placement.num_stages - 1
+        self.costs = costs
+        self.ends: dict[tuple[PassKind, int, int], float] = {}
+        n = len(orders)
+        self.remaining = [list(o) for o in orders]
+        self.head = [0] * n  # passes before head are taken; None marks a taken one
+        forwards_left = [sum(1 for p in o if p.kind is _F) for o in orders]
+        in_warm_up = [True] * n
+        live = [0] * n
+        allowed = [peak for peak, _ in _peaks(orders)]
+        result: list[list[Pass]] = [[] for _ in orders]
+        free = [0.0] * n
+        first: list[float | None] = [None] * n
+        busy = [0.0] * n
+        self.finished = True
+        while True:
+            active = [dev for dev in range(n) if self.head[dev] < len(self.remaining[dev])]
+            if not active:
+                break
+            now = min(free[dev] for dev in active)
+            waiting = []
+            progressed = False
+            for dev in active:
+                if free[dev] != now:
+                    continue
+                k = self._pick(
+                    dev,
+                    now,
+                    improve=improve,
+                    cool_down=forwards_left[dev] == 0,
+                    hoist=improve
+                    and hoist_forwards
+                    and in_warm_up[dev]
+                    and live[dev] < allowed[dev],
+                )
+                if k is None:
+                    waiting.append(dev)
+                    continue
+                p = self._take(dev, k)
+                duration = costs.duration(p.kind, p.stage)
+                if first[dev] is None:
+                    first[dev] = now
+                free[dev] = now + duration
+                busy[dev] += duration
+                self.ends[p.key] = free[dev]
+                result[dev].append(p)
+                progressed = True
+                if p.kind is _F:
+                    forwards_left[dev] -= 1
+                    live[dev] += 1
+                elif p.kind in (_W, _BW):
+                    live[dev] -= 1
+                if p.kind in (_B, _BW):
+                    in_warm_up[dev] = False
+            if progressed:
+                continue
+            later = [free[dev] for dev in active if free[dev] > now]
+            for dev in waiting:
+                at = self._ready_at(self.remaining[dev][self.head[dev]])
+                if at is not None and at > now:
+                    later.append(at)
+            if not later:
+                self.finished = False
+                break
+            step = min(later)
+            for dev in waiting:
+                free[dev] = step
+        self.orders = tuple(tuple(o) for o in result)
+        self.makespan = max(free, default=0.0)
+        self.worst_idle = max(
+            (free[d] - (first[d] or 0.0) - busy[d] for d in range(n)), default=0.0
+        )
+
+    def _ready_at(self, p: Pass) -> float | None:
+        """When p's inputs are all there; None while one has not run yet."""
+        needs: list[tuple[PassKind, int, int]] = []
+        if p.kind is _F and p.stage > 0:
+            needs.append((_F, p.microbatch, p.stage - 1))
+        elif p.kind in (_B, _BW):
+            needs.append((_F, p.microbatch, p.stage))
+            if p.stage < self.last_stage:
+                needs.append((p.kind, p.microbatch, p.stage + 1))
+        elif p.kind is _W:
+            needs.append((_B, p.microbatch, p.stage))
+        at = 0.0
+        for key in needs:
+            end = self.ends.get(key)
+            if end is None:
+                return None
+            if self.stage_device[key[2]] != self.stage_device[p.stage]:
+                end += self.costs.comm
+            at = max(at, end)
+        return at
+
+    def _ready(self, p: Pass, now: float) -> bool:
+        at = self._ready_at(p)
+        return at is not None and at <= now
+
+    def _pick(
+        self, dev: int, now: float, *, improve: bool, cool_down: bool, hoist: bool
+    ) -> int | None:
+        """Index (into the device's remaining list) of the pass to run now, or None."""
+        rem, head = self.remaining[dev], self.head[dev]
+        if improve and cool_down:
+            for k in self._window(dev):
+                if rem[k].kind in (_B, _BW):
+                    if self._ready(rem[k], now):
+                        return k
+                    break
+        if self._ready(rem[head], now):
+            return head
+        if not improve:
+            return None
+        window = self._window(dev)
+        if hoist:
+            for k in window:
+                if rem[k].kind is _F and self._ready(rem[k], now):
+                    return k
+        for k in window:
+            if rem[k].kind is _W and self._ready(rem[k], now):
+                return k
+        return None
+
+    def _window(self, dev: int) -> list[int]:
+        rem, head = self.remaining[dev], self.head[dev]
+        return [k for k in range(head, min(len(rem), head + _WINDOW)) if rem[k] is not None]
+
+    def _take(self, dev: int, k: int) -> Pass:
+        rem = self.remaining[dev]
+        p = rem[k]
+        rem[k] = None  # type: ignore[call-overload]
+        while self.head[dev] < len(rem) and rem[self.head[dev]] is None:
+            self.head[dev] += 1
+        return p

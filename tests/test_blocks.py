@@ -9,13 +9,14 @@ import pytest
 from factories import ZB_H1, make_schedule, placement
 
 from ppdsl import checks
-from ppdsl.blocks import repeat_block
+from ppdsl.blocks import _fill_w, repeat_block
 from ppdsl.diagnostics import Span
 from ppdsl.ir.schedule import (
     Block,
     BlockSlot,
     Costs,
     MemoryModel,
+    Pass,
     PassKind,
     Placement,
     format_pass,
@@ -217,3 +218,70 @@ def test_v_blocks_with_w_fill_reach_the_papers_memory(kind, d):
         schedule = schedule_of(place, block, m, w_fill=True, m_w=Fraction(1))
         assert errors(schedule) == []
         assert max(simulate(schedule).peak_memory) == bound
+
+
+def v_zb_block(d: int) -> tuple[Placement, Block]:
+    """V-ZB (controllable-memory paper §4): ZB-V's steady state as one block, T = 6."""
+    place = placement("vshape", d)
+    rows = []
+    for i in range(d):
+        s0, s1 = i, 2 * d - 1 - i
+        rows += [
+            (F, s0, 4 * i, 1),
+            (B, s0, 12 * d - 5 - 2 * i, 1),
+            (W, s0, 12 * d - 4 - 2 * i, 1),
+            (F, s1, 6 * d - 3 - 2 * i, 1),
+            (B, s1, 6 * d - 2 + 4 * i, 1),
+            (W, s1, 6 * d - 1 + 4 * i, 1),
+        ]
+    return place, make_block(place, 6, rows)
+
+
+def _sorted_block_order(block: Block, place: Placement, m: int) -> list[list[str]]:
+    timed = [[] for _ in range(place.num_devices)]
+    for index, slot in enumerate(block.slots):
+        for j in range(m):
+            timed[slot.device].append((slot.start + j * block.period, index, j, slot))
+    return [
+        [format_pass(Pass(s.kind, j, s.stage), True) for _, _, j, s in sorted(dev)] for dev in timed
+    ]
+
+
+@pytest.mark.parametrize("d", [2, 4, 8])
+def test_warm_up_and_cool_down_make_v_zb_bubble_free(d):
+    """V-ZB's repeated block idles 2d-2 per device; the warm-up/cool-down step
+    removes it without raising any device's peak above 2d chunks."""
+    place, block = v_zb_block(d)
+    m = 2 * d
+    schedule = schedule_of(place, block, m, m_w=Fraction(1))
+    assert errors(schedule) == []
+    timeline = simulate(schedule)
+    assert timeline.bubble_ratio == 0
+    assert timeline.peak_memory == (2 * d,) * d
+    plain = _sorted_block_order(block, place, m)
+    assert [[format_pass(p, True) for p in o] for o in schedule.orders] != plain
+
+
+@pytest.mark.parametrize("d", [4, 8])
+def test_warm_up_and_cool_down_keep_the_order_when_the_peak_would_rise(d):
+    """V-Min: moving passes would raise a device's peak, so the sorted block order stands."""
+    place, block = v_block(d, "min")
+    schedule = schedule_of(place, block, 2 * d, w_fill=True, m_w=Fraction(1))
+    costs = Costs.unit(place.num_stages)
+    timed = [[] for _ in range(place.num_devices)]
+    for index, slot in enumerate(block.slots):
+        for j in range(2 * d):
+            timed[slot.device].append((slot.start + j * block.period, index, j, slot))
+    for dev in timed:
+        dev.sort(key=lambda t: (t[0], t[1], t[2]))
+    assert schedule.orders == _fill_w(timed, costs)
+
+
+def test_one_f_one_b_and_zb_h_orders_are_left_alone():
+    """1F1B, ZB-H1 and ZB-H2: the warm-up/cool-down step changes nothing."""
+    for build, split in ((one_f_one_b_block, False), (zb_h1_block, True), (zb_h2_block, True)):
+        for d in (2, 4, 8):
+            place, block = build(d)
+            schedule = schedule_of(place, block, 3 * d, split=split)
+            got = [[format_pass(p, True) for p in o] for o in schedule.orders]
+            assert got == _sorted_block_order(block, place, 3 * d)

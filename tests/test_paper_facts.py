@@ -142,13 +142,12 @@ def test_v_shape_peaks(d):
 
 @pytest.mark.parametrize("d", [2, 4, 8])
 def test_zero_bubble_when_pass_times_are_equal(d):
-    """ZB-V and ZB-H2 have no bubble at T_F = T_B = T_W; V-ZB none in its steady
-    state (its bubble does not grow with m)."""
-    for m in (2 * d, 4 * d):
-        assert simulate(example("zb_v", d=d, m=m)).bubble_ratio == 0
-        assert simulate(example("zb_h2", d=d, m=m)).bubble_ratio == 0
-    v_zb = [simulate(example("v_zb", d=d, m=m)).bubble_time for m in (2 * d, 4 * d, 8 * d)]
-    assert v_zb == [2 * d - 2] * 3
+    """ZB-V, V-ZB and ZB-H2 have no bubble at T_F = T_B = T_W; V-ZB's block and
+    ZB-V's written-out order take the same time, 6m + p - 1."""
+    for m in (2 * d - 1, 2 * d, 4 * d):
+        for name in ("zb_v", "v_zb", "zb_h2"):
+            assert simulate(example(name, d=d, m=m)).bubble_ratio == 0, (name, m)
+        assert simulate(example("v_zb", d=d, m=m)).makespan == 6 * m + d - 1
 
 
 def test_v_min_bubble_grows_with_m_when_pass_times_differ():
