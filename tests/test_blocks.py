@@ -285,3 +285,45 @@ def test_one_f_one_b_and_zb_h_orders_are_left_alone():
             schedule = schedule_of(place, block, 3 * d, split=split)
             got = [[format_pass(p, True) for p in o] for o in schedule.orders]
             assert got == _sorted_block_order(block, place, 3 * d)
+
+
+@pytest.mark.parametrize("comm", [0.0, 0.5])
+@pytest.mark.parametrize("times", [(1, 1, 1), (3, 4, 2), (2, 1, 3)])
+def test_warm_up_and_cool_down_never_break_a_schedule(times, comm):
+    """Under unequal costs and transfer time, every repeated block stays valid and no
+    device's peak (W holding all of M_B) exceeds that of the sorted block order."""
+    t_f, t_b, t_w = times
+    builds = [
+        (lambda d: zb_h1_block(d), False),
+        (lambda d: zb_h2_block(d), False),
+        (lambda d: v_block(d, "min"), True),
+        (lambda d: v_block(d, "half"), True),
+        (lambda d: v_zb_block(d), False),
+    ]
+    for build, w_fill in builds:
+        for d in (2, 4):
+            place, block = build(d)
+            n = place.num_stages
+            costs = Costs((t_f,) * n, (t_b,) * n, (t_w,) * n, (t_b + t_w,) * n, comm)
+            m = 2 * d
+            orders = repeat_block(block, place, m, split_backward=True, w_fill=w_fill, costs=costs)
+            memory = MemoryModel((Fraction(1),) * n, (Fraction(1),) * n)
+            schedule = make_schedule(place, m, orders, costs=costs, memory=memory, block=block)
+            assert errors(schedule) == []
+            plain = [[p for p in o] for o in orders]
+            timed = [[] for _ in range(place.num_devices)]
+            for index, slot in enumerate(block.slots):
+                for j in range(m):
+                    timed[slot.device].append((slot.start + j * block.period, index, j, slot))
+            for dev in timed:
+                dev.sort(key=lambda t: (t[0], t[1], t[2]))
+            if w_fill:
+                plain = _fill_w(timed, costs)
+            else:
+                plain = tuple(
+                    tuple(Pass(s.kind, j, s.stage) for _, _, j, s in dev) for dev in timed
+                )
+            base = make_schedule(place, m, plain, costs=costs, memory=memory, block=block)
+            got, before = simulate(schedule), simulate(base)
+            assert all(a <= b for a, b in zip(got.peak_memory, before.peak_memory, strict=True))
+            assert got.makespan <= before.makespan + 1e-9
