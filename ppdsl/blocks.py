@@ -157,7 +157,6 @@ def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[int, int]]:
     return [(w, b) for w, b in result]
 
 
-_WINDOW = 64  # how far down its order a device looks for a pass to run early
 
 
 class _Run:
@@ -177,6 +176,9 @@ class _Run:
         self.stage_device = placement.stage_device
         self.last_stage = placement.num_stages - 1
         self.costs = costs
+        # how far down its order a device looks for a pass to run early: far enough
+        # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
+        self.window = 8 * placement.num_stages + 16
         self.ends: dict[tuple[PassKind, int, int], float] = {}
         n = len(orders)
         self.remaining = [list(o) for o in orders]
@@ -300,7 +302,7 @@ class _Run:
 
     def _window(self, dev: int) -> list[int]:
         rem, head = self.remaining[dev], self.head[dev]
-        return [k for k in range(head, min(len(rem), head + _WINDOW)) if rem[k] is not None]
+        return [k for k in range(head, min(len(rem), head + self.window)) if rem[k] is not None]
 
     def _take(self, dev: int, k: int) -> Pass:
         rem = self.remaining[dev]
