@@ -197,23 +197,25 @@ class _Search:
                 (1, 0),  # b_first
                 (0, 1, 2),  # w_mode
                 (0, 1) if v > 1 else (0,),  # admission
-                (0, 1, 2) if v > 1 else (0,),  # f_priority
+                (0, 1) if v > 1 else (0,),  # f_priority
                 (0, 1) if v > 1 else (0,),  # b_priority
-                (0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
+                (0.75, 1.0, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
                 (1, 0),  # prefer_pair
+                (1, 0),  # gated: wait at a send until the receiver reaches its consumer
             )
         )
         scored = []
-        for n, (bf, wm, adm, fp, bp, alpha, pair) in enumerate(settings):
+        for n, (bf, wm, adm, fp, bp, alpha, pair, gated) in enumerate(settings):
             if n % 8 == 0:
                 self.progress("heuristics", n / len(settings))
-            params = np.array([bf, wm, adm, fp, bp, pair], dtype=np.int64)
+            params = np.array([bf, wm, adm, fp, bp, pair, gated], dtype=np.int64)
             caps = self._caps(alpha)
             out = list_schedule(a.dev_stages, a.stage_device, p.num_microbatches, a.dur, a.comm,
                                 a.mem, self.limits, caps, params, self.no_noise)
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
-                f"{', admission control' if adm else ''}, in-flight cap x{alpha:g})"
+                f"{', admission control' if adm else ''}, in-flight cap x{alpha:g}"
+                f"{', sends wait for their receiver' if gated else ''})"
             )
             metrics = self.consider(*out, method)
             if metrics is not None:

@@ -28,7 +28,7 @@ INF = np.inf
 EPS = 1e-9
 
 # params[k]: what the kth integer knob means
-PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair")
+PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair", "gated")
 
 
 @numba.njit(cache=True)
@@ -72,7 +72,7 @@ def list_schedule(  # pragma: no cover - numba
     mem,  # int64[3, S] memory deltas
     limit,  # int64[d]
     caps,  # int64[S] in-flight cap (F done, B not yet) per stage
-    params,  # int64[6]
+    params,  # int64[7]
     noise,  # float[2, S, m] priority noise for F and B (0 for none)
 ):
     """Returns (offsets, kind, microbatch, stage, ok): the per-device orders as
@@ -81,6 +81,7 @@ def list_schedule(  # pragma: no cover - numba
     S = stage_device.shape[0]
     b_first, w_mode, admission, f_prio, b_prio = params[0], params[1], params[2], params[3], params[4]
     prefer_pair = params[5]
+    gated = params[6]
     per_dev = 3 * v * m
     out_kind = np.zeros((d, per_dev), dtype=np.int64)
     out_stage = np.zeros((d, per_dev), dtype=np.int64)
@@ -105,6 +106,11 @@ def list_schedule(  # pragma: no cover - numba
     owe_k = np.full(d, -1, dtype=np.int64)
     owe_s = np.zeros(d, dtype=np.int64)
     owe_j = np.zeros(d, dtype=np.int64)
+    committed = np.zeros((3, S, m), dtype=np.bool_)
+    waiting = np.zeros(d, dtype=np.bool_)  # gated: committed to pend_*, waits for its gate
+    pend_k = np.zeros(d, dtype=np.int64)
+    pend_s = np.zeros(d, dtype=np.int64)
+    pend_j = np.zeros(d, dtype=np.int64)
     total = 3 * S * m
     done = 0
     while done < total:
@@ -116,13 +122,69 @@ def list_schedule(  # pragma: no cover - numba
                 dev = x
         if dev < 0:
             break  # every device waits: the rules deadlock
-        if owe_k[dev] >= 0 and endt[owe_k[dev], owe_s[dev], owe_j[dev]] >= 0:
+        if waiting[dev]:
+            # the gate opened: the receiver reached the pass our last send feeds
+            waiting[dev] = False
+            pk, s, j = pend_k[dev], pend_s[dev], pend_j[dev]
+            owe_k[dev] = -1
+            ck, cs = _consumer(pk, s, stage_device, S)
+            if ck >= 0:
+                owe_k[dev] = ck
+                owe_s[dev] = cs
+                owe_j[dev] = j
+            end = t + dur[pk, s]
+            endt[pk, s, j] = end
+            k = count[dev]
+            out_kind[dev, k] = pk
+            out_stage[dev, k] = s
+            out_mb[dev, k] = j
+            count[dev] = k + 1
+            last_end[dev] = end
+            free[dev] = end
+            done += 1
+            for x in range(d):
+                if x != dev and not waiting[x] and free[x] > t:
+                    free[x] = max(last_end[x], t)
+            continue
+        if owe_k[dev] >= 0 and committed[owe_k[dev], owe_s[dev], owe_j[dev]]:
             owe_k[dev] = -1
         pick_kind = -1
         pick_stage = -1
         next_ready = INF
         mem_blocked = False
-        if owe_k[dev] >= 0 and prefer_pair == 1:
+        must_wait = False
+        if gated == 1:
+            # first a pass that a device stopped at its send is waiting for; the
+            # device we owe ourselves first (it cannot move until we take it)
+            owed = stage_device[owe_s[dev]] if owe_k[dev] >= 0 else -1
+            for y in range(-1, d):
+                x = owed if y < 0 else y
+                if x < 0 or (y >= 0 and x == owed):
+                    continue
+                if waiting[x] and owe_k[x] >= 0 and stage_device[owe_s[x]] == dev:
+                    xk, xs, xj = owe_k[x], owe_s[x], owe_j[x]
+                    nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
+                    if nxt and xk == F:
+                        if admission == 1 and chunk_of[xs] == 0:
+                            nxt = cur[dev] + reserved[dev] + mem[F, xs] + later[dev] <= limit[dev]
+                        elif admission == 0:
+                            nxt = cur[dev] + mem[F, xs] <= limit[dev]
+                    if nxt:
+                        r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S)
+                        if r <= t + EPS:
+                            pick_kind = xk
+                            pick_stage = xs
+                            break
+                        next_ready = min(next_ready, r)
+                    if y < 0:
+                        must_wait = True  # anything else would deadlock the two of us
+                        break
+        if must_wait and pick_kind < 0:
+            free[dev] = max(next_ready, last_end[dev]) if next_ready < INF else INF
+            if free[dev] <= t:
+                free[dev] = INF
+            continue
+        if pick_kind < 0 and owe_k[dev] >= 0 and prefer_pair == 1:
             # a pass that receives from the device we just sent to: the two
             # exchanges meet (what keeps 1F1B's steady state from deadlocking)
             b = stage_device[owe_s[dev]]
@@ -231,12 +293,24 @@ def list_schedule(  # pragma: no cover - numba
         else:
             j = nw[s]
             nw[s] += 1
+        committed[pick_kind, s, j] = True
+        cur[dev] += mem[pick_kind, s]
+        for x in range(d):
+            if waiting[x] and owe_k[x] == pick_kind and owe_s[x] == s and owe_j[x] == j:
+                free[x] = t  # its gate opens now
+        if gated == 1 and owe_k[dev] >= 0 and not committed[owe_k[dev], owe_s[dev], owe_j[dev]]:
+            waiting[dev] = True
+            pend_k[dev] = pick_kind
+            pend_s[dev] = s
+            pend_j[dev] = j
+            free[dev] = INF
+            continue
+        owe_k[dev] = -1
         ck, cs = _consumer(pick_kind, s, stage_device, S)
         if ck >= 0:
             owe_k[dev] = ck
             owe_s[dev] = cs
             owe_j[dev] = j
-        cur[dev] += mem[pick_kind, s]
         end = t + dur[pick_kind, s]
         endt[pick_kind, s, j] = end
         k = count[dev]
@@ -248,7 +322,7 @@ def list_schedule(  # pragma: no cover - numba
         free[dev] = end
         done += 1
         for x in range(d):
-            if x != dev and free[x] > t:
+            if x != dev and not waiting[x] and free[x] > t:
                 free[x] = max(last_end[x], t)
     offsets = np.zeros(d + 1, dtype=np.int64)
     for x in range(d):

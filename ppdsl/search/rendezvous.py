@@ -70,8 +70,8 @@ def make_rendezvous_safe(offsets, kind, mb, stage, stage_device, m, start):  # p
     for g in range(kind.shape[0]):
         start_of[kind[g], stage[g], mb[g]] = start[g]
     position = np.zeros(d, dtype=np.int64)
-    pinned = np.zeros(kind.shape[0], dtype=np.bool_)  # a moved pass is not pushed back
     moves = 0
+    max_moves = 4 * kind.shape[0]
     while True:
         moved = True
         while moved:
@@ -121,8 +121,16 @@ def make_rendezvous_safe(offsets, kind, mb, stage, stage_device, m, start):  # p
             j = mb[g]
             at = index[ck, cs, j]
             here = position[b]
-            if at <= here or pinned[offsets[b] + here]:
+            if at <= here:
                 continue
+            # never push back a pass whose sender stands right after sending it
+            # (that rendezvous is met now; breaking it could cycle)
+            hk, hs = kind[offsets[b] + here], stage[offsets[b] + here]
+            pk, ps = _producer(hk, hs, stage_device, num_stages)
+            if pk >= 0:
+                a = stage_device[ps]
+                if position[a] == index[pk, ps, mb[offsets[b] + here]] + 1:
+                    continue
             # the moved pass's own-device inputs must already be behind `here`
             if ck == F:
                 if cs > 0 and stage_device[cs - 1] == b and index[F, cs - 1, j] >= here:
@@ -148,11 +156,11 @@ def make_rendezvous_safe(offsets, kind, mb, stage, stage_device, m, start):  # p
             kind[x] = kind[x - 1]
             mb[x] = mb[x - 1]
             stage[x] = stage[x - 1]
-            pinned[x] = pinned[x - 1]
             index[kind[x], stage[x], mb[x]] = x - base
         kind[base + here] = ck
         mb[base + here] = j
         stage[base + here] = cs
         index[ck, cs, j] = here
-        pinned[base + here] = True
         moves += 1
+        if moves > max_moves:
+            return kind, mb, stage, False, moves
