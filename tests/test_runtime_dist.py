@@ -173,6 +173,23 @@ def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
     assert "Traceback" not in text
 
 
+def test_missing_rank_at_start_up(tmp_path: Path) -> None:
+    """Only rank 0 of 2 starts: it exits 1 within about the --timeout, saying the
+    group did not form, with no traceback."""
+    import subprocess
+
+    out = _compiled_dir(tmp_path, "one_f_one_b")
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(harness.free_port()), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(out / "launch.py"), "--model", MODEL,
+                           "--timeout", "3"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "could not form the group of 2 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 30
+
+
 def _wait_for_step(proc, needle: str = "step    1/", limit: float = 60) -> str:
     seen = ""
     deadline = time.monotonic() + limit

@@ -132,12 +132,22 @@ def main(
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
-    if use_cuda:
-        dist.init_process_group(
-            "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device
+    try:
+        if use_cuda:
+            dist.init_process_group(
+                "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device
+            )
+        else:
+            dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
+    except Exception as exc:  # a rank that never arrives, an unreachable MASTER_ADDR
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"ppdsl: rank {rank}: could not form the group of {world} ranks within "
+            f"{opts.timeout:g} s (is every rank started, and MASTER_ADDR:MASTER_PORT "
+            f"reachable?): {first[:300]}",
+            file=sys.stderr,
         )
-    else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
+        return EXIT_INVALID
     watchdog = Watchdog(rank, world, opts.timeout)
     watchdog.start()
     try:
