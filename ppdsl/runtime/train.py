@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from fractions import Fraction
@@ -155,6 +156,13 @@ def main(
     except PeerError as exc:
         fail(watchdog, rank, str(exc))
     except Exception as exc:  # a bug or a model failing mid-training: stop everyone
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and any(
+            k in text for k in ("gloo", "Connection", "onnection reset", "imed out", "NCCL", "c10d")
+        ):  # a collective with a peer that died or hung; the watchdog names it
+            time.sleep(min(2 * watchdog.interval, 2.0))  # let the watchdog name the peer
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            fail(watchdog, rank, f"a collective with the other ranks failed: {first[:200]}")
         import traceback
 
         traceback.print_exc()
