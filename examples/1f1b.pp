@@ -1,7 +1,7 @@
 # 1F1B (PipeDream-flush): one forward, one fused backward, in turn.
 # Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training" (PipeDream-2BW,
 # ICML 2021, "PipeDream-Flush"); the building block is the one the zero-bubble
-# paper draws for it (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2):
+# paper draws for it (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024):
 # F of stage s at s, its backward at 3d-2-2s, period T_F + T_BW.
 # Works for every d >= 1 and m >= d (fewer microbatches: valid, smaller peak, larger bubble).
 schedule one_f_one_b {

@@ -1,5 +1,5 @@
 # V-Half: half of 1F1B's activation memory.
-# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4,
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024),
 # the V-Half building block: V-shape placement, F of chunk 0 every 2 slots so
 # the lifespans shrink to half of V-ZB's; W in the free slots.
 # Works for every d >= 2 and m >= d (fewer microbatches: valid, but the bubble differs).
@@ -15,7 +15,7 @@ schedule v_half {
         chunk 1: F at 3*d - 2 - i, B at 3*d + g - 1 + 2*i
         W fill
     }
-    # §4.1: peak (p+2)//2 in units of a 1F1B stage; a V-shape chunk holds half of one
+    # the paper: peak (p+2)//2 in units of a 1F1B stage; a V-shape chunk holds half of one
     expect peak_memory <= (d + 2) // 2 * 2 * M_B
     # measured at unit costs (the paper gives no closed form): the plain repetition
     # leaves (7d - 7 + g)/2 of bubble per device, the warm-up/cool-down step a little

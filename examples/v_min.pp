@@ -1,5 +1,5 @@
 # V-Min: about a third of 1F1B's activation memory.
-# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), §4,
+# Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024),
 # the V-Min building block: V-shape placement, chunk 0 = stage i, chunk 1 =
 # stage 2d-1-i; every pass as early as its dependencies allow; W in the free slots.
 # Works for every d >= 2 and m >= 2 (the peak reaches the bound once m >= d).
@@ -15,7 +15,7 @@ schedule v_min {
         chunk 1: F at 2*d - 1 - i, B at 2*d + g + i
         W fill
     }
-    # §4.1: peak (p+4)//3 in units of a 1F1B stage; a V-shape chunk holds half of one
+    # the paper: peak (p+4)//3 in units of a 1F1B stage; a V-shape chunk holds half of one
     expect peak_memory <= (d + 4) // 3 * 2 * M_B
     # measured at unit costs (the paper gives no closed form): 4d - 5 + g of bubble per
     # device (the warm-up/cool-down step would raise the peak here, so the plain

@@ -1,5 +1,5 @@
 # ZB-H1: 1F1B's memory with a third of its bubble.
-# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §3.1 and Figure 3 (top):
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted schedules, Figure 3 (top):
 # B split from W; F of stage s at s, B at 3d-2-2s, W at 3d-1+s, period 3.
 # Works for every d >= 1 and m >= d.
 schedule zb_h1 {
@@ -12,7 +12,7 @@ schedule zb_h1 {
         B at 3*d - 2 - 2*s
         W at 3*d - 1 + s
     }
-    # §3.1: peak p·M_B; worker i (from 1) holds (p-i+1)·M_B + (i-1)·M_W
+    # the paper: peak p·M_B; worker i (from 1) holds (p-i+1)·M_B + (i-1)·M_W
     expect peak_memory <= d * M_B
     expect peak_memory[0] == d * M_B
     expect peak_memory[d - 1] == M_B + (d - 1) * M_W

@@ -1,5 +1,5 @@
 # ZB-H2: no bubble at equal pass times, for (2p-1)·M_B of activations.
-# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §3.1 and Figure 3 (bottom):
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted schedules, Figure 3 (bottom):
 # worker s (from 0) runs 2d-2s-1 F before its first B, then F B W; its W trail its B
 # by 2s microbatches, which fills the cool-down.
 # Works for every d >= 1 and m >= 2d - 1 (fewer microbatches: valid, smaller peak).
@@ -13,7 +13,7 @@ schedule zb_h2 {
         B at 6*d - 5*s - 5
         W at 6*d + s - 4
     }
-    # §3.1: worker i (from 1) holds (2p-2i+1)·M_B + (2i-2)·M_W; at most (2p-1)·M_B
+    # the paper: worker i (from 1) holds (2p-2i+1)·M_B + (2i-2)·M_W; at most (2p-1)·M_B
     expect peak_memory <= (2*d - 1) * M_B
     expect peak_memory[0] == (2*d - 1) * M_B
     expect peak_memory[d - 1] == M_B + (2*d - 2) * M_W
