@@ -1,5 +1,6 @@
 # ZB-H1: 1F1B's memory with a third of its bubble.
-# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted schedules, Figure 3 (top):
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted
+# schedules, Figure 3 (top):
 # B split from W; F of stage s at s, B at 3d-2-2s, W at 3d-1+s, period 3.
 # Works for every d >= 1 and m >= d.
 schedule zb_h1 {

@@ -1,5 +1,6 @@
 # ZB-H2: no bubble at equal pass times, for (2p-1)·M_B of activations.
-# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted schedules, Figure 3 (bottom):
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), its handcrafted
+# schedules, Figure 3 (bottom):
 # worker s (from 0) runs 2d-2s-1 F before its first B, then F B W; its W trail its B
 # by 2s microbatches, which fills the cool-down.
 # Works for every d >= 1 and m >= 2d - 1 (fewer microbatches: valid, smaller peak).
