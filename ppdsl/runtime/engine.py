@@ -129,7 +129,7 @@ class Engine:
         self._state: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._stash: dict[tuple[int, int], WStash] = {}
         self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
-        self._loss = 0.0
+        self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
         self._measure = measure
         if measure:
             self.meter.reset_peak()
@@ -156,7 +156,8 @@ class Engine:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         holds_loss = self.stage_device[-1] == self.rank
-        return StepResult(self._loss if holds_loss else None, elapsed, compute)
+        loss = float(torch.stack(self._losses).sum()) if holds_loss and self._losses else None
+        return StepResult(loss, elapsed, compute)
 
     def _compute(self, op: Compute) -> None:
         p = op.pass_
@@ -184,7 +185,7 @@ class Engine:
             out = self.stages[s](value)
             if s == self.num_stages - 1:
                 loss = self.model.loss(out, self._targets[mb])
-                self._loss += float(loss.detach()) / self.num_microbatches
+                self._losses.append(loss.detach() / self.num_microbatches)
                 out = loss / self.num_microbatches
         self._state[(mb, s)] = (x, out)
         if s < self.num_stages - 1:
