@@ -18,6 +18,7 @@ schedule zb_h1 {
     expect peak_memory[0] == d * M_B
     expect peak_memory[d - 1] == M_B + (d - 1) * M_W
     # Table 1: bubble (p-1)(T_F + T_B - T_W) per device
-    expect bubble == (d - 1) * (T_F + T_B - T_W) / (m * (T_F + T_B + T_W) + (d - 1) * (T_F + T_B - T_W))
+    expect bubble == ((d - 1) * (T_F + T_B - T_W)
+                      / (m * (T_F + T_B + T_W) + (d - 1) * (T_F + T_B - T_W)))
     expect makespan == 3*m + d - 1
 }
