@@ -32,7 +32,8 @@ ZB_COSTS = "F=18.522,B=18.086,W=9.337,comm=0.601"
 ZB_COSTS_V = "F=9.261,B=9.043,W=4.6685,comm=0.601"
 
 
-def _row(label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds):
+def _row(label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds,
+         strict=False):
     problem = build_problem(devices=d, microbatches=m, placement=place, costs=costs,
                             memory=str(memory), weight_fraction=wf)
     begin = time.monotonic()
@@ -40,7 +41,8 @@ def _row(label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, 
     took = time.monotonic() - begin
     bubble = result.best.metrics.bubble
     peak = max(result.peak_memory())
-    ok = bubble <= ref_bubble + 1e-9 and (ref_peak is None or peak <= ref_peak)
+    better = bubble < ref_bubble - 1e-9 if strict else bubble <= ref_bubble + 1e-9
+    ok = better and (ref_peak is None or peak <= ref_peak)
     ref_peak_text = "-" if ref_peak is None else f"{float(ref_peak):g}"
     print(
         f"{label:<34} {d:>3} {m:>3} {float(problem.budget):>7g} {bubble:>8.4f} {float(peak):>6g}"
@@ -85,14 +87,15 @@ def main(argv: list[str] | None = None) -> None:
         for m in (3 * d, 6 * d):
             ref = _ref(d, m, "vshape", "F=3,B=4,W=2", "1", "V-Min")
             results.append(_row("vshape F3 B4 W2, V-Min memory", d, m, "vshape", "F=3,B=4,W=2",
-                                ref.peak, "1", "V-Min", ref.bubble, ref.peak, seconds))
+                                ref.peak, "1", "V-Min", ref.bubble, ref.peak, seconds,
+                                strict=True))
     for memory, name, paper in (("2p", "ZB-2p", 0.0433), ("1p", "ZB-1p", 0.1585)):
         budget = 8 * (2 if memory == "2p" else 1)
         results.append(_row(f"ZB profiled costs, {memory}", 8, 24, "parallel", ZB_COSTS, budget,
                             "1/2", name, paper, None, seconds))
         results.append(_row(f"ZB profiled costs, {memory}, vshape", 8, 24, "vshape", ZB_COSTS_V,
                             budget, "1/2", name, paper, None, seconds))
-    print(f"{sum(results)}/{len(results)} rows at or below their reference")
+    print(f"{sum(results)}/{len(results)} rows meet their target (<= the reference; F3 B4 W2 rows: <)")
 
 
 if __name__ == "__main__":

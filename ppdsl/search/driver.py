@@ -7,7 +7,8 @@ Three stages, each reporting progress:
 2. a grid of order-level heuristics (`listsched`): B or F first, W policy,
    admission control, chunk priorities, in-flight caps;
 3. randomised refinement: the best heuristic settings again with random
-   priority perturbations, until the time allowance runs out.
+   priority perturbations, for half the time allowance;
+4. local search on the best orders (`localsearch`) for the other half.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ppdsl.ir.schedule import Pass, PassKind
 from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks
 from ppdsl.search.evaluate import Metrics, evaluate_orders, time_orders
 from ppdsl.search.listsched import list_schedule
+from ppdsl.search.localsearch import polish
 from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
 from ppdsl.search.rendezvous import make_rendezvous_safe
 
@@ -201,14 +203,16 @@ class _Search:
                 (0, 1) if v > 1 else (0,),  # b_priority
                 (0.75, 1.0, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
                 (1, 0),  # prefer_pair
-                (1, 0),  # gated: wait at a send until the receiver reaches its consumer
+                (2, 1, 0),  # gated: wait at a send until the receiver reaches its
+                # consumer (2: the wait costs no time, as in ppdsl's timing)
             )
         )
         scored = []
         for n, (bf, wm, adm, fp, bp, alpha, pair, gated) in enumerate(settings):
             if n % 8 == 0:
                 self.progress("heuristics", n / len(settings))
-            params = np.array([bf, wm, adm, fp, bp, pair, gated], dtype=np.int64)
+            params = np.array([bf, wm, adm, fp, bp, pair, min(gated, 1), int(gated == 1)],
+                              dtype=np.int64)
             caps = self._caps(alpha)
             out = list_schedule(a.dev_stages, a.stage_device, p.num_microbatches, a.dur, a.comm,
                                 a.mem, self.limits, caps, params, self.no_noise)
@@ -247,6 +251,21 @@ class _Search:
                 self.progress("refining", min(1.0, (time.monotonic() - start) / total))
         self.progress("refining", 1.0)
 
+    def polish(self, deadline: float, seed: int) -> None:
+        if self.best is None:
+            return
+        c = self.best
+        kind, mb, stage, metrics, tries = polish(
+            c.offsets, c.kind, c.microbatch, c.stage, c.metrics, self.arrays,
+            self.problem.num_microbatches, deadline, seed,
+            lambda fraction: self.progress("local search", fraction),
+        )
+        self.tried += tries
+        if _better(metrics, c.metrics) and metrics.bubble < c.metrics.bubble - 1e-12:
+            self.best = Candidate(c.offsets, kind, mb, stage, metrics,
+                                  f"{c.method}, then local search (moves of one pass)")
+        self.progress("local search", 1.0)
+
 
 _W_TEXT = {0: "fills every gap", 1: "fills gaps >= T_W", 2: "right after B"}
 
@@ -266,14 +285,15 @@ def search(
     progress: Callable[[str, float], None] | None = None,
 ) -> SearchResult:
     """Find the orders with the smallest bubble within `problem.budget`.
-    `seconds` bounds the randomised refinement (the blocks and the grid always
-    run). Raises SearchInputError, naming the smallest budget any tried
+    `seconds` bounds the randomised refinement and the local search (the
+    blocks and the grid always run). Raises SearchInputError, naming the smallest budget any tried
     schedule needs, when nothing fits."""
     begin = time.monotonic()
     run = _Search(problem, progress)
     run.blocks()
     scored = run.grid()
-    run.refine(scored, begin + seconds, seed)
+    run.refine(scored, begin + seconds / 2, seed)
+    run.polish(begin + seconds, seed)
     if run.best is None:  # pragma: no cover - build_problem rejects budgets below the floor
         raise SearchInputError(
             f"no schedule found within {problem.budget} M_B per device; the smallest "

@@ -28,7 +28,7 @@ INF = np.inf
 EPS = 1e-9
 
 # params[k]: what the kth integer knob means
-PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair", "gated")
+PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair", "gated", "gated_stall")
 
 
 @numba.njit(cache=True)
@@ -72,7 +72,7 @@ def list_schedule(  # pragma: no cover - numba
     mem,  # int64[3, S] memory deltas
     limit,  # int64[d]
     caps,  # int64[S] in-flight cap (F done, B not yet) per stage
-    params,  # int64[7]
+    params,  # int64[8]
     noise,  # float[2, S, m] priority noise for F and B (0 for none)
 ):
     """Returns (offsets, kind, microbatch, stage, ok): the per-device orders as
@@ -82,6 +82,7 @@ def list_schedule(  # pragma: no cover - numba
     b_first, w_mode, admission, f_prio, b_prio = params[0], params[1], params[2], params[3], params[4]
     prefer_pair = params[5]
     gated = params[6]
+    gated_stall = params[7]
     per_dev = 3 * v * m
     out_kind = np.zeros((d, per_dev), dtype=np.int64)
     out_stage = np.zeros((d, per_dev), dtype=np.int64)
@@ -111,6 +112,7 @@ def list_schedule(  # pragma: no cover - numba
     pend_k = np.zeros(d, dtype=np.int64)
     pend_s = np.zeros(d, dtype=np.int64)
     pend_j = np.zeros(d, dtype=np.int64)
+    pend_t = np.zeros(d)
     total = 3 * S * m
     done = 0
     while done < total:
@@ -132,7 +134,10 @@ def list_schedule(  # pragma: no cover - numba
                 owe_k[dev] = ck
                 owe_s[dev] = cs
                 owe_j[dev] = j
-            end = t + dur[pk, s]
+            # ppdsl's timing has no rendezvous stalls: the pass runs when it
+            # could have (commit time), only its place in the order is fixed late
+            t0 = t if gated_stall == 1 else pend_t[dev]
+            end = t0 + dur[pk, s]
             endt[pk, s, j] = end
             k = count[dev]
             out_kind[dev, k] = pk
@@ -303,6 +308,7 @@ def list_schedule(  # pragma: no cover - numba
             pend_k[dev] = pick_kind
             pend_s[dev] = s
             pend_j[dev] = j
+            pend_t[dev] = t
             free[dev] = INF
             continue
         owe_k[dev] = -1
