@@ -46,6 +46,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
         if d not in cache:
             work = tmp_path_factory.mktemp(f"dist-d{d}")
             cases, skipped = build_cases(d, work)
+            if d == 2:  # memory only, with the long-sequence model (M_W/M_B about 0.4)
+                cases += build_cases(d, work, check_grads=False, factory="stages_long")[0]
             results = harness.run_cases(cases, d, work) if cases else {}
             cache[d] = (results, skipped)
         return cache[d]
@@ -85,6 +87,25 @@ def test_measured_memory_equals_prediction(dist_results, d: int, name: str) -> N
         if not r["mw_ratio"]:  # fused backward: the file's model is the real one
             assert measured == Fraction(r["predicted_peak"]), r
         assert r["measured_peak_bytes"] > 0
+
+
+NAMES_D2 = [name for d, name in CASES if d == 2]
+
+
+@pytest.mark.parametrize("name", NAMES_D2)
+def test_prediction_bounds_memory_when_b_frees_more(dist_results, name: str) -> None:
+    """With tiny_gpt's long-sequence variant, whose measured M_W/M_B (about 0.4) is
+    below every example's M_W, the compiler's predicted peak bounds the measured
+    one on every rank, and the prediction with the measured M_W is exact."""
+    results, skipped = dist_results(2)
+    if name in skipped:
+        pytest.skip(f"{name} at d=2: {skipped[name]}")
+    per_rank = results[f"{name}-d2-stages_long"]
+    assert not [r for r in per_rank if "error" in r], per_rank
+    for r in per_rank:
+        measured = Fraction(r["measured_peak"])
+        assert measured <= Fraction(r["predicted_peak"]), r
+        assert measured == Fraction(r["predicted_peak_real_mw"]), r
 
 
 def _v_files() -> dict[str, str] | None:

@@ -29,7 +29,7 @@ from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
 DEVICE = torch.device("cpu")
-MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
+MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":"
 LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's first step is
 # sign-like and would amplify rounding in near-zero gradients)
 
@@ -73,7 +73,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     plan = plan_from_schedule(schedule, programs, timeline)
     m, num_stages = plan.num_microbatches, plan.num_stages
     batch_size = case.get("batch_per_mb", 2) * m
-    model = build_model(MODEL, num_stages)
+    model = build_model(MODEL + case.get("factory", "stages"), num_stages)
     engine = Engine(rank, programs[rank].ops, plan.stage_device, m, plan.memory, model,
                     DEVICE, lr=LR, optimizer="sgd", timeout=60)
     engine.shapes, error = probe_shapes(model, engine.stages, plan.stage_device, rank, m,
