@@ -198,7 +198,7 @@ class _Search:
             itertools.product(
                 (1, 0),  # b_first
                 (0, 1, 2),  # w_mode
-                (0, 1) if v > 1 else (0,),  # admission
+                (0, 1, 3, 6) if v > 1 else (0,),  # admission: strict, or a slack of 2 or 5 F
                 (0, 1) if v > 1 else (0,),  # f_priority
                 (0, 1) if v > 1 else (0,),  # b_priority
                 (0.75, 1.0, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
@@ -292,8 +292,12 @@ def search(
     run = _Search(problem, progress)
     run.blocks()
     scored = run.grid()
-    run.refine(scored, begin + seconds / 2, seed)
-    run.polish(begin + seconds, seed)
+    # the sweeps may take most of the allowance at d=16: refinement and local
+    # search still get half of it each
+    now = time.monotonic()
+    run.refine(scored, max(begin + seconds / 2, now + seconds / 4), seed)
+    now = time.monotonic()
+    run.polish(max(begin + seconds, now + seconds / 2), seed)
     if run.best is None:  # pragma: no cover - build_problem rejects budgets below the floor
         raise SearchInputError(
             f"no schedule found within {problem.budget} M_B per device; the smallest "

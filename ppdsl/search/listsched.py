@@ -63,6 +63,18 @@ def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages):  # pragma: no c
 
 
 @numba.njit(cache=True)
+def _fits(admission, chunk, cur, reserved, mem_f, later, limit):  # pragma: no cover - numba
+    """May an F of this chunk start? Never above the budget; with admission
+    (>= 1) a first chunk also needs room for the microbatch's later chunks,
+    less a slack of (admission - 1) F's."""
+    if cur + mem_f > limit:
+        return False
+    if admission >= 1 and chunk == 0:
+        return cur + reserved + mem_f + later <= limit + (admission - 1) * mem_f
+    return True
+
+
+@numba.njit(cache=True)
 def list_schedule(  # pragma: no cover - numba
     dev_stages,  # int64[d, v]: stage of chunk c on device dev
     stage_device,  # int64[S]
@@ -159,10 +171,11 @@ def list_schedule(  # pragma: no cover - numba
         mem_blocked = False
         must_wait = False
         if gated == 1:
-            # first a pass that a device stopped at its send is waiting for; the
-            # device we owe ourselves first (it cannot move until we take it)
+            # first the pass that the device we owe is stopped at its send for
+            # (it cannot move until we take it, and we cannot until it takes
+            # ours); with stalls costing time, any device stopped for us
             owed = stage_device[owe_s[dev]] if owe_k[dev] >= 0 else -1
-            for y in range(-1, d):
+            for y in range(-1, d if gated_stall == 1 else 0):
                 x = owed if y < 0 else y
                 if x < 0 or (y >= 0 and x == owed):
                     continue
@@ -170,10 +183,8 @@ def list_schedule(  # pragma: no cover - numba
                     xk, xs, xj = owe_k[x], owe_s[x], owe_j[x]
                     nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
                     if nxt and xk == F:
-                        if admission == 1 and chunk_of[xs] == 0:
-                            nxt = cur[dev] + reserved[dev] + mem[F, xs] + later[dev] <= limit[dev]
-                        elif admission == 0:
-                            nxt = cur[dev] + mem[F, xs] <= limit[dev]
+                        nxt = _fits(admission, chunk_of[xs], cur[dev], reserved[dev], mem[F, xs],
+                                    later[dev], limit[dev])
                     if nxt:
                         r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S)
                         if r <= t + EPS:
@@ -184,6 +195,29 @@ def list_schedule(  # pragma: no cover - numba
                     if y < 0:
                         must_wait = True  # anything else would deadlock the two of us
                         break
+        if gated == 1 and pick_kind < 0 and not must_wait and owe_k[dev] >= 0:
+            # the device we owe is running a pass whose output comes to us: it
+            # will owe us when it ends, so we take that consumer next (the two
+            # exchanges meet) rather than a pass that would leave us both waiting
+            b = stage_device[owe_s[dev]]
+            if not waiting[b] and count[b] > 0 and last_end[b] > t:
+                lk = out_kind[b, count[b] - 1]
+                ls = out_stage[b, count[b] - 1]
+                lj = out_mb[b, count[b] - 1]
+                ck, cs = _consumer(lk, ls, stage_device, S)
+                if ck >= 0 and stage_device[cs] == dev and not committed[ck, cs, lj]:
+                    nxt = (nf[cs] == lj) if ck == F else (nb[cs] == lj and nf[cs] > lj)
+                    if nxt and ck == F:
+                        nxt = _fits(admission, chunk_of[cs], cur[dev], reserved[dev], mem[F, cs],
+                                    later[dev], limit[dev])
+                    if nxt:
+                        r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S)
+                        if r <= t + EPS:
+                            pick_kind = ck
+                            pick_stage = cs
+                        else:
+                            next_ready = min(next_ready, r)
+                            must_wait = True
         if must_wait and pick_kind < 0:
             free[dev] = max(next_ready, last_end[dev]) if next_ready < INF else INF
             if free[dev] <= t:
@@ -197,10 +231,8 @@ def list_schedule(  # pragma: no cover - numba
                 xk, xs, xj = owe_k[b], owe_s[b], owe_j[b]
                 nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
                 if nxt and xk == F:
-                    if admission == 1 and chunk_of[xs] == 0:
-                        nxt = cur[dev] + reserved[dev] + mem[F, xs] + later[dev] <= limit[dev]
-                    elif admission == 0:
-                        nxt = cur[dev] + mem[F, xs] <= limit[dev]
+                    nxt = _fits(admission, chunk_of[xs], cur[dev], reserved[dev], mem[F, xs],
+                                later[dev], limit[dev])
                 if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S) <= t + EPS:
                     pick_kind = xk
                     pick_stage = xs
@@ -228,11 +260,8 @@ def list_schedule(  # pragma: no cover - numba
                 if j < m:
                     r = _ready(F, s, j, dev, endt, stage_device, comm, S)
                     fits = nf[s] - nb[s] < caps[s]
-                    if admission == 1:
-                        if c == 0:
-                            fits = fits and cur[dev] + reserved[dev] + mem[F, s] + later[dev] <= limit[dev]
-                    else:
-                        fits = fits and cur[dev] + mem[F, s] <= limit[dev]
+                    fits = fits and _fits(admission, c, cur[dev], reserved[dev], mem[F, s],
+                                          later[dev], limit[dev])
                     if r <= t + EPS:
                         if fits:
                             if f_prio == 0:
@@ -287,7 +316,7 @@ def list_schedule(  # pragma: no cover - numba
         if pick_kind == F:
             j = nf[s]
             nf[s] += 1
-            if admission == 1:
+            if admission >= 1:
                 if chunk_of[s] == 0:
                     reserved[dev] += later[dev]
                 else:
