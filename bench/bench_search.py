@@ -32,10 +32,17 @@ ZB_COSTS = "F=18.522,B=18.086,W=9.337,comm=0.601"
 ZB_COSTS_V = "F=9.261,B=9.043,W=4.6685,comm=0.601"
 
 
-def _row(label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds,
-         strict=False):
-    problem = build_problem(devices=d, microbatches=m, placement=place, costs=costs,
-                            memory=str(memory), weight_fraction=wf)
+def _row(
+    label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds, strict=False
+):
+    problem = build_problem(
+        devices=d,
+        microbatches=m,
+        placement=place,
+        costs=costs,
+        memory=str(memory),
+        weight_fraction=wf,
+    )
     begin = time.monotonic()
     result = search(problem, seconds=seconds)
     took = time.monotonic() - begin
@@ -53,8 +60,9 @@ def _row(label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, 
 
 
 def _ref(d, m, place, costs, wf, name):
-    problem = build_problem(devices=d, microbatches=m, placement=place, costs=costs,
-                            memory=f"{d}", weight_fraction=wf)
+    problem = build_problem(
+        devices=d, microbatches=m, placement=place, costs=costs, memory=f"{d}", weight_fraction=wf
+    )
     return {r.name: r for r in references(problem)}[name]
 
 
@@ -70,32 +78,125 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for d in sizes:
         m = 3 * d
-        results.append(_row("vshape unit, 1F1B memory", d, m, "vshape", None, d, "1",
-                            "V-ZB", 0.0, Fraction(d), seconds))
+        results.append(
+            _row(
+                "vshape unit, 1F1B memory",
+                d,
+                m,
+                "vshape",
+                None,
+                d,
+                "1",
+                "V-ZB",
+                0.0,
+                Fraction(d),
+                seconds,
+            )
+        )
         for name in ("V-Half", "V-Min"):
             ref = _ref(d, m, "vshape", None, "1", name)
-            results.append(_row(f"vshape unit, {name} memory", d, m, "vshape", None, ref.peak,
-                                "1", name, ref.bubble, ref.peak, seconds))
+            results.append(
+                _row(
+                    f"vshape unit, {name} memory",
+                    d,
+                    m,
+                    "vshape",
+                    None,
+                    ref.peak,
+                    "1",
+                    name,
+                    ref.bubble,
+                    ref.peak,
+                    seconds,
+                )
+            )
     for d in sizes:
         m = 3 * d
         ref = _ref(d, m, "parallel", None, "1/2", "ZB-H1")
-        results.append(_row("parallel unit, p", d, m, "parallel", None, f"{d}", "1/2",
-                            "ZB-H1", ref.bubble, ref.peak, seconds))
-        results.append(_row("parallel unit, 2p-1 (ZB-H2's)", d, m, "parallel", None,
-                            f"{2 * d - 1}", "1/2", "ZB-H2", 0.0, Fraction(2 * d - 1), seconds))
+        results.append(
+            _row(
+                "parallel unit, p",
+                d,
+                m,
+                "parallel",
+                None,
+                f"{d}",
+                "1/2",
+                "ZB-H1",
+                ref.bubble,
+                ref.peak,
+                seconds,
+            )
+        )
+        results.append(
+            _row(
+                "parallel unit, 2p-1 (ZB-H2's)",
+                d,
+                m,
+                "parallel",
+                None,
+                f"{2 * d - 1}",
+                "1/2",
+                "ZB-H2",
+                0.0,
+                Fraction(2 * d - 1),
+                seconds,
+            )
+        )
     for d in sizes:
         for m in (3 * d, 6 * d):
             ref = _ref(d, m, "vshape", "F=3,B=4,W=2", "1", "V-Min")
-            results.append(_row("vshape F3 B4 W2, V-Min memory", d, m, "vshape", "F=3,B=4,W=2",
-                                ref.peak, "1", "V-Min", ref.bubble, ref.peak, seconds,
-                                strict=True))
+            results.append(
+                _row(
+                    "vshape F3 B4 W2, V-Min memory",
+                    d,
+                    m,
+                    "vshape",
+                    "F=3,B=4,W=2",
+                    ref.peak,
+                    "1",
+                    "V-Min",
+                    ref.bubble,
+                    ref.peak,
+                    seconds,
+                    strict=True,
+                )
+            )
     for memory, name, paper in (("2p", "ZB-2p", 0.0433), ("1p", "ZB-1p", 0.1585)):
         budget = 8 * (2 if memory == "2p" else 1)
-        results.append(_row(f"ZB profiled costs, {memory}", 8, 24, "parallel", ZB_COSTS, budget,
-                            "1/2", name, paper, None, seconds))
-        results.append(_row(f"ZB profiled costs, {memory}, vshape", 8, 24, "vshape", ZB_COSTS_V,
-                            budget, "1/2", name, paper, None, seconds))
-    print(f"{sum(results)}/{len(results)} rows meet their target (<= the reference; F3 B4 W2 rows: <)")
+        results.append(
+            _row(
+                f"ZB profiled costs, {memory}",
+                8,
+                24,
+                "parallel",
+                ZB_COSTS,
+                budget,
+                "1/2",
+                name,
+                paper,
+                None,
+                seconds,
+            )
+        )
+        results.append(
+            _row(
+                f"ZB profiled costs, {memory}, vshape",
+                8,
+                24,
+                "vshape",
+                ZB_COSTS_V,
+                budget,
+                "1/2",
+                name,
+                paper,
+                None,
+                seconds,
+            )
+        )
+    print(
+        f"{sum(results)}/{len(results)} rows meet their target (<= the reference; F3 B4 W2 rows: <)"
+    )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,19 @@ from tests.factories import make_schedule, one_f_one_b_orders
 
 
 def _problem(d=4, m=8, place="parallel", memory="1p", costs=None, wf="1/2"):
-    return build_problem(devices=d, microbatches=m, placement=place, costs=costs, memory=memory,
-                         weight_fraction=wf)
+    return build_problem(
+        devices=d, microbatches=m, placement=place, costs=costs, memory=memory, weight_fraction=wf
+    )
 
 
 def _schedule(problem, orders) -> Schedule:
-    return make_schedule(problem.placement, problem.num_microbatches, orders,
-                         costs=problem.costs, memory=problem.memory)
+    return make_schedule(
+        problem.placement,
+        problem.num_microbatches,
+        orders,
+        costs=problem.costs,
+        memory=problem.memory,
+    )
 
 
 def test_budgets_parse_in_1f1b_stage_units():
@@ -107,9 +113,16 @@ def test_found_file_compiles_and_its_timeline_is_the_searchs(tmp_path):
     problem = _problem(d=4, m=8, place="vshape", memory="0.5x1f1b", costs="F=3,B=4,W=2,comm=0.5")
     result = search(problem, seconds=0.2)
     best = result.best
-    text = emit_pp(problem, best.orders(), name="found", command="ppdsl search test",
-                   method=best.method, bubble=best.metrics.bubble,
-                   makespan=best.metrics.makespan, peak=max(result.peak_memory()))
+    text = emit_pp(
+        problem,
+        best.orders(),
+        name="found",
+        command="ppdsl search test",
+        method=best.method,
+        bubble=best.metrics.bubble,
+        makespan=best.metrics.makespan,
+        peak=max(result.peak_memory()),
+    )
     path = tmp_path / "found.pp"
     path.write_text(text)
     compiled = compile_file(path)

@@ -49,14 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 1/2; 1 counts it held until W, as the controllable-memory paper does)",
     )
     parser.add_argument(
-        "--time", type=float, default=5.0, metavar="SECONDS",
+        "--time",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
         help="time for the randomised refinement after the block and heuristic sweeps (default 5)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the refinement")
     parser.add_argument("--name", default="found", help="schedule name in the .pp file")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the .pp here (default stdout)")
     parser.add_argument(
-        "--progress", action="store_true",
+        "-o", "--output", metavar="FILE", help="write the .pp here (default stdout)"
+    )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
         help="draw the progress bar even when stderr is not a terminal",
     )
 
@@ -119,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
         except OSError as exc:
-            raise CompileError([Diagnostic("error", f"cannot write '{args.output}': {exc}")]) from None
+            raise CompileError(
+                [Diagnostic("error", f"cannot write '{args.output}': {exc}")]
+            ) from None
     else:
         sys.stdout.write(text)
         summary = sys.stderr

@@ -24,7 +24,15 @@ import numpy as np
 
 from ppdsl.ir.schedule import Placement
 
-__all__ = ["BlockShape", "block_starts", "block_fb_orders", "block_orders", "enumerate_blocks", "v_min", "v_half"]
+__all__ = [
+    "BlockShape",
+    "block_starts",
+    "block_fb_orders",
+    "block_orders",
+    "enumerate_blocks",
+    "v_min",
+    "v_half",
+]
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,9 @@ def v_half(d: int) -> BlockShape:
     return BlockShape((2, 1), 1, 1 + interval, (1, 2), 2, 6)
 
 
-def block_starts(shape: BlockShape, num_devices: int, num_stages: int) -> tuple[list[int], list[int]]:
+def block_starts(
+    shape: BlockShape, num_devices: int, num_stages: int
+) -> tuple[list[int], list[int]]:
     """Start slot of F(s) and B(s) for microbatch 0."""
     d = num_devices
     f = [0] * num_stages

@@ -66,8 +66,9 @@ def arrays_for(problem: SearchProblem) -> Arrays:
         ],
         dtype=np.int64,
     )
-    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale,
-                  int(problem.budget * scale))
+    return Arrays(
+        dev_stages, stage_device, dur, float(c.comm), mem, scale, int(problem.budget * scale)
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ class Candidate:
             out.append(
                 tuple(
                     Pass(_KINDS[k], int(j), int(s))
-                    for k, j, s in zip(self.kind[a:b], self.microbatch[a:b], self.stage[a:b], strict=True)
+                    for k, j, s in zip(
+                        self.kind[a:b], self.microbatch[a:b], self.stage[a:b], strict=True
+                    )
                 )
             )
         return tuple(out)
@@ -117,8 +120,17 @@ def evaluate_passes(problem: SearchProblem, arrays: Arrays, orders) -> Metrics:
     kind = np.array([_CODE[p.kind] for p in flat], dtype=np.int64)
     mb = np.array([p.microbatch for p in flat], dtype=np.int64)
     st = np.array([p.stage for p in flat], dtype=np.int64)
-    return evaluate_orders(offsets, kind, mb, st, arrays.stage_device, arrays.dur, arrays.comm,
-                           arrays.mem, problem.num_microbatches)
+    return evaluate_orders(
+        offsets,
+        kind,
+        mb,
+        st,
+        arrays.stage_device,
+        arrays.dur,
+        arrays.comm,
+        arrays.mem,
+        problem.num_microbatches,
+    )
 
 
 def _better(a: Metrics, b: Metrics | None) -> bool:
@@ -156,8 +168,17 @@ class _Search:
         )
         if not ok:
             return None
-        metrics = evaluate_orders(offsets, kind, mb, stage, a.stage_device, a.dur, a.comm, a.mem,
-                                  self.problem.num_microbatches)
+        metrics = evaluate_orders(
+            offsets,
+            kind,
+            mb,
+            stage,
+            a.stage_device,
+            a.dur,
+            a.comm,
+            a.mem,
+            self.problem.num_microbatches,
+        )
         if not metrics.ok:
             return None
         if int(metrics.peak.max()) > a.limit:
@@ -211,11 +232,22 @@ class _Search:
         for n, (bf, wm, adm, fp, bp, alpha, pair, gated) in enumerate(settings):
             if n % 8 == 0:
                 self.progress("heuristics", n / len(settings))
-            params = np.array([bf, wm, adm, fp, bp, pair, min(gated, 1), int(gated == 1)],
-                              dtype=np.int64)
+            params = np.array(
+                [bf, wm, adm, fp, bp, pair, min(gated, 1), int(gated == 1)], dtype=np.int64
+            )
             caps = self._caps(alpha)
-            out = list_schedule(a.dev_stages, a.stage_device, p.num_microbatches, a.dur, a.comm,
-                                a.mem, self.limits, caps, params, self.no_noise)
+            out = list_schedule(
+                a.dev_stages,
+                a.stage_device,
+                p.num_microbatches,
+                a.dur,
+                a.comm,
+                a.mem,
+                self.limits,
+                caps,
+                params,
+                self.no_noise,
+            )
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
                 f"{', admission control' if adm else ''}, in-flight cap x{alpha:g}"
@@ -243,8 +275,18 @@ class _Search:
             scale = rng.choice((0.3, 1.0, 3.0))
             noise = rng.random((2, S, m)) * scale
             caps = self._caps(alpha * rng.choice((0.9, 1.0, 1.1)))
-            out = list_schedule(a.dev_stages, a.stage_device, m, a.dur, a.comm, a.mem,
-                                self.limits, caps, params, noise)
+            out = list_schedule(
+                a.dev_stages,
+                a.stage_device,
+                m,
+                a.dur,
+                a.comm,
+                a.mem,
+                self.limits,
+                caps,
+                params,
+                noise,
+            )
             self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")
             n += 1
             if n % 32 == 0:
@@ -256,14 +298,27 @@ class _Search:
             return
         c = self.best
         kind, mb, stage, metrics, tries = polish(
-            c.offsets, c.kind, c.microbatch, c.stage, c.metrics, self.arrays,
-            self.problem.num_microbatches, deadline, seed,
+            c.offsets,
+            c.kind,
+            c.microbatch,
+            c.stage,
+            c.metrics,
+            self.arrays,
+            self.problem.num_microbatches,
+            deadline,
+            seed,
             lambda fraction: self.progress("local search", fraction),
         )
         self.tried += tries
         if _better(metrics, c.metrics) and metrics.bubble < c.metrics.bubble - 1e-12:
-            self.best = Candidate(c.offsets, kind, mb, stage, metrics,
-                                  f"{c.method}, then local search (moves of one pass)")
+            self.best = Candidate(
+                c.offsets,
+                kind,
+                mb,
+                stage,
+                metrics,
+                f"{c.method}, then local search (moves of one pass)",
+            )
         self.progress("local search", 1.0)
 
 

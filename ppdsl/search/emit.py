@@ -101,7 +101,11 @@ def _per_stage(values: Sequence) -> str:
 
 def _cost_lines(costs: Costs) -> list[str]:
     lines = []
-    for key, values in (("F", costs.forward), ("B", costs.backward_input), ("W", costs.backward_weight)):
+    for key, values in (
+        ("F", costs.forward),
+        ("B", costs.backward_input),
+        ("W", costs.backward_weight),
+    ):
         per = len(set(values)) > 1
         lines.append(f"cost {key}{'[s]' if per else ''} = {_per_stage(values)}")
     lines.append(f"cost comm = {_num(costs.comm)}")

@@ -37,7 +37,9 @@ class Metrics:
 
 
 @numba.njit(cache=True)
-def time_orders(offsets, kind, microbatch, stage, stage_device, dur, comm, num_microbatches):  # pragma: no cover - numba
+def time_orders(
+    offsets, kind, microbatch, stage, stage_device, dur, comm, num_microbatches
+):  # pragma: no cover - numba
     """ASAP start/end per flat pass; ok=False on a cycle of waits."""
     num_devices = offsets.shape[0] - 1
     num_stages = stage_device.shape[0]

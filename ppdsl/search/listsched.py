@@ -28,7 +28,16 @@ INF = np.inf
 EPS = 1e-9
 
 # params[k]: what the kth integer knob means
-PARAM_NAMES = ("b_first", "w_mode", "admission", "f_priority", "b_priority", "prefer_pair", "gated", "gated_stall")
+PARAM_NAMES = (
+    "b_first",
+    "w_mode",
+    "admission",
+    "f_priority",
+    "b_priority",
+    "prefer_pair",
+    "gated",
+    "gated_stall",
+)
 
 
 @numba.njit(cache=True)
@@ -91,7 +100,13 @@ def list_schedule(  # pragma: no cover - numba
     flat arrays, and False when the rules deadlock under the budget."""
     d, v = dev_stages.shape
     S = stage_device.shape[0]
-    b_first, w_mode, admission, f_prio, b_prio = params[0], params[1], params[2], params[3], params[4]
+    b_first, w_mode, admission, f_prio, b_prio = (
+        params[0],
+        params[1],
+        params[2],
+        params[3],
+        params[4],
+    )
     prefer_pair = params[5]
     gated = params[6]
     gated_stall = params[7]
@@ -183,8 +198,15 @@ def list_schedule(  # pragma: no cover - numba
                     xk, xs, xj = owe_k[x], owe_s[x], owe_j[x]
                     nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
                     if nxt and xk == F:
-                        nxt = _fits(admission, chunk_of[xs], cur[dev], reserved[dev], mem[F, xs],
-                                    later[dev], limit[dev])
+                        nxt = _fits(
+                            admission,
+                            chunk_of[xs],
+                            cur[dev],
+                            reserved[dev],
+                            mem[F, xs],
+                            later[dev],
+                            limit[dev],
+                        )
                     if nxt:
                         r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S)
                         if r <= t + EPS:
@@ -208,8 +230,15 @@ def list_schedule(  # pragma: no cover - numba
                 if ck >= 0 and stage_device[cs] == dev and not committed[ck, cs, lj]:
                     nxt = (nf[cs] == lj) if ck == F else (nb[cs] == lj and nf[cs] > lj)
                     if nxt and ck == F:
-                        nxt = _fits(admission, chunk_of[cs], cur[dev], reserved[dev], mem[F, cs],
-                                    later[dev], limit[dev])
+                        nxt = _fits(
+                            admission,
+                            chunk_of[cs],
+                            cur[dev],
+                            reserved[dev],
+                            mem[F, cs],
+                            later[dev],
+                            limit[dev],
+                        )
                     if nxt:
                         r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S)
                         if r <= t + EPS:
@@ -231,8 +260,15 @@ def list_schedule(  # pragma: no cover - numba
                 xk, xs, xj = owe_k[b], owe_s[b], owe_j[b]
                 nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
                 if nxt and xk == F:
-                    nxt = _fits(admission, chunk_of[xs], cur[dev], reserved[dev], mem[F, xs],
-                                later[dev], limit[dev])
+                    nxt = _fits(
+                        admission,
+                        chunk_of[xs],
+                        cur[dev],
+                        reserved[dev],
+                        mem[F, xs],
+                        later[dev],
+                        limit[dev],
+                    )
                 if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S) <= t + EPS:
                     pick_kind = xk
                     pick_stage = xs
@@ -260,8 +296,9 @@ def list_schedule(  # pragma: no cover - numba
                 if j < m:
                     r = _ready(F, s, j, dev, endt, stage_device, comm, S)
                     fits = nf[s] - nb[s] < caps[s]
-                    fits = fits and _fits(admission, c, cur[dev], reserved[dev], mem[F, s],
-                                          later[dev], limit[dev])
+                    fits = fits and _fits(
+                        admission, c, cur[dev], reserved[dev], mem[F, s], later[dev], limit[dev]
+                    )
                     if r <= t + EPS:
                         if fits:
                             if f_prio == 0:

@@ -55,7 +55,9 @@ def polish(
     rng = np.random.default_rng(seed)
     best = (kind.copy(), mb.copy(), stage.copy(), metrics)
     cur_kind, cur_mb, cur_stage, cur = best
-    start, end, _ = time_orders(offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m)
+    start, end, _ = time_orders(
+        offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m
+    )
     focus = _longest_span_device(offsets, start, end)
     d = len(offsets) - 1
     tries = 0
@@ -79,7 +81,9 @@ def polish(
             else:
                 arr[target + 1 : k + 1] = arr[target:k]
             arr[target] = moved
-        s0, _, ok = time_orders(offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, m)
+        s0, _, ok = time_orders(
+            offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, m
+        )
         if not ok:
             continue
         new_kind, new_mb, new_stage, ok, _ = make_rendezvous_safe(
@@ -87,15 +91,17 @@ def polish(
         )
         if not ok:
             continue
-        x = evaluate_orders(offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm,
-                            a.mem, m)
+        x = evaluate_orders(
+            offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, a.mem, m
+        )
         if not x.ok or int(x.peak.max()) > a.limit or _key(x) > _key(cur):
             continue
         cur_kind, cur_mb, cur_stage, cur = new_kind, new_mb, new_stage, x
         if _key(cur) < _key(best[3]):
             best = (cur_kind, cur_mb, cur_stage, cur)
-            start, end, _ = time_orders(offsets, cur_kind, cur_mb, cur_stage, a.stage_device,
-                                        a.dur, a.comm, m)
+            start, end, _ = time_orders(
+                offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m
+            )
             focus = _longest_span_device(offsets, start, end)
         if progress is not None and tries % 64 == 0:
             total = max(deadline - begin, 1e-6)

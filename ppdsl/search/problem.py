@@ -70,9 +70,7 @@ def make_placement(kind: str, num_devices: int, v: int = 2) -> Placement:
     if kind == "parallel":
         return Placement("parallel", d, tuple(range(d)))
     if kind == "vshape":
-        return Placement(
-            "vshape", d, tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d))
-        )
+        return Placement("vshape", d, tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d)))
     if kind == "looped":
         return Placement("looped", d, tuple(s % d for s in range(v * d)))
     raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
@@ -212,7 +210,9 @@ def build_problem(
             f"budget {_text(floor)} M_B (one microbatch in flight); use --memory {_text(floor)} "
             "or more"
         )
-    return SearchProblem(devices, microbatches, pl, parse_costs(costs, pl.num_stages), mm, budget, wf)
+    return SearchProblem(
+        devices, microbatches, pl, parse_costs(costs, pl.num_stages), mm, budget, wf
+    )
 
 
 def _text(x: Fraction) -> str:

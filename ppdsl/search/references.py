@@ -38,8 +38,9 @@ def _explicit(problem: SearchProblem, a: Arrays, orders) -> Metrics:
     flat = [x for o in orders for x in o]
     offsets = np.cumsum([0] + [len(o) for o in orders]).astype(np.int64)
     kind, mb, st = (np.array(col, dtype=np.int64) for col in zip(*flat, strict=True))
-    return evaluate_orders(offsets, kind, mb, st, a.stage_device, a.dur, a.comm, a.mem,
-                           problem.num_microbatches)
+    return evaluate_orders(
+        offsets, kind, mb, st, a.stage_device, a.dur, a.comm, a.mem, problem.num_microbatches
+    )
 
 
 def _one_f_one_b(d: int, m: int) -> list[list[tuple[int, int, int]]]:
@@ -62,7 +63,11 @@ def _zb_h1(d: int, m: int) -> list[list[tuple[int, int, int]]]:
     for s in range(d):
         slots = []
         for j in range(m):
-            slots += [(s + 3 * j, 0, j), (3 * d - 2 - 2 * s + 3 * j, 1, j), (3 * d - 1 + s + 3 * j, 2, j)]
+            slots += [
+                (s + 3 * j, 0, j),
+                (3 * d - 2 - 2 * s + 3 * j, 1, j),
+                (3 * d - 1 + s + 3 * j, 2, j),
+            ]
         slots.sort()
         orders.append([(k, j, s) for _, k, j in slots])
     return orders
@@ -82,7 +87,9 @@ def references(problem: SearchProblem) -> list[Reference]:
         for name, shape in shapes:
             orders = block_orders(problem.placement, shape, m)
             if orders is not None:
-                found.append((name, evaluate_orders(*orders, a.stage_device, a.dur, a.comm, a.mem, m)))
+                found.append(
+                    (name, evaluate_orders(*orders, a.stage_device, a.dur, a.comm, a.mem, m))
+                )
     return [
         Reference(name, x.bubble, x.makespan, Fraction(int(x.peak.max()), a.scale))
         for name, x in found

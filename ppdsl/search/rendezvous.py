@@ -55,7 +55,9 @@ def _producer(kd, s, stage_device, num_stages):  # pragma: no cover - numba
 
 
 @numba.njit(cache=True)
-def make_rendezvous_safe(offsets, kind, mb, stage, stage_device, m, start):  # pragma: no cover - numba
+def make_rendezvous_safe(
+    offsets, kind, mb, stage, stage_device, m, start
+):  # pragma: no cover - numba
     """Returns (kind, microbatch, stage, ok, moves): the orders (copies),
     whether they now run to the end, and how many passes were moved. `start`
     (per flat pass, its start time in the orders as given) picks, among the
@@ -138,7 +140,11 @@ def make_rendezvous_safe(offsets, kind, mb, stage, stage_device, m, start):  # p
             else:
                 if index[F, cs, j] >= here:
                     continue
-                if cs < num_stages - 1 and stage_device[cs + 1] == b and index[B, cs + 1, j] >= here:
+                if (
+                    cs < num_stages - 1
+                    and stage_device[cs + 1] == b
+                    and index[B, cs + 1, j] >= here
+                ):
                     continue
             if start_of[ck, cs, j] < best_t:
                 best_t = start_of[ck, cs, j]
