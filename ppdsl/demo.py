@@ -7,35 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ppdsl.compiler import Compiled, compile_file
+from ppdsl.compiler import compile_file
 from ppdsl.diagnostics import CompileError, render_all
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def compile_example(path: Path, overrides: dict[str, str]) -> Compiled:
-    """compile_file; where the blocking-exchange deadlock check rejects the lowered
-    programs, apply ppdsl.checks.deadlock.pull_receives_forward (receives posted
-    earlier) and check again -- until the compiler does so itself."""
-    try:
-        return compile_file(path, overrides)
-    except CompileError as err:
-        if not any("deadlock" in d.message for d in err.diagnostics):
-            raise
-    from ppdsl import checks
-    from ppdsl.checks import deadlock
-    from ppdsl.elaborate import elaborate
-    from ppdsl.lower import lower
-    from ppdsl.parse import parse
-    from ppdsl.simulate import simulate
-
-    schedule = elaborate(parse(path.read_text(), str(path)), overrides)
-    found = checks.check_schedule(schedule)
-    programs = deadlock.pull_receives_forward(lower(schedule))
-    errors = [d for d in found + deadlock.check(schedule, programs) if d.severity == "error"]
-    if errors:
-        raise CompileError(errors)
-    return Compiled(schedule, programs, simulate(schedule), tuple(found))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = (argv or [])[:1] or ["20"]
     print("ppdsl demo: examples/zb_v.pp -D d=4 -D m=8, tiny_gpt, 4 CPU ranks", flush=True)
     try:
-        compiled = compile_example(example, {"d": "4", "m": "8"})
+        compiled = compile_file(example, {"d": "4", "m": "8"})
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
         return 1

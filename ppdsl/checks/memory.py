@@ -92,7 +92,7 @@ def _violation(
     )
     message = (
         f"peak activation memory on device {device} is {_num(peak)}, {what} the bound "
-        f"{_num(bound)} (`expect peak_memory {expect.op} {expect.text}`); {advice}"
+        f"{_num(bound)} (`expect peak_memory{'' if expect.device is None else f'[{expect.device}]'} {expect.op} {expect.text}`); {advice}"
     )
     notes: tuple = ()
     if where is not None:

@@ -15,9 +15,9 @@ EXAMPLES = ROOT / "examples"
 
 
 def _compile(path: Path, defines: dict[str, int]):
-    from tests.dist.compat import compile_pulled
+    from ppdsl.compiler import compile_file
 
-    return compile_pulled(path, {k: str(v) for k, v in defines.items()})
+    return compile_file(path, {k: str(v) for k, v in defines.items()})
 
 
 def example_files() -> list[Path]:
