@@ -65,7 +65,7 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
         for p, s, e in zip(order, timeline.start[dev], timeline.end[dev], strict=True):
             a, b = col(float(s)), max(col(float(e)), col(float(s)) + 1)
             later = len(chunks) > 1 and p.stage != chunks[0]
-            colour = (_BG_LATER_CHUNK if later else _BG)[p.kind]
+            colour: int | None = (_BG_LATER_CHUNK if later else _BG)[p.kind]
             text = _label(p.kind, p.microbatch)
             if later and not style.color:
                 text = text.lower()  # without colour, a later chunk shows in lower case

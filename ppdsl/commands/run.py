@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds before a dead or hung rank stops the others (default 60)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--release", choices=["b", "w"], default="b",
+                        help="when a split backward frees activations: b (default) frees at B what W does "
+                        "not need; w keeps the autograd graph until W (M_W = M_B, the "
+                        "controllable-memory paper's accounting)")
     parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
                         help="write each rank's measurements to DIR/rank<N>.json")
     parser.add_argument("-o", "--output", metavar="DIR", default=None,
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device]
+    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device,
+                 "--release", args.release]
     for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
                         ("--timeout", args.timeout), ("--json", args.json_out)):
         if value is not None:

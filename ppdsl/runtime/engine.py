@@ -73,8 +73,16 @@ class Engine:
         lr: float = 3e-3,
         optimizer: str = "adam",
         timeout: float = 60.0,
+        release: str = "b",
     ) -> None:
+        if release not in ("b", "w"):
+            raise ValueError(f"release must be 'b' or 'w', not {release!r}")
         self.rank = rank
+        self.release = release
+        """When a split backward frees a microbatch-stage's activations: "b" (B frees
+        all but the layer inputs its W needs) or "w" (the whole autograd graph is kept
+        until W, as torch.distributed.pipelining's split does and as the
+        controllable-memory paper counts: M_W = M_B)."""
         self.ops = tuple(ops)
         self.stage_device = tuple(stage_device)
         self.num_stages = len(stage_device)
@@ -168,7 +176,7 @@ class Engine:
             stash = self._stash.pop(key)
             stash.run()
             if self._measure:
-                self.meter.set_stash(key, [])
+                self.meter.set_stash(key, [], [])
         else:
             self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
         if self._measure:
@@ -195,13 +203,17 @@ class Engine:
         x, out = self._state.pop((mb, s))
         grad = None if s == self.num_stages - 1 else self._take(TransferKind.GRAD, mb, s)
         stash = None if fused else WStash()
+        hold = stash is not None and self.release == "w"
         with stash_scope(stash):
-            torch.autograd.backward(out, grad)
+            torch.autograd.backward(out, grad, retain_graph=hold)
+        if hold:
+            assert stash is not None
+            stash.graph = out  # the graph and its saved activations live until W
         del out, grad
         if stash is not None:
             self._stash[(mb, s)] = stash
             if self._measure:
-                self.meter.set_stash((mb, s), stash.tensors)
+                self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
         if s > 0:
             assert x is not None and x.grad is not None
             self._give(TransferKind.GRAD, mb, s, s - 1, x.grad)

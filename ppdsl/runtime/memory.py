@@ -5,8 +5,10 @@ During a forward, `saved_tensors_hooks` wraps every tensor autograd saves (other
 than parameters) in a small box that the meter only references weakly; once
 autograd frees a saved tensor (at the end of B, or of a fused backward) its box
 dies. What a microbatch-stage holds at any moment is the storage of its live boxes
-plus its W stash, each storage counted once. Nothing is assumed about what B or W
-free: the meter looks.
+plus the layer inputs in its W stash, each storage counted once. Nothing is
+assumed about what B or W free: the meter looks. The output gradients a W stash
+also holds are gradient buffers, not activations (the compiler's memory model has
+no term for them): their peak is reported apart, in bytes.
 
 Units: the bytes one microbatch-stage holds right after its F are 1 M_B of that
 stage (the compiler's unit); after B, what it still holds divided by that is the
@@ -66,6 +68,9 @@ class MemoryMeter:
         """Bytes still held right after each B (the model's real M_W)."""
         self.peak_bytes = 0
         self.peak_units = Fraction(0)
+        self._gradient_bytes: dict[tuple[int, int], int] = {}
+        self.peak_gradient_bytes = 0
+        """Peak of the output gradients held in W stashes (not activations)."""
         self._activation: dict[tuple[int, int], Fraction] = {}
 
     def saving(self, key: tuple[int, int]) -> torch.autograd.graph.saved_tensors_hooks:
@@ -84,8 +89,17 @@ class MemoryMeter:
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def set_stash(self, key: tuple[int, int], tensors: list[torch.Tensor]) -> None:
+    def set_stash(
+        self,
+        key: tuple[int, int],
+        tensors: list[torch.Tensor],
+        gradients: list[torch.Tensor] | None = None,
+    ) -> None:
+        """`key`'s W stash: the layer inputs it holds (activations) and the output
+        gradients (counted apart)."""
         self._held.setdefault(key, _Held()).stash = tensors
+        self._gradient_bytes[key] = storage_bytes(gradients or [])
+        self.peak_gradient_bytes = max(self.peak_gradient_bytes, sum(self._gradient_bytes.values()))
 
     def after(self, kind: PassKind, key: tuple[int, int], activation: Fraction) -> None:
         """Re-measure `key` after a pass of `kind` on it;
@@ -113,6 +127,7 @@ class MemoryMeter:
     def reset_peak(self) -> None:
         self.peak_bytes = 0
         self.peak_units = Fraction(0)
+        self.peak_gradient_bytes = 0
 
 
 def predicted_peak(

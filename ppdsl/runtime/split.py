@@ -29,22 +29,33 @@ __all__ = ["WStash", "prepare_stage", "stash_scope"]
 
 
 class WStash:
-    """The weight-gradient work a B left for its W: closures plus the tensors they
-    hold (counted as the microbatch's retained activation, M_W)."""
+    """The weight-gradient work a B left for its W: closures, the layer inputs they
+    hold (`tensors`: counted as the microbatch's retained activation, M_W) and the
+    output gradients they hold (`gradients`: gradient buffers, not activations, so
+    outside the memory model; the meter reports their bytes apart).
+
+    `graph` is set when the runtime keeps the whole autograd graph of the
+    microbatch-stage until W (`--release w`): every saved activation stays alive
+    until `run` drops it."""
 
     def __init__(self) -> None:
         self.work: list[Callable[[], None]] = []
         self.tensors: list[torch.Tensor] = []
+        self.gradients: list[torch.Tensor] = []
+        self.graph: torch.Tensor | None = None
 
-    def add(self, fn: Callable[[], None], *tensors: torch.Tensor) -> None:
+    def add(self, fn: Callable[[], None], activation: torch.Tensor, gradient: torch.Tensor) -> None:
         self.work.append(fn)
-        self.tensors.extend(tensors)
+        self.tensors.append(activation)
+        self.gradients.append(gradient)
 
     def run(self) -> None:
         for fn in self.work:
             fn()
         self.work.clear()
         self.tensors.clear()
+        self.gradients.clear()
+        self.graph = None
 
 
 class _State(threading.local):
@@ -78,11 +89,11 @@ def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
         param.grad.add_(grad)
 
 
-def _defer(fn: Callable[[], None], *tensors: torch.Tensor) -> None:
+def _defer(fn: Callable[[], None], activation: torch.Tensor, gradient: torch.Tensor) -> None:
     if _state.stash is None:
         fn()
     else:
-        _state.stash.add(fn, *tensors)
+        _state.stash.add(fn, activation, gradient)
 
 
 class _Linear(torch.autograd.Function):

@@ -60,6 +60,12 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
+        "--release", choices=["b", "w"], default="b",
+        help="when a split backward frees activations: b (default) frees at B what W does "
+        "not need; w keeps the autograd graph until W (M_W = M_B, the controllable-memory "
+        "paper's accounting)",
+    )
+    parser.add_argument(
         "--json", dest="json_out", metavar="DIR", default=None,
         help="write each rank's measurements to DIR/rank<N>.json",
     )
@@ -221,7 +227,7 @@ def _run(
             )
         engine = Engine(
             rank, ops, plan.stage_device, m, plan.memory, model, device,
-            lr=opts.lr, timeout=opts.timeout,
+            lr=opts.lr, timeout=opts.timeout, release=opts.release,
         )
     except ModelError as exc:
         error = str(exc)
@@ -291,6 +297,7 @@ def _run(
         "predicted_peak_real_mw": str(plan.predicted_peak(rank, real_memory)),
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
+        "stash_gradient_bytes": engine.meter.peak_gradient_bytes,
         "cuda_peak_bytes": cuda_peak,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},

@@ -253,7 +253,7 @@ class _Search:
                 f"{', admission control' if adm else ''}, in-flight cap x{alpha:g}"
                 f"{', sends wait for their receiver' if gated else ''})"
             )
-            metrics = self.consider(*out, method)
+            metrics = self.consider(*out, method)  # type: ignore[call-arg]
             if metrics is not None:
                 scored.append((metrics.bubble, params, alpha))
         self.progress("heuristics", 1.0)
@@ -287,7 +287,7 @@ class _Search:
                 params,
                 noise,
             )
-            self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")
+            self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")  # type: ignore[call-arg]
             n += 1
             if n % 32 == 0:
                 self.progress("refining", min(1.0, (time.monotonic() - start) / total))

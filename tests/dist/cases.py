@@ -35,7 +35,8 @@ def front_end_ready() -> bool:
 
 def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
                 only: list[str] | None = None,
-                factory: str = "stages") -> tuple[list[dict], dict[str, str]]:
+                factory: str = "stages",
+                release: str = "b") -> tuple[list[dict], dict[str, str]]:
     """(cases, skipped {name: reason}); each case's schedule is pickled into workdir."""
     workdir.mkdir(parents=True, exist_ok=True)
     cases: list[dict] = []
@@ -59,10 +60,12 @@ def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
             if only is None or s.name in only:
                 found.append((s.name, s, lower(s)))
     for name, schedule, programs in found:
-        case_id = f"{name}-d{d}" + ("" if factory == "stages" else f"-{factory}")
+        case_id = (f"{name}-d{d}" + ("" if factory == "stages" else f"-{factory}")
+                   + ("" if release == "b" else f"-release-{release}"))
         pickle_path = workdir / f"{case_id}.pickle"
         pickle_path.write_bytes(pickle.dumps((schedule, programs, None)))
         cases.append({"id": case_id, "name": name, "d": d, "pickle": str(pickle_path),
                       "split": schedule.split_backward, "check_grads": check_grads,
-                      "steps": 3, "m": schedule.num_microbatches, "factory": factory})
+                      "steps": 3, "m": schedule.num_microbatches, "factory": factory,
+                      "release": release})
     return cases, skipped

@@ -75,7 +75,8 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     batch_size = case.get("batch_per_mb", 2) * m
     model = build_model(MODEL + case.get("factory", "stages"), num_stages)
     engine = Engine(rank, programs[rank].ops, plan.stage_device, m, plan.memory, model,
-                    DEVICE, lr=LR, optimizer="sgd", timeout=60)
+                    DEVICE, lr=LR, optimizer="sgd", timeout=60,
+                    release=case.get("release", "b"))
     engine.shapes, error = probe_shapes(model, engine.stages, plan.stage_device, rank, m,
                                         batch_size, DEVICE)
     assert error is None, error
@@ -86,6 +87,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     dist.all_reduce(loss_t)
     out["measured_peak"] = str(engine.meter.peak_units)
     out["measured_peak_bytes"] = engine.meter.peak_bytes
+    out["stash_gradient_bytes"] = engine.meter.peak_gradient_bytes
     ratios = engine.measured_mw_ratio()
     out["mw_ratio"] = {str(s): str(r) for s, r in ratios.items()}
     out["stage_bytes"] = {str(s): b for s, b in engine.stage_bytes().items()}
