@@ -47,7 +47,7 @@ from fractions import Fraction
 
 from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
 
-__all__ = ["repeat_block"]
+__all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
 
 _F, _B, _W, _BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 
@@ -83,7 +83,7 @@ def repeat_block(
             tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
             for device_slots in timed
         )
-    return _fix_warm_up_and_cool_down(orders, placement, costs)
+    return tighten_warm_up_and_cool_down(orders, placement, costs)
 
 
 def _fill_w(
@@ -114,7 +114,7 @@ def _fill_w(
     return tuple(orders)
 
 
-def _fix_warm_up_and_cool_down(
+def tighten_warm_up_and_cool_down(
     orders: tuple[tuple[Pass, ...], ...], placement: Placement, costs: Costs
 ) -> tuple[tuple[Pass, ...], ...]:
     """The orders with warm-up and cool-down tightened (module docstring), or

@@ -11,7 +11,9 @@ the language; W fills the free slots, oldest pending first, the rest at the end
 (the paper's placement of W, before the squeeze re-times the order).
 
 V-Min and V-Half (the paper's Appendix patterns) are points of this space:
-`VMIN` and `VHALF` give their offsets.
+`v_min` and `v_half` give their offsets. V-ZB's block (ZB-V's steady state,
+examples/v_zb.pp) has wider offsets than the sweep tries; `v_zb` gives it and
+`named_blocks` adds the hand-made points to the sweep.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ __all__ = [
     "block_fb_orders",
     "block_orders",
     "enumerate_blocks",
+    "named_blocks",
     "v_min",
     "v_half",
+    "v_zb",
 ]
 
 
@@ -63,6 +67,19 @@ def v_half(d: int) -> BlockShape:
     """V-Half's block (controllable-memory paper, Appendix)."""
     interval = 3 if d % 2 == 0 else 0
     return BlockShape((2, 1), 1, 1 + interval, (1, 2), 2, 6)
+
+
+def v_zb(d: int) -> BlockShape:
+    """V-ZB's block (controllable-memory paper; the slots of examples/v_zb.pp)."""
+    return BlockShape((4, 2), 3, 1, (2, 4), 3, 6)
+
+
+def named_blocks(placement: Placement) -> dict[str, BlockShape]:
+    """The hand-made blocks of this placement, by name (V-shape only)."""
+    d, S = placement.num_devices, placement.num_stages
+    if S != 2 * d or placement.kind != "vshape":
+        return {}
+    return {"V-Min": v_min(d), "V-Half": v_half(d), "V-ZB": v_zb(d)}
 
 
 def block_starts(

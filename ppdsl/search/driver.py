@@ -22,13 +22,13 @@ from fractions import Fraction
 
 import numpy as np
 
+from ppdsl.blocks import tighten_warm_up_and_cool_down
 from ppdsl.ir.schedule import Pass, PassKind
-from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks
+from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks, named_blocks
 from ppdsl.search.evaluate import Metrics, evaluate_orders, time_orders
 from ppdsl.search.listsched import list_schedule
 from ppdsl.search.localsearch import polish
 from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
-from ppdsl.search.rendezvous import make_rendezvous_safe
 
 __all__ = ["Arrays", "Candidate", "SearchResult", "search", "arrays_for", "evaluate_passes"]
 
@@ -115,11 +115,7 @@ class SearchResult:
 
 def evaluate_passes(problem: SearchProblem, arrays: Arrays, orders) -> Metrics:
     """Metrics of orders given as Pass tuples (for references and tests)."""
-    flat = [p for order in orders for p in order]
-    offsets = np.cumsum([0] + [len(o) for o in orders]).astype(np.int64)
-    kind = np.array([_CODE[p.kind] for p in flat], dtype=np.int64)
-    mb = np.array([p.microbatch for p in flat], dtype=np.int64)
-    st = np.array([p.stage for p in flat], dtype=np.int64)
+    offsets, kind, mb, st = _flatten(orders)
     return evaluate_orders(
         offsets,
         kind,
@@ -163,11 +159,6 @@ class _Search:
         start, _, ok = time_orders(offsets, kind, mb, stage, a.stage_device, a.dur, a.comm, m)
         if not ok:
             return None
-        kind, mb, stage, ok, _ = make_rendezvous_safe(
-            offsets, kind, mb, stage, a.stage_device, m, start
-        )
-        if not ok:
-            return None
         metrics = evaluate_orders(
             offsets,
             kind,
@@ -189,14 +180,35 @@ class _Search:
 
     # 1. building blocks
     def blocks(self) -> None:
+        """Every block of the swept space and the placement's hand-made blocks,
+        repeated with W in the free slots; then, on the best of them, the
+        controllable-memory paper's last step (ppdsl.blocks: early forwards in the
+        warm-up, B before W in the cool-down; never above the block's peak)."""
         p = self.problem
-        shapes = enumerate_blocks(p.placement)
-        for n, shape in enumerate(shapes):
+        named = named_blocks(p.placement)
+        shapes = [(shape, f" ({name})") for name, shape in named.items()]
+        seen = set(named.values())
+        shapes += [(shape, "") for shape in enumerate_blocks(p.placement) if shape not in seen]
+        scored = []
+        for n, (shape, name) in enumerate(shapes):
             if n % 16 == 0:
-                self.progress("building blocks", n / len(shapes))
+                self.progress("building blocks", 0.8 * n / len(shapes))
             orders = block_orders(p.placement, shape, p.num_microbatches)
-            if orders is not None:
-                self.consider(*orders, True, f"building block {_shape_text(shape)}, W fill", shape)
+            if orders is None:
+                continue
+            text = f"building block{name} {_shape_text(shape)}, W fill"
+            metrics = self.consider(*orders, True, text, shape)
+            if metrics is not None:
+                scored.append((metrics.bubble, metrics.makespan, n, shape, text, orders))
+        scored.sort(key=lambda x: x[:3])
+        best = scored[:_TIGHTENED]
+        for n, (_, _, _, shape, text, orders) in enumerate(best):
+            self.progress("building blocks", 0.8 + 0.2 * n / len(best))
+            plain = Candidate(*orders, None, text).orders()  # type: ignore[arg-type]
+            tight = tighten_warm_up_and_cool_down(plain, p.placement, p.costs)
+            if tight != plain:
+                flat = _flatten(tight)
+                self.consider(*flat, True, text + ", warm-up and cool-down tightened", shape)
         self.progress("building blocks", 1.0)
 
     def _caps(self, alpha: float) -> np.ndarray:
@@ -323,6 +335,19 @@ class _Search:
 
 
 _W_TEXT = {0: "fills every gap", 1: "fills gaps >= T_W", 2: "right after B"}
+
+
+_TIGHTENED = 12
+"""How many of the best blocks get the warm-up/cool-down step (a Python pass)."""
+
+
+def _flatten(orders) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    flat = [q for order in orders for q in order]
+    offsets = np.cumsum([0] + [len(o) for o in orders]).astype(np.int64)
+    kind = np.array([_CODE[q.kind] for q in flat], dtype=np.int64)
+    mb = np.array([q.microbatch for q in flat], dtype=np.int64)
+    st = np.array([q.stage for q in flat], dtype=np.int64)
+    return offsets, kind, mb, st
 
 
 def _shape_text(shape: BlockShape) -> str:

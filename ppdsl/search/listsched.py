@@ -10,8 +10,8 @@ at the end. With `admission` a device admits a microbatch's first chunk only if
 the F of its later chunks on this device still fit, which keeps the
 multi-chunk placements from deadlocking under tight budgets.
 
-The orders must also run under ppdsl's blocking exchanges (`rendezvous` repairs
-what does not): with `prefer_pair`, after a pass whose output goes to device b,
+The compiler makes any valid order run under blocking exchanges (it posts
+receives early where needed); with `prefer_pair`, after a pass whose output goes to device b,
 a device takes first the pass that consumes what b is sending back, so the two
 exchanges meet as in 1F1B's steady state.
 """

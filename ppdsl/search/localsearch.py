@@ -3,8 +3,8 @@ its device's order (mostly on the device whose span sets the bubble), keep the
 change when the orders still run, fit the budget and are no worse.
 
 Moves that break a dependency are caught by the evaluator (the orders then wait
-on each other in a cycle); moves that would deadlock under blocking exchanges
-are repaired or rejected by `rendezvous`.
+on each other in a cycle). Blocking exchanges need no care here: the compiler
+posts receives early wherever the lowered programs would wait on each other.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ppdsl.search.evaluate import Metrics, evaluate_orders, time_orders
-from ppdsl.search.rendezvous import make_rendezvous_safe
 
 __all__ = ["polish"]
 
@@ -83,11 +82,6 @@ def polish(
             arr[target] = moved
         s0, _, ok = time_orders(
             offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, m
-        )
-        if not ok:
-            continue
-        new_kind, new_mb, new_stage, ok, _ = make_rendezvous_safe(
-            offsets, new_kind, new_mb, new_stage, a.stage_device, m, s0
         )
         if not ok:
             continue

@@ -4,8 +4,9 @@ define them and measured by the search's own evaluator.
 - parallel: 1F1B with B and W split (B W right after each other), ZB-H1 (the
   zero-bubble paper's block: F at s, B at 3d-2-2s, W at 3d-1+s, period 3);
 - vshape: V-Min and V-Half (the controllable-memory paper's blocks, W in the
-  free slots). V-ZB is no single block here; the paper's claim for it (zero
-  bubble at 1F1B's memory when T_F = T_B = T_W) is the bench's reference.
+  free slots). For V-ZB the bench's reference is the paper's claim (zero
+  bubble at 1F1B's memory when T_F = T_B = T_W); its block is also among the
+  search's own starting points (`blockspace.named_blocks`).
 """
 
 from __future__ import annotations
