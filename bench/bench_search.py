@@ -33,8 +33,11 @@ ZB_COSTS_V = "F=9.261,B=9.043,W=4.6685,comm=0.601"
 
 
 def _row(
-    label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds, strict=False
+    label, d, m, place, costs, memory, wf, ref_name, ref_bubble, ref_peak, seconds, strict=False,
+    digits=None,
 ):
+    """One search against one reference; `digits`: the reference is a paper's figure
+    printed to that many decimals, so the bubble is compared at that precision."""
     problem = build_problem(
         devices=d,
         microbatches=m,
@@ -48,12 +51,13 @@ def _row(
     took = time.monotonic() - begin
     bubble = result.best.metrics.bubble
     peak = max(result.peak_memory())
-    better = bubble < ref_bubble - 1e-9 if strict else bubble <= ref_bubble + 1e-9
+    shown = round(bubble, digits) if digits is not None else bubble
+    better = shown < ref_bubble - 1e-9 if strict else shown <= ref_bubble + 1e-9
     ok = better and (ref_peak is None or peak <= ref_peak)
     ref_peak_text = "-" if ref_peak is None else f"{float(ref_peak):g}"
     print(
-        f"{label:<34} {d:>3} {m:>3} {float(problem.budget):>7g} {bubble:>8.4f} {float(peak):>6g}"
-        f"   {ref_name:<8} {ref_bubble:>8.4f} {ref_peak_text:>6} {took:>6.1f}  {'ok' if ok else 'MISS'}",
+        f"{label:<34} {d:>3} {m:>3} {float(problem.budget):>7g} {bubble:>8.5f} {float(peak):>6g}"
+        f"   {ref_name:<8} {ref_bubble:>8.5f} {ref_peak_text:>6} {took:>6.1f}  {'ok' if ok else 'MISS'}",
         flush=True,
     )
     return ok
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                 name,
                 paper,
                 None,
-                seconds,
+                max(seconds, 15.0),
+                digits=4,
             )
         )
         results.append(
@@ -195,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     print(
-        f"{sum(results)}/{len(results)} rows meet their target (<= the reference; F3 B4 W2 rows: <)"
+        f"{sum(results)}/{len(results)} rows meet their target (<= the reference; F3 B4 W2 rows: <;"
+        " ZB rows: at the paper's 4 printed decimals)"
     )
 
 

@@ -63,7 +63,9 @@ def polish(
     begin = time.monotonic()
     while time.monotonic() < deadline:
         tries += 1
-        dev = focus if rng.random() < 0.6 else int(rng.integers(d))
+        # Mostly anywhere: a move on another device often opens the way for one
+        # on the device that sets the bubble (measured: a 60% focus stalled higher).
+        dev = focus if rng.random() < 0.2 else int(rng.integers(d))
         lo, hi = int(offsets[dev]), int(offsets[dev + 1])
         if hi - lo < 2:
             continue
@@ -80,11 +82,6 @@ def polish(
             else:
                 arr[target + 1 : k + 1] = arr[target:k]
             arr[target] = moved
-        s0, _, ok = time_orders(
-            offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, m
-        )
-        if not ok:
-            continue
         x = evaluate_orders(
             offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, a.mem, m
         )
