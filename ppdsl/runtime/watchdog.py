@@ -62,7 +62,7 @@ class Watchdog:
         self._stop.set()
         try:
             self.store.set(f"{_PREFIX}done/{self.rank}", "1")
-        except Exception:
+        except Exception:  # the store lives on rank 0, which may have exited: best effort
             pass
 
     def fail(self, message: str) -> None:
@@ -70,7 +70,7 @@ class Watchdog:
         self._stop.set()
         try:
             self.store.set(f"{_PREFIX}fail/{self.rank}", message)
-        except Exception:
+        except Exception:  # the store may be gone; this rank still exits with its message
             pass
 
     def _loop(self) -> None:
