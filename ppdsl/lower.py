@@ -15,7 +15,7 @@ from __future__ import annotations
 from ppdsl.ir.rank import Compute, Exchange, Op, RankProgram, Transfer, TransferKind
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 
-__all__ = ["lower", "inputs_of", "outputs_of"]
+__all__ = ["lower", "inputs_of", "outputs_of", "receive_buffers_peak"]
 
 
 def inputs_of(p: Pass, schedule: Schedule) -> tuple[Transfer, ...]:
@@ -67,3 +67,23 @@ def lower(schedule: Schedule) -> tuple[RankProgram, ...]:
     return tuple(
         _lower_rank(rank, order, schedule) for rank, order in enumerate(schedule.orders)
     )
+
+
+def receive_buffers_peak(program: RankProgram) -> int:
+    """The most received tensors the rank holds at once before the passes that
+    consume them. A receive pulled forward (see ppdsl.checks.deadlock) is held
+    from its earlier exchange on; these are transfer buffers, not activations,
+    so the memory model does not count them and `stats` shows them apart."""
+    alive: set[tuple[TransferKind, int, int]] = set()
+    peak = 0
+    for op in program.ops:
+        if type(op) is Exchange:
+            alive.update((t.kind, t.microbatch, t.dst_stage) for t in op.recvs)
+            peak = max(peak, len(alive))
+        elif type(op) is Compute:
+            p = op.pass_
+            if p.kind is PassKind.F:
+                alive.discard((TransferKind.ACT, p.microbatch, p.stage))
+            elif p.kind in (PassKind.B, PassKind.BW):
+                alive.discard((TransferKind.GRAD, p.microbatch, p.stage))
+    return peak

@@ -9,6 +9,7 @@ from typing import Any
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
+from ppdsl.lower import receive_buffers_peak
 
 __all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
 
@@ -48,7 +49,10 @@ def stats_table(compiled: Compiled) -> str:
         "",
     ]
     bounds = memory_bounds(compiled)
-    header = ["rank", "passes", "busy", "span", "idle in span", "peak memory", "bound", "headroom"]
+    header = [
+        "rank", "passes", "busy", "span", "idle in span", "peak memory", "bound", "headroom",
+        "recv buffers",
+    ]
     rows = []
     for dev in range(s.num_devices):
         span = float(t.span_end[dev] - t.span_start[dev])
@@ -64,12 +68,17 @@ def stats_table(compiled: Compiled) -> str:
             _num(peak),
             _num(bound) if bound is not None else "-",
             _num(bound - peak) if bound is not None else "-",
+            str(receive_buffers_peak(compiled.programs[dev])),
         ])
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    lines.append("memory in units of the file's M_B/M_W declarations")
+    lines.append(
+        "memory in units of the file's M_B/M_W declarations; recv buffers: the most received "
+        "tensors a rank holds before the passes that use them (transfer buffers, outside the "
+        "memory model)"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -103,6 +112,7 @@ def schedule_json(compiled: Compiled) -> dict[str, Any]:
                 "actions": [torch_action(p) for p in s.orders[dev]],
                 "peak_memory": _jsonable(t.peak_memory[dev]),
                 "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
+                "receive_buffers_peak": receive_buffers_peak(compiled.programs[dev]),
                 "busy": float(t.busy[dev]),
                 "span": float(t.span_end[dev] - t.span_start[dev]),
             }

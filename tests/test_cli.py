@@ -99,6 +99,36 @@ def test_stats_table_has_every_device(capsys: pytest.CaptureFixture[str]) -> Non
     assert len(rows) == 4
 
 
+def test_stats_shows_receive_buffers_held_ahead(capsys: pytest.CaptureFixture[str]) -> None:
+    """Receives pulled forward hold their buffers longer: stats --json says how many
+    a rank holds at most (1F1B: one; looped BFS at d=8: many on its turning ranks),
+    counted independently here by walking each rank's program."""
+    from ppdsl.compiler import compile_file
+    from ppdsl.ir.rank import Exchange
+
+    for name, most in (("1f1b", 1), ("looped_bfs", None)):
+        path = str(ROOT / "examples" / f"{name}.pp")
+        code, out, _ = _run(capsys, "stats", path, "-D", "d=8", "-D", "m=32", "--json")
+        assert code == 0
+        peaks = [dev["receive_buffers_peak"] for dev in json.loads(out)["devices"]]
+        programs = compile_file(path, {"d": "8", "m": "32"}).programs
+        for prog, peak in zip(programs, peaks, strict=True):
+            waiting, held = [], 0
+            for op in prog.ops:
+                if isinstance(op, Exchange):
+                    waiting += [(t.microbatch, t.dst_stage, t.kind.value) for t in op.recvs]
+                    held = max(held, len(waiting))
+                else:
+                    p = op.pass_
+                    want = "act" if p.kind.value == "F" else "grad"
+                    waiting = [w for w in waiting if w != (p.microbatch, p.stage, want)]
+            assert peak == held
+        if most is not None:
+            assert max(peaks) == most
+        else:
+            assert max(peaks) > 2
+
+
 def test_show_without_tty_has_no_colour(capsys: pytest.CaptureFixture[str]) -> None:
     """show to a pipe writes plain text with every device row and microbatch numbers."""
     code, out, _ = _run(capsys, "show", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8", "--width", "200")
