@@ -129,6 +129,18 @@ def test_stats_shows_receive_buffers_held_ahead(capsys: pytest.CaptureFixture[st
             assert max(peaks) > 2
 
 
+def test_check_prints_the_ir_and_the_programs(capsys: pytest.CaptureFixture[str]) -> None:
+    """check --ir prints the canonical IR (the golden file's text); --programs the
+    lowered rank programs, one exchange per line."""
+    code, out, _ = _run(capsys, "check", ZB_H1, "--ir", "--programs")
+    assert code == 0
+    golden = (ROOT / "tests" / "golden" / "examples" / "zb_h1.txt").read_text()
+    assert golden in out
+    programs = out[out.index("rank 0:\n"):]
+    assert programs.count("exchange {") > 0 and "rank 3:" in programs
+    assert "send act(mb 0, stage 0->1, rank 0->1)" in programs
+
+
 def test_show_without_tty_has_no_colour(capsys: pytest.CaptureFixture[str]) -> None:
     """show to a pipe writes plain text with every device row and microbatch numbers."""
     code, out, _ = _run(capsys, "show", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8", "--width", "200")

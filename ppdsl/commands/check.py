@@ -10,6 +10,8 @@ import sys
 
 from ppdsl.commands.common import add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, render_all
+from ppdsl.ir.rank import format_rank_programs
+from ppdsl.ir.schedule import format_schedule
 from ppdsl.report import diagnostic_json, schedule_json
 
 HELP = "prove a schedule valid (or say where it is not)"
@@ -18,6 +20,14 @@ HELP = "prove a schedule valid (or say where it is not)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
+    parser.add_argument(
+        "--ir", action="store_true",
+        help="also print the schedule IR in its canonical text form (per-device pass orders)",
+    )
+    parser.add_argument(
+        "--programs", action="store_true",
+        help="also print the lowered per-rank programs (passes and send/recv exchanges)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
             f"{s.num_microbatches} microbatches; makespan {float(t.makespan):g}, "
             f"bubble {float(t.bubble_ratio):.4f}, peak memory {max(t.peak_memory)}"
         )
+        if args.ir:
+            print(format_schedule(s), end="")
+        if args.programs:
+            print(format_rank_programs(compiled.programs), end="")
         return 0
     try:
         compiled = compile_from_args(args)
@@ -43,5 +57,9 @@ def run(args: argparse.Namespace) -> int:
         "diagnostics": [diagnostic_json(d) for d in compiled.warnings],
         "schedule": schedule_json(compiled),
     }
+    if args.ir:
+        result["ir"] = format_schedule(compiled.schedule)
+    if args.programs:
+        result["programs"] = format_rank_programs(compiled.programs)
     print(json.dumps(result, indent=2))
     return 0
