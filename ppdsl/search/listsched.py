@@ -84,6 +84,20 @@ def _fits(admission, chunk, cur, reserved, mem_f, later, limit):  # pragma: no c
 
 
 @numba.njit(cache=True)
+def _may_take(
+    k, s, j, dev, nf, nb, admission, chunk_of, cur, reserved, mem, later, limit
+):  # pragma: no cover - numba
+    """Pass (k, s, j) is its stage's next of its kind (a B also needs its F done)
+    and, for an F, memory admits it on `dev`."""
+    nxt = (nf[s] == j) if k == F else (nb[s] == j and nf[s] > j)
+    if nxt and k == F:
+        nxt = _fits(
+            admission, chunk_of[s], cur[dev], reserved[dev], mem[F, s], later[dev], limit[dev]
+        )
+    return nxt
+
+
+@numba.njit(cache=True)
 def list_schedule(  # pragma: no cover - numba
     dev_stages,  # int64[d, v]: stage of chunk c on device dev
     stage_device,  # int64[S]
@@ -196,17 +210,10 @@ def list_schedule(  # pragma: no cover - numba
                     continue
                 if waiting[x] and owe_k[x] >= 0 and stage_device[owe_s[x]] == dev:
                     xk, xs, xj = owe_k[x], owe_s[x], owe_j[x]
-                    nxt = (nf[xs] == xj) if xk == F else (nb[xs] == xj and nf[xs] > xj)
-                    if nxt and xk == F:
-                        nxt = _fits(
-                            admission,
-                            chunk_of[xs],
-                            cur[dev],
-                            reserved[dev],
-                            mem[F, xs],
-                            later[dev],
-                            limit[dev],
-                        )
+                    nxt = _may_take(
+                        xk, xs, xj, dev, nf, nb, admission, chunk_of, cur, reserved, mem,
+                        later, limit,
+                    )
                     if nxt:
                         r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S)
                         if r <= t + EPS:
@@ -228,17 +235,10 @@ def list_schedule(  # pragma: no cover - numba
                 lj = out_mb[b, count[b] - 1]
                 ck, cs = _consumer(lk, ls, stage_device, S)
                 if ck >= 0 and stage_device[cs] == dev and not committed[ck, cs, lj]:
-                    nxt = (nf[cs] == lj) if ck == F else (nb[cs] == lj and nf[cs] > lj)
-                    if nxt and ck == F:
-                        nxt = _fits(
-                            admission,
-                            chunk_of[cs],
-                            cur[dev],
-                            reserved[dev],
-                            mem[F, cs],
-                            later[dev],
-                            limit[dev],
-                        )
+                    nxt = _may_take(
+                        ck, cs, lj, dev, nf, nb, admission, chunk_of, cur, reserved, mem,
+                        later, limit,
+                    )
                     if nxt:
                         r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S)
                         if r <= t + EPS:
