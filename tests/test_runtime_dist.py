@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.dist import harness
-from tests.dist.cases import build_cases, example_files, front_end_ready
+from tests.dist.cases import build_cases, example_files
 from tests.dist.orders import python_schedules
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -28,40 +28,32 @@ MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 TOL = 1e-5
 
 
-def _names() -> list[str]:
-    if front_end_ready():
-        return [p.stem for p in example_files()]
-    return [s.name for s in python_schedules(2, 4)]
-
-
-CASES = [(d, name) for d in (2, 4) for name in _names()]
+CASES = [(d, p.stem) for d in (2, 4) for p in example_files()]
+V_FILES = {"1f1b": "1f1b", "half": "v_half", "min": "v_min"}
 
 
 @pytest.fixture(scope="session")
 def dist_results(tmp_path_factory: pytest.TempPathFactory):
-    """{d: (results by case id, skipped reasons)}, each world size run once, lazily."""
-    cache: dict[int, tuple[dict, dict]] = {}
+    """{d: results by case id}, each world size run once, lazily."""
+    cache: dict[int, dict] = {}
 
-    def get(d: int) -> tuple[dict, dict]:
+    def get(d: int) -> dict:
         if d not in cache:
             work = tmp_path_factory.mktemp(f"dist-d{d}")
-            cases, skipped = build_cases(d, work)
+            cases = build_cases(d, work)
             if d == 2:  # memory only, with the long-sequence model (M_W/M_B about 0.18)
-                cases += build_cases(d, work, check_grads=False, factory="stages_long")[0]
-            if d == 4 and (v := _v_files()) is not None:  # graphs kept until W
-                cases += build_cases(d, work, only=[v["half"], v["min"]], release="w")[0]
-            results = harness.run_cases(cases, d, work) if cases else {}
-            cache[d] = (results, skipped)
+                cases += build_cases(d, work, check_grads=False, factory="stages_long")
+            if d == 4:  # graphs kept until W
+                cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
+                                     release="w")
+            cache[d] = harness.run_cases(cases, d, work)
         return cache[d]
 
     return get
 
 
 def _case(dist_results, d: int, name: str) -> list[dict]:
-    results, skipped = dist_results(d)
-    if name in skipped:
-        pytest.skip(f"{name} at d={d}: {skipped[name]}")
-    per_rank = results[f"{name}-d{d}"]
+    per_rank = dist_results(d)[f"{name}-d{d}"]
     errors = [r["error"] + "\n" + r.get("traceback", "") for r in per_rank if "error" in r]
     assert not errors, errors[0]
     return per_rank
@@ -99,25 +91,12 @@ def test_prediction_bounds_memory_when_b_frees_more(dist_results, name: str) -> 
     """With tiny_gpt's long-sequence variant, whose measured M_W/M_B (about 0.18) is
     below every example's M_W, the compiler's predicted peak bounds the measured
     one on every rank, and the prediction with the measured M_W is exact."""
-    results, skipped = dist_results(2)
-    if name in skipped:
-        pytest.skip(f"{name} at d=2: {skipped[name]}")
-    per_rank = results[f"{name}-d2-stages_long"]
+    per_rank = dist_results(2)[f"{name}-d2-stages_long"]
     assert not [r for r in per_rank if "error" in r], per_rank
     for r in per_rank:
         measured = Fraction(r["measured_peak"])
         assert measured <= Fraction(r["predicted_peak"]), r
         assert measured == Fraction(r["predicted_peak_real_mw"]), r
-
-
-def _v_files() -> dict[str, str] | None:
-    stems = [p.stem for p in example_files()]
-    pick = {
-        "1f1b": next((s for s in stems if s.replace("_", "") in ("1f1b", "onef1b", "onefoneb")), None),
-        "half": next((s for s in stems if "half" in s), None),
-        "min": next((s for s in stems if "min" in s and s.startswith("v")), None),
-    }
-    return pick if front_end_ready() and all(pick.values()) else None
 
 
 def _release_w(results: dict, key: str) -> list[dict]:
@@ -131,11 +110,7 @@ def _release_w(results: dict, key: str) -> list[dict]:
 def test_release_w_step_equals_single_process(dist_results, kind: str) -> None:
     """`--release w` (each microbatch-stage's graph kept until its W) trains the
     same: loss, gradients and parameters equal the non-pipelined run at d=4."""
-    files = _v_files()
-    if files is None:
-        pytest.skip("needs examples 1F1B, V-Half and V-Min")
-    results, _ = dist_results(4)
-    for r in _release_w(results, f"{files[kind]}-d4-release-w"):
+    for r in _release_w(dist_results(4), f"{V_FILES[kind]}-d4-release-w"):
         assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
         assert r["grad_rel_err"] <= TOL, r
         assert r["param_rel_err"] <= TOL, r
@@ -148,17 +123,14 @@ def test_v_shape_memory_ratios(dist_results, tmp_path: Path, d: int) -> None:
     files' predictions. Measured with `--release w` (graphs kept until W: the
     paper's accounting, M_W = M_B, which is also what the files declare); the
     measured M_W/M_B is then 1 on every stage, read off the tensors, not assumed."""
-    files = _v_files()
-    if files is None:
-        pytest.skip("needs examples 1F1B, V-Half and V-Min (helper BLOCKS)")
+    files = V_FILES
     if d == 4:  # the d=4 cases already ran in the shared process group
-        results, skipped = dist_results(4)
+        results = dist_results(4)
     else:  # memory only (one step, no reference run): 8 processes on few cores
-        cases, skipped = build_cases(d, tmp_path, check_grads=False, only=[files["1f1b"]])
+        cases = build_cases(d, tmp_path, check_grads=False, only=[files["1f1b"]])
         cases += build_cases(d, tmp_path, check_grads=False,
-                             only=[files["half"], files["min"]], release="w")[0]
+                             only=[files["half"], files["min"]], release="w")
         results = harness.run_cases(cases, d, tmp_path)
-    assert not set(files.values()) & set(skipped), skipped
     # A schedule's units are its own stages' M_B; a V-shape chunk is half a 1F1B
     # stage of the same model, so compare in units of the whole model's activation
     # per microbatch: peak / num_stages.
@@ -310,10 +282,7 @@ def test_ppdsl_run_trains(tmp_path: Path) -> None:
     """`ppdsl run` on an example at d=2: per-step lines, loss going down, the table."""
     import subprocess
 
-    if not front_end_ready():
-        pytest.skip("needs the .pp front end and examples (helpers FRONT, BLOCKS)")
-    example = next((p for p in example_files() if p.stem in ("one_f_one_b", "1f1b")),
-                   example_files()[0])
+    example = ROOT / "examples" / "1f1b.pp"
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", str(example), "-D", "d=2",
          "--model", MODEL, "--steps", "8"],
