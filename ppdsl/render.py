@@ -59,6 +59,8 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
 
     # Each row: a list of cells (char, colour code or None).
     rows: list[list[tuple[str, int | None]]] = []
+    # a band may end only where no pass is cut in two
+    cuttable = [True] * (total_cols + 1)
     for dev, order in enumerate(schedule.orders):
         row: list[tuple[str, int | None]] = [(" ", None)] * total_cols
         chunks = schedule.placement.chunks(dev)
@@ -72,11 +74,19 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
             cells = (text + " " * (b - a))[: b - a]
             for k in range(a, min(b, total_cols)):
                 row[k] = (cells[k - a], colour)
+                if k > a:
+                    cuttable[k] = False
         rows.append(row)
 
     out: list[str] = []
-    for band_start in range(0, total_cols, band_cols):
+    band_start = 0
+    while band_start < total_cols:
         band_end = min(band_start + band_cols, total_cols)
+        if band_end < total_cols:
+            safe = next(
+                (c for c in range(band_end, band_start, -1) if cuttable[c]), band_end
+            )
+            band_end = safe
         t0 = band_start / label_width * quantum
         t1 = band_end / label_width * quantum
         out.append(f"{'':{gutter}}t = {t0:g} .. {t1:g}")
@@ -92,6 +102,7 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
                 line.append("\x1b[0m")
             out.append("".join(line))
         out.append("")
+        band_start = band_end
     legend = "F forward, B input-gradient backward, W weight-gradient backward"
     if not schedule.split_backward:
         legend = "F forward, B fused backward"

@@ -141,6 +141,23 @@ def test_check_prints_the_ir_and_the_programs(capsys: pytest.CaptureFixture[str]
     assert "send act(mb 0, stage 0->1, rank 0->1)" in programs
 
 
+def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A timeline wider than the terminal wraps into bands that never cut a pass's
+    label in two (ZB-V's fractional pass times included)."""
+    import re
+
+    zb_v = str(ROOT / "examples" / "zb_v.pp")
+    for width in (40, 61, 97):
+        code, out, _ = _run(capsys, "show", zb_v, "--width", str(width))
+        assert code == 0
+        rows = [ln[len("rank 0 "):] for ln in out.splitlines() if ln.startswith("rank ")]
+        assert len(rows) > 4  # it wrapped
+        for row in rows:
+            assert len(row) <= width
+            for token in re.split(r"[ .]+", row):
+                assert token == "" or re.fullmatch(r"[FBWfbw]\d+", token), (width, row)
+
+
 def test_show_without_tty_has_no_colour(capsys: pytest.CaptureFixture[str]) -> None:
     """show to a pipe writes plain text with every device row and microbatch numbers."""
     code, out, _ = _run(capsys, "show", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8", "--width", "200")
