@@ -43,29 +43,44 @@ def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
     return found
 
 
-def compile_schedule(schedule: Schedule) -> Compiled:
-    """The passes after elaboration, shared by `.pp` files and imported orders."""
+def compile_schedule(schedule: Schedule, *, early_receives: bool = True) -> Compiled:
+    """The passes after elaboration, shared by `.pp` files and imported orders.
+
+    Lowering posts each receive just before its consumer; where that makes
+    blocking exchanges wait on each other, receives move into earlier exchanges
+    (they hold their buffer longer). `early_receives=False` keeps the plain
+    lowering (what a runtime that posts receives just in time would run), so its
+    deadlocks are reported as cycles of waits."""
     found = _raise_errors(checks.check_schedule(schedule))
-    # Lowering posts each receive just before its consumer; where that makes
-    # blocking exchanges wait on each other, receives move into earlier
-    # exchanges (they hold their buffer longer). What still deadlocks after
-    # that is reported as a cycle of waits.
-    programs = deadlock.pull_receives_forward(lower(schedule))
+    programs = lower(schedule)
+    if early_receives:
+        programs = deadlock.pull_receives_forward(programs)
     found += _raise_errors(deadlock.check(schedule, programs))
     timeline = simulate(schedule)
     found += _raise_errors(expectations.check(schedule, timeline))
     return Compiled(schedule, programs, timeline, tuple(found))
 
 
-def compile_source(text: str, file: str, overrides: dict[str, str] | None = None) -> Compiled:
+def compile_source(
+    text: str,
+    file: str,
+    overrides: dict[str, str] | None = None,
+    *,
+    early_receives: bool = True,
+) -> Compiled:
     """Compile `.pp` text. `overrides` are the command line's `-D name=value`."""
     register_source(file, text)
     module = parse(text, file)
     schedule = elaborate(module, overrides or {})
-    return compile_schedule(schedule)
+    return compile_schedule(schedule, early_receives=early_receives)
 
 
-def compile_file(path: str | Path, overrides: dict[str, str] | None = None) -> Compiled:
+def compile_file(
+    path: str | Path,
+    overrides: dict[str, str] | None = None,
+    *,
+    early_receives: bool = True,
+) -> Compiled:
     """Compile a `.pp` file; a missing, unreadable or empty file is a located error."""
     path = Path(path)
     file = str(path)
@@ -82,4 +97,4 @@ def compile_file(path: str | Path, overrides: dict[str, str] | None = None) -> C
         raise CompileError(
             [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
         )
-    return compile_source(text, file, overrides)
+    return compile_source(text, file, overrides, early_receives=early_receives)

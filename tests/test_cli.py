@@ -141,6 +141,21 @@ def test_check_prints_the_ir_and_the_programs(capsys: pytest.CaptureFixture[str]
     assert "send act(mb 0, stage 0->1, rank 0->1)" in programs
 
 
+def test_no_early_receives_reports_the_plain_lowerings_deadlock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Interleaved 1F1B is valid with ppdsl's early receives; lowered plainly (each
+    receive just before its pass) its cool-down deadlocks, and check says so as a
+    cycle of waits, one located note per rank."""
+    path = str(ROOT / "examples" / "interleaved_1f1b.pp")
+    assert _run(capsys, "check", path)[0] == 0
+    code, _, err = _run(capsys, "check", path, "--no-early-receives")
+    assert code == 1
+    assert "deadlock" in err and "Traceback" not in err
+    waits = [ln for ln in err.splitlines() if " waits for " in ln]
+    assert len(waits) == 4 and all("interleaved_1f1b.pp:" in ln for ln in waits)
+
+
 def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:
     """A timeline wider than the terminal wraps into bands that never cut a pass's
     label in two (ZB-V's fractional pass times included)."""

@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
     parser.add_argument(
+        "--no-early-receives", action="store_true",
+        help="check the plain lowering, each receive posted just before its pass (as a "
+        "runtime without ppdsl's early receives would run it): its deadlocks are reported "
+        "as cycles of waits",
+    )
+    parser.add_argument(
         "--ir", action="store_true",
         help="also print the schedule IR in its canonical text form (per-device pass orders)",
     )

@@ -44,5 +44,7 @@ def parse_defines(defines: list[str]) -> dict[str, str]:
 
 
 def compile_from_args(args: argparse.Namespace) -> Compiled:
-    """Compile FILE with the -D overrides of the command line."""
-    return compile_file(args.file, parse_defines(args.defines))
+    """Compile FILE with the -D overrides of the command line (and, where the
+    command has it, `--no-early-receives`)."""
+    early = not getattr(args, "no_early_receives", False)
+    return compile_file(args.file, parse_defines(args.defines), early_receives=early)
