@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppdsl import checks
-from ppdsl.checks import deadlock, expectations
+from ppdsl.checks import deadlock, expectations, memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.elaborate import elaborate
 from ppdsl.ir.rank import RankProgram
@@ -43,14 +43,18 @@ def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
     return found
 
 
-def compile_schedule(schedule: Schedule, *, early_receives: bool = True) -> Compiled:
+def compile_schedule(
+    schedule: Schedule, *, early_receives: bool = True, warn_unbounded: bool = True
+) -> Compiled:
     """The passes after elaboration, shared by `.pp` files and imported orders.
 
     Lowering posts each receive just before its consumer; where that makes
     blocking exchanges wait on each other, receives move into earlier exchanges
     (they hold their buffer longer). `early_receives=False` keeps the plain
     lowering (what a runtime that posts receives just in time would run), so its
-    deadlocks are reported as cycles of waits."""
+    deadlocks are reported as cycles of waits. `warn_unbounded=False` drops the
+    warning for a schedule with no `expect peak_memory` (for callers that write
+    the bound themselves)."""
     found = _raise_errors(checks.check_schedule(schedule))
     programs = lower(schedule)
     if early_receives:
@@ -58,6 +62,8 @@ def compile_schedule(schedule: Schedule, *, early_receives: bool = True) -> Comp
     found += _raise_errors(deadlock.check(schedule, programs))
     timeline = simulate(schedule)
     found += _raise_errors(expectations.check(schedule, timeline))
+    if warn_unbounded:
+        found += memory.missing_bound(schedule)
     return Compiled(schedule, programs, timeline, tuple(found))
 
 

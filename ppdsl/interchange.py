@@ -28,6 +28,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl.checks.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.ir.schedule import (
     Costs,
@@ -312,6 +313,18 @@ def _pass_text(p: Pass, chunk: int) -> str:
     )
 
 
+def _bound_lines(s: Schedule) -> list[str]:
+    """The schedule's own peak as its `expect`, so a later edit that raises it is
+    caught (the CSV carries no memory bound)."""
+    if any(e.metric == "peak_memory" for e in s.expects) or not s.memory.activation:
+        return []
+    highest = max(peak_memory(s), default=Fraction(0)) / s.memory.activation[0]
+    return [
+        "    # the imported order's own peak under the default M_B = 1, M_W = 1/2; edit as needed",
+        f"    expect peak_memory <= {highest} * M_B",
+    ]
+
+
 def to_pp(schedule: Schedule, source: str = "", width: int = 100) -> str:
     """The schedule as an order-form `.pp` file: one `if i == k { ... }` block per
     device listing its passes (`F(j)` for chunk 0, `F(j, c)` for chunk c)."""
@@ -326,6 +339,7 @@ def to_pp(schedule: Schedule, source: str = "", width: int = 100) -> str:
         f"    param m = {s.num_microbatches}",
         f"    place {placement_text(s.placement)}",
         f"    backward {'split' if s.split_backward else 'fused'}",
+        *_bound_lines(s),
         "    order {",
     ]
     for dev, order in enumerate(s.orders):

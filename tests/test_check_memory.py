@@ -93,3 +93,29 @@ def test_empty_device_holds_nothing():
     """A device with no passes has peak 0."""
     s = make_schedule(placement("parallel", 1), 0, [[]])
     assert memory.peak_memory(s) == (0,)
+
+
+def test_a_valid_schedule_without_a_bound_is_warned_at_its_name():
+    """No `expect peak_memory`: compiling succeeds with one warning, located at the
+    schedule's name, quoting the peak and the line to add; with a bound, none."""
+    from ppdsl.compiler import compile_source
+
+    text = """schedule zb_h1 {
+    param d = 4
+    param m = 8
+    place parallel
+    backward split
+    block period 3 {
+        F at s
+        B at 3*d - 2 - 2*s
+        W at 3*d - 1 + s
+    }
+}
+"""
+    compiled = compile_source(text, "nobound.pp")
+    (warning,) = compiled.warnings
+    assert warning.severity == "warning"
+    assert (warning.span.file, warning.span.line, warning.span.column) == ("nobound.pp", 1, 10)
+    assert "`expect peak_memory <= 4 * M_B`" in warning.message
+    bounded = text.replace("    }\n}", "    }\n    expect peak_memory <= d * M_B\n}")
+    assert compile_source(bounded, "bounded.pp").warnings == ()

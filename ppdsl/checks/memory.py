@@ -19,7 +19,7 @@ from ppdsl.checks._flat import flatten
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import Expect, Schedule, format_pass
 
-__all__ = ["peak_memory", "peak_positions", "check"]
+__all__ = ["peak_memory", "peak_positions", "check", "missing_bound"]
 
 _OPS = {
     "<=": operator.le,
@@ -112,6 +112,14 @@ def _num(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{x} ({float(x):.4g})"
 
 
+def _bound_text(peak: Fraction, schedule: Schedule) -> str:
+    """`peak` written in the file's M_B (of stage 0) when that is a whole number of them."""
+    unit = schedule.memory.activation[0] if schedule.memory.activation else Fraction(0)
+    if unit and (peak / unit).denominator == 1:
+        return f"{peak / unit} * M_B"
+    return str(peak)
+
+
 def check(schedule: Schedule) -> list[Diagnostic]:
     """Every `expect peak_memory` bound, device by device; one error per device
     that breaks a bound, at the expect's line, with a note at the pass where
@@ -138,3 +146,20 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             if not _OPS[e.op](peak, e.bound):
                 found.append(_violation(schedule, e, dev, peak, where))
     return found
+
+
+def missing_bound(schedule: Schedule) -> list[Diagnostic]:
+    """A warning for a valid schedule that states no `expect peak_memory`: proving
+    a schedule within its memory bound is the point of writing one down."""
+    if any(e.metric == "peak_memory" for e in schedule.expects):
+        return []
+    highest = max(peak_memory(schedule), default=Fraction(0))
+    return [
+        Diagnostic(
+            "warning",
+            f"schedule {schedule.name} states no memory bound: its peak activation memory "
+            f"({_num(highest)} on the fullest device) is computed but checked against "
+            f"nothing; add e.g. `expect peak_memory <= {_bound_text(highest, schedule)}`",
+            schedule.span,
+        )
+    ]

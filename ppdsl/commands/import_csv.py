@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         num_devices=args.devices,
         num_microbatches=args.microbatches,
     )
-    compiled = compile_schedule(schedule)
+    compiled = compile_schedule(schedule, warn_unbounded=False)  # to_pp writes the bound
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     pp = to_pp(schedule, source=path.name)
