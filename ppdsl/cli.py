@@ -24,6 +24,7 @@ _COMMANDS = [
     ("check", "check"),
     ("show", "show"),
     ("stats", "stats"),
+    ("compare", "compare"),
     ("compile", "compile"),
     ("run", "run"),
     ("search", "search"),
@@ -45,12 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in _COMMANDS:
-        try:
-            module = importlib.import_module(f"ppdsl.commands.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"ppdsl.commands.{module_name}":
-                continue  # a command not built yet is simply absent
-            raise
+        module = importlib.import_module(f"ppdsl.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

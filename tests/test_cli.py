@@ -156,6 +156,32 @@ def test_no_early_receives_reports_the_plain_lowerings_deadlock(
     assert len(waits) == 4 and all("interleaved_1f1b.pp:" in ln for ln in waits)
 
 
+def test_compare_puts_schedules_side_by_side(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """compare: one row per file under the same -D, V-shape figures also in 1F1B-stage
+    units (halved), differing memory models pointed out; a bad file among them is a
+    located error (exit 1) while the others are still compiled."""
+    files = [str(ROOT / "examples" / f"{n}.pp") for n in ("zb_h1", "zb_v", "v_half")]
+    code, out, err = _run(capsys, "compare", *files, "-D", "d=4", "-D", "m=8", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)["schedules"]}
+    assert set(rows) == {"zb_h1", "zb_v", "v_half"}
+    assert rows["zb_h1"]["makespan"] == 27 and rows["zb_h1"]["makespan_in_1f1b_stages"] == 27
+    assert rows["zb_v"]["makespan_in_1f1b_stages"] == rows["zb_v"]["makespan"] / 2
+    assert rows["zb_v"]["peak_memory_per_1f1b_stage"] == rows["zb_v"]["peak_memory"] / 2
+    assert "different memory models" in json.loads(out)["notes"][0]
+    code, out, err = _run(capsys, "compare", *files, "-D", "d=4")
+    assert code == 0
+    assert len([ln for ln in out.splitlines() if ln.startswith(("zb_h1 ", "zb_v ", "v_half "))]) == 3
+    assert "different memory models" in err
+    bad = tmp_path / "bad.pp"
+    bad.write_text("schedule bad {\n  plce parallel\n}\n")
+    code, out, err = _run(capsys, "compare", files[0], str(bad))
+    assert code == 1 and out == ""
+    assert f"{bad}:2:3: error" in err and "Traceback" not in err
+
+
 def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:
     """A timeline wider than the terminal wraps into bands that never cut a pass's
     label in two (ZB-V's fractional pass times included)."""
