@@ -4,16 +4,20 @@ cyan, W green, fused backward teal), microbatch numbers written in each pass.
 
 Nothing is cut off: a timeline wider than the terminal is wrapped into bands,
 each band covering a time window and repeating every device row.
+
+`render_svg` draws the same timeline as an SVG figure for papers and slides:
+one bar per pass, its width the pass's simulated duration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
 from ppdsl.ir.schedule import PassKind, Schedule
 from ppdsl.simulate import Timeline
 
-__all__ = ["TimelineStyle", "render_timeline"]
+__all__ = ["TimelineStyle", "render_timeline", "render_svg"]
 
 # Background colours (ANSI 256): the zero-bubble paper draws F blue, B cyan/teal, W green.
 _BG = {PassKind.F: 33, PassKind.B: 44, PassKind.W: 34, PassKind.BW: 37}
@@ -109,4 +113,77 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
     if any(len(schedule.placement.chunks(d)) > 1 for d in range(schedule.num_devices)):
         legend += "; a device's later chunks " + ("lighter" if style.color else "in lower case")
     out.append(legend)
+    return "\n".join(out) + "\n"
+
+
+# The figures' colours: F blue, B cyan, W green, fused backward teal; a device's
+# later chunks lighter.
+_SVG_FILL = {PassKind.F: "#4a7fd4", PassKind.B: "#3fb8c9", PassKind.W: "#5cb85c",
+             PassKind.BW: "#2a9d8f"}
+_SVG_FILL_LATER = {PassKind.F: "#9dbdf0", PassKind.B: "#a3e3ec", PassKind.W: "#a8dca8",
+                   PassKind.BW: "#8fd3ca"}
+
+
+def render_svg(schedule: Schedule, timeline: Timeline, *, unit_px: float = 24.0) -> str:
+    """The timeline as a standalone SVG document: a row per device, a bar per pass
+    (x = start, width = duration, `unit_px` pixels per time unit of the shortest
+    pass), the microbatch number in each bar, a time axis and a legend."""
+    quantum = _quantum(schedule, timeline)
+    scale = unit_px / quantum
+    row_h, gap, left, top = 22, 4, 64, 28
+    makespan = float(timeline.makespan)
+    width = left + makespan * scale + 16
+    height = top + schedule.num_devices * (row_h + gap) + 44
+    title = (
+        f"{schedule.name}: {schedule.num_devices} devices, {schedule.num_microbatches} "
+        f"microbatches, makespan {makespan:g}, bubble {float(timeline.bubble_ratio):.4f}"
+    )
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.1f}" height="{height}" '
+        f'viewBox="0 0 {width:.1f} {height}" font-family="sans-serif" font-size="11">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{left}" y="16" font-size="13">{escape(title)}</text>',
+    ]
+    for dev, order in enumerate(schedule.orders):
+        y = top + dev * (row_h + gap)
+        out.append(f'<text x="4" y="{y + 15}">rank {dev}</text>')
+        chunks = schedule.placement.chunks(dev)
+        for p, s, e in zip(order, timeline.start[dev], timeline.end[dev], strict=True):
+            later = len(chunks) > 1 and p.stage != chunks[0]
+            fill = (_SVG_FILL_LATER if later else _SVG_FILL)[p.kind]
+            x, w = left + float(s) * scale, float(e - s) * scale
+            label = _label(p.kind, p.microbatch)
+            out.append(
+                f'<rect class="pass" data-pass="{label}" data-stage="{p.stage}" '
+                f'x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h}" fill="{fill}" '
+                f'stroke="#ffffff" stroke-width="1"/>'
+            )
+            out.append(
+                f'<text x="{x + w / 2:.2f}" y="{y + 15}" text-anchor="middle">'
+                f"{p.microbatch}</text>"
+            )
+    axis_y = top + schedule.num_devices * (row_h + gap) + 12
+    out.append(
+        f'<line x1="{left}" y1="{axis_y - 8}" x2="{left + makespan * scale:.2f}" '
+        f'y2="{axis_y - 8}" stroke="#888888"/>'
+    )
+    out.append(f'<text x="{left}" y="{axis_y + 4}">0</text>')
+    out.append(
+        f'<text x="{left + makespan * scale:.2f}" y="{axis_y + 4}" text-anchor="end">'
+        f"{makespan:g}</text>"
+    )
+    kinds = (
+        [(PassKind.F, "F forward"), (PassKind.B, "B input-gradient backward"),
+         (PassKind.W, "W weight-gradient backward")]
+        if schedule.split_backward
+        else [(PassKind.F, "F forward"), (PassKind.BW, "B fused backward")]
+    )
+    x = float(left)
+    for kind, text in kinds:
+        out.append(
+            f'<rect x="{x:.1f}" y="{axis_y + 14}" width="12" height="12" fill="{_SVG_FILL[kind]}"/>'
+        )
+        out.append(f'<text x="{x + 16:.1f}" y="{axis_y + 24}">{text}</text>')
+        x += 16 + 7 * len(text) + 16
+    out.append("</svg>")
     return "\n".join(out) + "\n"

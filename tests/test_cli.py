@@ -182,6 +182,39 @@ def test_compare_puts_schedules_side_by_side(
     assert f"{bad}:2:3: error" in err and "Traceback" not in err
 
 
+def test_show_writes_an_svg_figure_to_scale(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """show --svg: a valid SVG with one bar per pass, its x and width the simulated
+    start and duration to one scale, later chunks lighter; an unwritable path is a
+    message and exit 1."""
+    import xml.etree.ElementTree as ET
+
+    from ppdsl.compiler import compile_file
+
+    path = str(ROOT / "examples" / "zb_v.pp")
+    out_svg = tmp_path / "zb_v.svg"
+    code, _, err = _run(capsys, "show", path, "--svg", str(out_svg))
+    assert code == 0 and "wrote" in err
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [r for r in ET.parse(out_svg).iter(f"{ns}rect") if r.get("class") == "pass"]
+    compiled = compile_file(path)
+    s, t = compiled.schedule, compiled.timeline
+    assert len(bars) == sum(len(o) for o in s.orders)
+    x0, scale = float(bars[0].get("x")), float(bars[0].get("width")) / float(t.end[0][0])
+    k = 0
+    for dev, order in enumerate(s.orders):
+        for p, start, end in zip(order, t.start[dev], t.end[dev], strict=True):
+            bar = bars[k]
+            k += 1
+            assert bar.get("data-pass").endswith(str(p.microbatch))
+            assert abs(float(bar.get("x")) - (x0 + float(start) * scale)) < 0.01
+            assert abs(float(bar.get("width")) - float(end - start) * scale) < 0.01
+    assert len({b.get("fill") for b in bars}) == 6  # F, B, W in two shades
+    code, _, err = _run(capsys, "show", path, "--svg", str(tmp_path / "no" / "such" / "x.svg"))
+    assert code == 1 and "cannot write" in err and "Traceback" not in err
+
+
 def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:
     """A timeline wider than the terminal wraps into bands that never cut a pass's
     label in two (ZB-V's fractional pass times included)."""

@@ -8,10 +8,11 @@ import argparse
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from ppdsl.commands.common import add_schedule_arguments, compile_from_args
-from ppdsl.diagnostics import render_all
-from ppdsl.render import TimelineStyle, render_timeline
+from ppdsl.diagnostics import CompileError, Diagnostic, render_all
+from ppdsl.render import TimelineStyle, render_svg, render_timeline
 
 HELP = "draw the simulated timeline"
 
@@ -23,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="columns per band (default: the terminal's width); wider timelines wrap",
     )
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    parser.add_argument(
+        "--svg", metavar="OUT.svg", default=None,
+        help="also write the timeline as an SVG figure (a bar per pass, to scale)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,4 +41,12 @@ def run(args: argparse.Namespace) -> int:
     width = args.width or shutil.get_terminal_size((120, 24)).columns
     style = TimelineStyle(width=max(width, 40), color=color)
     sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style))
+    if args.svg:
+        try:
+            Path(args.svg).write_text(
+                render_svg(compiled.schedule, compiled.timeline), encoding="utf-8"
+            )
+        except OSError as exc:
+            raise CompileError([Diagnostic("error", f"cannot write '{args.svg}': {exc}")]) from None
+        print(f"wrote {args.svg}", file=sys.stderr)
     return 0
