@@ -1007,6 +1007,14 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
                     stmt.span,
                 )
             seen[kind] = stmt.span
+        if isinstance(stmt, (ast.Place, ast.Cost, ast.Memory)) and "d" not in state.env:
+            d_span = next(s.span for s in module.stmts if isinstance(s, ast.Param) and s.name == "d")
+            what = {ast.Place: "'place'", ast.Cost: "'cost'", ast.Memory: "'memory'"}[type(stmt)]
+            raise _Error(
+                f"{what} depends on the number of devices, but 'param d' comes later "
+                f"(at {d_span.line}:{d_span.column}); move 'param d' above it",
+                stmt.span,
+            )
         if isinstance(stmt, ast.Param):
             _param(stmt, state, overrides)
         elif isinstance(stmt, ast.Let):
