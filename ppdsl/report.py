@@ -10,6 +10,7 @@ from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
 from ppdsl.lower import receive_buffers_peak
+from ppdsl.simulate import simulate
 
 __all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
 
@@ -88,12 +89,16 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def schedule_json(compiled: Compiled) -> dict[str, Any]:
+def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[str, Any]:
     """Everything `--json` promises: per device the order as torch action strings,
-    its peak memory and bound; overall makespan and bubble ratio."""
+    its peak memory and bound; overall makespan and bubble ratio. With
+    `memory_profile`, each device also gets its activation memory over time:
+    `[time, level]` after each pass (an F allocates at its start, a B or W frees
+    at its end), from the simulated timeline."""
     s, t = compiled.schedule, compiled.timeline
     bounds = memory_bounds(compiled)
-    return {
+    profile = simulate(s, memory_over_time=True).memory_over_time if memory_profile else None
+    result: dict[str, Any] = {
         "name": s.name,
         "file": s.file,
         "params": {k: _jsonable(v) for k, v in s.params},
@@ -119,6 +124,10 @@ def schedule_json(compiled: Compiled) -> dict[str, Any]:
             for dev in range(s.num_devices)
         ],
     }
+    if profile is not None:
+        for dev, points in enumerate(profile):
+            result["devices"][dev]["memory_over_time"] = [list(x) for x in points]
+    return result
 
 
 def diagnostic_json(d: Diagnostic) -> dict[str, Any]:

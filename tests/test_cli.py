@@ -215,6 +215,19 @@ def test_show_writes_an_svg_figure_to_scale(
     assert code == 1 and "cannot write" in err and "Traceback" not in err
 
 
+def test_stats_json_has_memory_over_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """stats --json gives each device's activation memory over time, one point per
+    pass in time order; its highest level is the device's peak and it ends at zero."""
+    code, out, _ = _run(capsys, "stats", ZB_H1, "-D", "d=4", "-D", "m=8", "--json")
+    assert code == 0
+    for dev in json.loads(out)["devices"]:
+        levels = [level for _, level in dev["memory_over_time"]]
+        times = [t for t, _ in dev["memory_over_time"]]
+        assert max(levels) == dev["peak_memory"] and levels[-1] == 0
+        assert len(levels) == len(dev["actions"])
+        assert times == sorted(times)
+
+
 def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:
     """A timeline wider than the terminal wraps into bands that never cut a pass's
     label in two (ZB-V's fractional pass times included)."""

@@ -16,7 +16,10 @@ HELP = "makespan, bubble ratio and per-device peak memory"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print a machine-readable result")
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print a machine-readable result (with each device's memory over time)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     if args.json:
-        print(json.dumps(schedule_json(compiled), indent=2))
+        print(json.dumps(schedule_json(compiled, memory_profile=True), indent=2))
     else:
         sys.stdout.write(stats_table(compiled))
     return 0
