@@ -13,60 +13,66 @@ hand over locally: no transfer.
 from __future__ import annotations
 
 from ppdsl.ir.rank import Compute, Exchange, Op, RankProgram, Transfer, TransferKind
-from ppdsl.ir.schedule import Pass, PassKind, Schedule
+from ppdsl.ir.schedule import PassKind, Schedule
 
-__all__ = ["lower", "inputs_of", "outputs_of", "receive_buffers_peak"]
-
-
-def inputs_of(p: Pass, schedule: Schedule) -> tuple[Transfer, ...]:
-    """Transfers that must arrive on `p`'s rank before `p` can run."""
-    dev = schedule.placement.stage_device
-    last = schedule.num_stages - 1
-    if p.kind is PassKind.F and p.stage > 0:
-        src, dst = p.stage - 1, p.stage
-        if dev[src] != dev[dst]:
-            return (Transfer(TransferKind.ACT, p.microbatch, src, dst, dev[src], dev[dst]),)
-    if p.kind in (PassKind.B, PassKind.BW) and p.stage < last:
-        src, dst = p.stage + 1, p.stage
-        if dev[src] != dev[dst]:
-            return (Transfer(TransferKind.GRAD, p.microbatch, src, dst, dev[src], dev[dst]),)
-    return ()
-
-
-def outputs_of(p: Pass, schedule: Schedule) -> tuple[Transfer, ...]:
-    """Transfers that `p` produces for another rank."""
-    dev = schedule.placement.stage_device
-    last = schedule.num_stages - 1
-    if p.kind is PassKind.F and p.stage < last:
-        src, dst = p.stage, p.stage + 1
-        if dev[src] != dev[dst]:
-            return (Transfer(TransferKind.ACT, p.microbatch, src, dst, dev[src], dev[dst]),)
-    if p.kind in (PassKind.B, PassKind.BW) and p.stage > 0:
-        src, dst = p.stage, p.stage - 1
-        if dev[src] != dev[dst]:
-            return (Transfer(TransferKind.GRAD, p.microbatch, src, dst, dev[src], dev[dst]),)
-    return ()
-
-
-def _lower_rank(rank: int, order: tuple[Pass, ...], schedule: Schedule) -> RankProgram:
-    ops: list[Op] = []
-    pending_sends: tuple[Transfer, ...] = ()
-    for p in order:
-        recvs = inputs_of(p, schedule)
-        if pending_sends or recvs:
-            ops.append(Exchange(pending_sends, recvs))
-        ops.append(Compute(p))
-        pending_sends = outputs_of(p, schedule)
-    if pending_sends:
-        ops.append(Exchange(pending_sends, ()))
-    return RankProgram(rank, tuple(ops))
+__all__ = ["lower", "receive_buffers_peak"]
 
 
 def lower(schedule: Schedule) -> tuple[RankProgram, ...]:
-    """One program per rank, in rank order."""
-    return tuple(
-        _lower_rank(rank, order, schedule) for rank, order in enumerate(schedule.orders)
-    )
+    """One program per rank, in rank order. F(j, s) receives stage s-1's activation
+    and sends its own to s+1; B or BW(j, s) receives stage s+1's input gradient and
+    sends its own to s-1; only where the two stages sit on different ranks. Each
+    transfer is built once and shared by its sender's and receiver's programs."""
+    dev = schedule.placement.stage_device
+    last = len(dev) - 1
+    F, B, BW = PassKind.F, PassKind.B, PassKind.BW
+    act: dict[tuple[int, int], Transfer] = {}  # (microbatch, sending stage) -> transfer
+    grad: dict[tuple[int, int], Transfer] = {}
+
+    def act_of(j: int, src: int) -> Transfer:
+        t = act.get((j, src))
+        if t is None:
+            t = act[(j, src)] = Transfer(TransferKind.ACT, j, src, src + 1, dev[src], dev[src + 1])
+        return t
+
+    def grad_of(j: int, src: int) -> Transfer:
+        t = grad.get((j, src))
+        if t is None:
+            t = grad[(j, src)] = Transfer(
+                TransferKind.GRAD, j, src, src - 1, dev[src], dev[src - 1]
+            )
+        return t
+
+    # per stage: does its F (B) receive from / send to another rank?
+    f_in = [s > 0 and dev[s - 1] != dev[s] for s in range(last + 1)]
+    f_out = [s < last and dev[s + 1] != dev[s] for s in range(last + 1)]
+    b_in, b_out = f_out, f_in
+    programs = []
+    for rank, order in enumerate(schedule.orders):
+        ops: list[Op] = []
+        append = ops.append
+        pending: tuple[Transfer, ...] = ()  # the previous pass's sends
+        for p in order:
+            kind, j, s = p.kind, p.microbatch, p.stage
+            if kind is F:
+                recvs = (act_of(j, s - 1),) if f_in[s] else ()
+            elif kind is B or kind is BW:
+                recvs = (grad_of(j, s + 1),) if b_in[s] else ()
+            else:
+                recvs = ()
+            if pending or recvs:
+                append(Exchange(pending, recvs))
+            append(Compute(p))
+            if kind is F:
+                pending = (act_of(j, s),) if f_out[s] else ()
+            elif kind is B or kind is BW:
+                pending = (grad_of(j, s),) if b_out[s] else ()
+            else:
+                pending = ()
+        if pending:
+            append(Exchange(pending, ()))
+        programs.append(RankProgram(rank, tuple(ops)))
+    return tuple(programs)
 
 
 def receive_buffers_peak(program: RankProgram) -> int:
