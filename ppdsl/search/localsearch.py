@@ -1,5 +1,6 @@
 """Polish the best orders found by local search: move one pass a few places in
-its device's order (mostly on the device whose span sets the bubble), keep the
+its device's order (on any device, a fifth of the time on the one whose span sets
+the bubble), keep the
 change when the orders still run, fit the budget and are no worse.
 
 Moves that break a dependency are caught by the evaluator (the orders then wait
