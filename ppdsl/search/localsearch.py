@@ -1,7 +1,7 @@
 """Polish the best orders found by local search: move one pass a few places in
-its device's order (on any device, a fifth of the time on the one whose span sets
-the bubble), keep the
-change when the orders still run, fit the budget and are no worse.
+its device's order (on any device, a fifth of the time on the one whose span
+sets the bubble), keep the change when the orders still run, fit the budget and
+are no worse.
 
 Moves that break a dependency are caught by the evaluator (the orders then wait
 on each other in a cycle). Blocking exchanges need no care here: the compiler
