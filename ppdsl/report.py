@@ -10,7 +10,7 @@ from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
 from ppdsl.lower import receive_buffers_peak
-from ppdsl.simulate import simulate
+from ppdsl.simulate import memory_over_time
 
 __all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
 
@@ -97,7 +97,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
     at its end), from the simulated timeline."""
     s, t = compiled.schedule, compiled.timeline
     bounds = memory_bounds(compiled)
-    profile = simulate(s, memory_over_time=True).memory_over_time if memory_profile else None
+    profile = memory_over_time(s, t) if memory_profile else None
     result: dict[str, Any] = {
         "name": s.name,
         "file": s.file,

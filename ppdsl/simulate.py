@@ -29,7 +29,7 @@ from ppdsl.checks._flat import Flat, dependencies, flatten, run_orders
 from ppdsl.checks.memory import peak_memory
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 
-__all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference"]
+__all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time"]
 
 
 class SimulationError(ValueError):
@@ -239,3 +239,13 @@ def _memory_over_time(
             points.append((s if p.kind is PassKind.F else e, float(level)))
         out.append(tuple(points))
     return tuple(out)
+
+
+def memory_over_time(
+    schedule: Schedule, timeline: Timeline
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per device, `(time, level)` after each pass of an already simulated
+    `timeline` (an F allocates at its start, a B or W frees at its end)."""
+    if timeline.memory_over_time is not None:
+        return timeline.memory_over_time
+    return _memory_over_time(schedule, timeline.start, timeline.end)
