@@ -28,7 +28,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.checks.memory import peak_memory
+from ppdsl.checks.memory import bound_text, peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.ir.schedule import (
     Costs,
@@ -316,12 +316,12 @@ def _pass_text(p: Pass, chunk: int) -> str:
 def _bound_lines(s: Schedule) -> list[str]:
     """The schedule's own peak as its `expect`, so a later edit that raises it is
     caught (the CSV carries no memory bound)."""
-    if any(e.metric == "peak_memory" for e in s.expects) or not s.memory.activation:
+    if any(e.metric == "peak_memory" for e in s.expects):
         return []
-    highest = max(peak_memory(s), default=Fraction(0)) / s.memory.activation[0]
+    highest = max(peak_memory(s), default=Fraction(0))
     return [
         "    # the imported order's own peak under the default M_B = 1, M_W = 1/2; edit as needed",
-        f"    expect peak_memory <= {highest} * M_B",
+        f"    expect peak_memory <= {bound_text(highest, s)}",
     ]
 
 

@@ -286,14 +286,17 @@ def _cli():
 
 def test_cli_import_check_export_round_trip(tmp_path: Path, capsys):
     """ZB-H1 as torch CSV -> `ppdsl import` -> .pp that `ppdsl check` accepts ->
-    `ppdsl export` gives back the same CSV, byte for byte."""
+    `ppdsl export` gives back the same CSV, byte for byte. The .pp states the
+    order's own peak (ZB-H1's 4 M_B) as its bound, so neither step warns."""
     main = _cli()
     original = to_torch_csv(make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1)))
     csv_in = tmp_path / "zb_h1.csv"
     csv_in.write_bytes(original.encode())
     pp = tmp_path / "zb_h1.pp"
     assert main(["import", str(csv_in), "-o", str(pp)]) == 0
+    assert "    expect peak_memory <= 4 * M_B\n" in pp.read_text()
     assert main(["check", str(pp)]) == 0
+    assert "warning" not in capsys.readouterr().err
     out = tmp_path / "out.csv"
     assert main(["export", str(pp), "-o", str(out)]) == 0
     assert out.read_bytes().decode() == original

@@ -19,7 +19,7 @@ from ppdsl.checks._flat import flatten
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import Expect, Schedule, format_pass
 
-__all__ = ["peak_memory", "peak_positions", "check", "missing_bound"]
+__all__ = ["peak_memory", "peak_positions", "check", "missing_bound", "bound_text"]
 
 _OPS = {
     "<=": operator.le,
@@ -112,12 +112,11 @@ def _num(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{x} ({float(x):.4g})"
 
 
-def _bound_text(peak: Fraction, schedule: Schedule) -> str:
-    """`peak` written in the file's M_B (of stage 0) when that is a whole number of them."""
+def bound_text(peak: Fraction, schedule: Schedule) -> str:
+    """`peak` as the right-hand side of an `expect peak_memory`, in multiples of
+    the file's M_B (that of stage 0) when it declares one."""
     unit = schedule.memory.activation[0] if schedule.memory.activation else Fraction(0)
-    if unit and (peak / unit).denominator == 1:
-        return f"{peak / unit} * M_B"
-    return str(peak)
+    return f"{peak / unit} * M_B" if unit else str(peak)
 
 
 def check(schedule: Schedule) -> list[Diagnostic]:
@@ -159,7 +158,7 @@ def missing_bound(schedule: Schedule) -> list[Diagnostic]:
             "warning",
             f"schedule {schedule.name} states no memory bound: its peak activation memory "
             f"({_num(highest)} on the fullest device) is computed but checked against "
-            f"nothing; add e.g. `expect peak_memory <= {_bound_text(highest, schedule)}`",
+            f"nothing; add e.g. `expect peak_memory <= {bound_text(highest, schedule)}`",
             schedule.span,
         )
     ]

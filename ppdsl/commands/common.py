@@ -7,19 +7,24 @@ import argparse
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 
-__all__ = ["add_schedule_arguments", "parse_defines", "compile_from_args"]
+__all__ = ["add_schedule_arguments", "add_defines_argument", "parse_defines", "compile_from_args"]
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     """FILE and repeated `-D name=value`."""
     parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
+    add_defines_argument(parser, "override a parameter's default")
+
+
+def add_defines_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """Repeated `-D name=value` (parsed by `parse_defines`)."""
     parser.add_argument(
         "-D",
         dest="defines",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a parameter's default (repeatable), e.g. -D d=8 -D m=32",
+        help=f"{what} (repeatable), e.g. -D d=8 -D m=32",
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from ppdsl.commands.common import parse_defines
+from ppdsl.commands.common import add_defines_argument, parse_defines
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.lower import receive_buffers_peak
@@ -24,14 +24,7 @@ HELP = "compare several schedules side by side (makespan, bubble, memory)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="the .pp schedule files")
-    parser.add_argument(
-        "-D",
-        dest="defines",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override a parameter in every file (repeatable), e.g. -D d=8 -D m=32",
-    )
+    add_defines_argument(parser, "override a parameter in every file")
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
 
 
