@@ -90,6 +90,17 @@ def test_paper_blocks_have_the_papers_memory():
         assert block_orders(problem.placement, v_half(d), 3 * d) is not None
 
 
+def test_vshape_at_1f1b_memory_reaches_v_zb_zero_bubble():
+    """Unit costs, V-shape, 1F1B's memory (M_W = M_B): the search's blocks include
+    V-ZB's, and with the paper's warm-up/cool-down step it has no bubble."""
+    for d in (4, 8):
+        problem = _problem(d=d, m=3 * d, place="vshape", memory=str(d), wf="1")
+        result = search(problem, seconds=0.2)
+        assert result.best.metrics.bubble == 0, result.best.method
+        assert max(result.peak_memory()) <= d
+        assert "tightened" in result.best.method
+
+
 def test_search_matches_zb_h1_at_1f1b_memory():
     """Unit costs, p M_B: the search finds ZB-H1's bubble (p-1)/(3m+p-1)."""
     problem = _problem(d=4, m=12, memory="1p", wf="1")
