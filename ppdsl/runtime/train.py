@@ -244,7 +244,9 @@ def _run(
             print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
         return EXIT_INVALID
     assert engine is not None
-    unsplit = [f"stage {s}: {', '.join(names)}" for s, names in engine.unsplit.items() if names]
+    unsplit = [
+        f"stage {s}: {', '.join(names)}" for s, names in engine.uncovered(batch_size).items() if names
+    ]
     if unsplit and plan.split_backward:
         print(
             f"ppdsl: rank {rank}: note: these parameters get their gradient during B (no "
