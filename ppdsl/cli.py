@@ -27,6 +27,7 @@ _COMMANDS = [
     ("compare", "compare"),
     ("compile", "compile"),
     ("run", "run"),
+    ("profile", "profile"),
     ("search", "search"),
     ("export", "export"),
     ("import", "import_csv"),

@@ -144,17 +144,18 @@ def defer(
 
 # --- the graph's split-able nodes ----------------------------------------------------
 
+# Native node kinds, by the number B and W know them by.
+_ADDMM, _MM, _LAYER_NORM, _EMBEDDING, _CONVOLUTION = range(5)
+# For each kind, the input slots that may lead to a parameter W can compute.
+_PARAM_SLOTS = {_ADDMM: (0, 2), _MM: (1,), _LAYER_NORM: (1, 2), _EMBEDDING: (0,), _CONVOLUTION: (1, 2)}
+
 
 @dataclass(frozen=True)
 class _Kinds:
     """Autograd node classes, found by building each op once (their Python names
     are torch internals; their identity is what matters)."""
 
-    addmm: type
-    mm: type
-    layer_norm: type
-    embedding: type
-    convolution: type
+    native: dict[type, int]
     transpose: type
     to_copy: type
     accumulate: type
@@ -169,38 +170,24 @@ def _kinds() -> _Kinds:
         mm = x.mm(w.t()).grad_fn
         view = w.view(4).grad_fn
         assert addmm is not None and mm is not None and view is not None
-        transpose = addmm.next_functions[2][0]
         layer_norm = F.layer_norm(x, (2,), w[0], w[1]).grad_fn
         embedding = F.embedding(torch.zeros(1, dtype=torch.long), w).grad_fn
         convolution = F.conv1d(x.view(1, 1, 2), w.view(2, 1, 2)).grad_fn
-        to_copy = w.to(torch.float64).grad_fn
+        native = {
+            type(addmm): _ADDMM, type(mm): _MM, type(layer_norm): _LAYER_NORM,
+            type(embedding): _EMBEDDING, type(convolution): _CONVOLUTION,
+        }
         return _Kinds(
-            type(addmm), type(mm), type(layer_norm), type(embedding), type(convolution),
-            type(transpose), type(to_copy), type(view.next_functions[0][0]),
+            native, type(addmm.next_functions[2][0]), type(w.to(torch.float64).grad_fn),
+            type(view.next_functions[0][0]),
         )
-
-
-# For each native node kind, the input slots that may lead to a parameter whose
-# gradient W can compute, and the adapter chains allowed on the way (T: a
-# transpose, as nn.Linear's weight.t(); C: a dtype cast, as autocast's).
-_SLOTS = {"addmm": (0, 2), "mm": (1,), "layer_norm": (1, 2), "embedding": (0,), "convolution": (1, 2)}
-
-
-@dataclass
-class _Use:
-    """A native node's slot that leads, through adapters, to a parameter."""
-
-    node: Any
-    kind: str
-    slot: int
-    adapters: tuple[str, ...]
-    param: torch.Tensor
 
 
 @dataclass
 class _Analysis:
-    native: list[tuple[Any, str, list[_Use]]]
-    """Native nodes with at least one deferred slot, with those slots."""
+    native: list[tuple[Any, int, list[tuple[int, bool, bool, torch.Tensor]]]]
+    """Native nodes with at least one deferred slot: (node, kind, [(slot,
+    transposed, cast, parameter)])."""
     user: list[Any]
     """Nodes of split-aware Functions."""
     eager: list[torch.Tensor]
@@ -211,97 +198,149 @@ class _Analysis:
     backward defers what it defers and returns the rest (None when all of it)."""
 
 
+_PLAIN, _USER = -1, -2
+_ROLES: dict[type, int] = {}
+
+
+def _roles(k: _Kinds) -> dict[type, int]:
+    """Node class -> role: a native kind (>= 0), a split-aware Function, or plain."""
+    if not _ROLES:
+        _ROLES.update(k.native)
+    return _ROLES
+
+
+def _role_of(t: type) -> int:
+    split = getattr(getattr(t, "_forward_cls", None), "_ppdsl_split_aware", False)
+    return _USER if split else _PLAIN
+
+
+def _claim_slots(
+    node: Any, kind: int, nexts: tuple, k: _Kinds, edges_in: dict[Any, int],
+    claimed: dict[Any, int], accs: dict[Any, None], uses: list,
+) -> None:
+    """Claim the parameters a native node's slots lead to (through at most one
+    transpose and one cast) where W has the formula."""
+    transpose, to_copy, acc_type = k.transpose, k.to_copy, k.accumulate
+    count = len(nexts)
+    for slot in _PARAM_SLOTS[kind]:
+        if slot >= count:
+            continue
+        child = nexts[slot][0]
+        if child is None:
+            continue
+        ct = type(child)
+        if ct is acc_type:  # the common case: the parameter itself (a bias, a norm's weight)
+            if kind == _EMBEDDING and node._saved_sparse:
+                continue
+            claimed[child] = claimed.get(child, 0) + 1
+            if child not in accs:
+                accs[child] = None
+            uses.append((node, kind, slot, False, False, child))
+            continue
+        transposed = cast = False
+        chain = []
+        while ct is transpose or ct is to_copy:
+            if len(chain) == 2:
+                break
+            chain.append(child)
+            if ct is transpose:
+                transposed = not transposed
+            else:
+                cast = True
+            child = child.next_functions[0][0]
+            ct = type(child)
+        if ct is not acc_type or (transposed and (kind not in (_ADDMM, _MM) or slot == 0)) or (
+            kind == _EMBEDDING and node._saved_sparse
+        ):
+            continue  # not a formula W has: no claim
+        # the edges inside the chain (the first one is counted by the walk)
+        for c in chain[1:]:
+            edges_in[c] = edges_in.get(c, 0) + 1
+        edges_in[child] = edges_in.get(child, 0) + 1
+        for c in chain:
+            claimed[c] = claimed.get(c, 0) + 1
+        claimed[child] = claimed.get(child, 0) + 1
+        if child not in accs:
+            accs[child] = None
+        uses.append((node, kind, slot, transposed, cast, child))
+
+
 def _analyse(root: Any) -> _Analysis:
-    """Walk the graph from `root` once, find each parameter's uses, and decide."""
+    """Walk the graph from `root` once. A parameter is split when every edge into
+    its accumulator (and into each transpose or cast on the way) comes from a
+    native node's parameter slot: the count of edges into it equals the count
+    claimed by such slots."""
     k = _kinds()
-    native_types = {k.addmm: "addmm", k.mm: "mm", k.layer_norm: "layer_norm",
-                    k.embedding: "embedding", k.convolution: "convolution"}
-    adapters = {k.transpose: "T", k.to_copy: "C"}
-    # parents[child] = [(consumer, slot)] for accumulate and adapter nodes only
-    parents: dict[Any, list[tuple[Any, int]]] = {}
-    order: list[Any] = []  # accumulate nodes in first-seen order (stable results)
-    natives: list[tuple[Any, str]] = []
+    acc_type = k.accumulate
+    adapters = {k.transpose, k.to_copy}
+    leafish = adapters | {acc_type}
+    edges_in: dict[Any, int] = {}  # accumulators and adapters: edges into them
+    claimed: dict[Any, int] = {}  # ... of which from a native slot or a split-aware node
+    uses: list[tuple[Any, int, int, bool, bool, Any]] = []  # node, kind, slot, T, C, acc
     user: list[Any] = []
+    user_accs: list[Any] = []
+    accs: dict[Any, None] = {}  # accumulators, first seen first (stable results)
     seen = {root}
     stack = [root]
-    acc_type = k.accumulate
+    roles = _roles(k)
+    pop, push, mark = stack.pop, stack.append, seen.add
     while stack:
-        node = stack.pop()
+        node = pop()
         t = type(node)
-        kind = native_types.get(t)
-        if kind is not None:
-            natives.append((node, kind))
-        elif getattr(getattr(t, "_forward_cls", None), "_ppdsl_split_aware", False):
+        role = roles.get(t)
+        if role is None:
+            role = roles[t] = _role_of(t)
+        nexts = node.next_functions
+        if role >= 0:
+            _claim_slots(node, role, nexts, k, edges_in, claimed, accs, uses)
+        elif role == _USER:
             user.append(node)
-        for slot, (child, _) in enumerate(node.next_functions):
+            for child, _ in nexts:
+                if child is not None and type(child) is acc_type:
+                    claimed[child] = claimed.get(child, 0) + 1
+                    user_accs.append(child)
+                    if child not in accs:
+                        accs[child] = None
+        for child, _ in nexts:
             if child is None:
                 continue
-            ct = type(child)
-            if ct is acc_type or ct in adapters:
-                found = parents.get(child)
-                if found is None:
-                    parents[child] = found = []
-                    if ct is acc_type:
-                        order.append(child)
-                found.append((node, slot))
-            if child not in seen:
-                seen.add(child)
-                if ct is not acc_type:
-                    stack.append(child)
-    user_ids = {id(u) for u in user}
-    native_kind = {id(n): kind for n, kind in natives}
-
-    def chains(child: Any, path: tuple[str, ...]) -> list[tuple[Any, int, tuple[str, ...]]] | None:
-        """Every (native node, slot, adapters) reaching `child`; None if any
-        consumer on the way is neither a split-able slot nor an adapter."""
-        found: list[tuple[Any, int, tuple[str, ...]]] = []
-        for consumer, slot in parents[child]:
-            ct = type(consumer)
-            if ct in adapters:
-                more = chains(consumer, (adapters[ct], *path))
-                if more is None:
-                    return None
-                found += more
-            elif id(consumer) in user_ids:
-                found.append((consumer, -1, path))
-            elif slot in _SLOTS.get(native_kind.get(id(consumer), ""), ()):
-                found.append((consumer, slot, path))
-            else:
-                return None
-        return found
-
-    uses: dict[int, list[_Use]] = {}
-    eager: list[torch.Tensor] = []
-    forced: list[torch.Tensor] = []
-    for acc in order:
-        param = acc.variable
-        reached = chains(acc, ())
-        if reached is None or not all(
-            slot == -1 or _supported(native_kind[id(n)], slot, path, n)
-            for n, slot, path in reached
-        ):
-            eager.append(param)
-            continue
-        if any(slot == -1 for _, slot, _ in reached):
-            forced.append(param)
-            continue
-        for n, slot, path in reached:
-            uses.setdefault(id(n), []).append(_Use(n, native_kind[id(n)], slot, path, param))
-    native = [(n, kind, uses[id(n)]) for n, kind in natives if id(n) in uses]
+            if type(child) in leafish:
+                edges_in[child] = edges_in.get(child, 0) + 1
+                # An adapter's own edges are counted by the chains that claim it; here
+                # it is followed only to find the accumulator it leads to.
+                while child is not None and type(child) in adapters:
+                    child = child.next_functions[0][0]
+                if child is not None and child not in accs:
+                    accs[child] = None
+            elif child not in seen:
+                mark(child)
+                push(child)
+    bad: set[Any] = set()
+    for node, count in edges_in.items():
+        if claimed.get(node, 0) < count:
+            # Some use of it is not split: so is nothing it leads to.
+            while node is not None:
+                bad.add(node)
+                node = node.next_functions[0][0] if type(node) in adapters else None
+    user_set = set(user_accs)
+    eager, forced, covered = [], [], set()
+    for acc in accs:
+        if acc in bad or type(acc) is not acc_type:
+            eager.append(acc.variable)
+        elif acc in user_set:
+            forced.append(acc.variable)
+        else:
+            covered.add(acc)
+    by_node: dict[Any, list[tuple[int, bool, bool, torch.Tensor]]] = {}
+    kinds: dict[Any, int] = {}
+    for node, kind, slot, transposed, cast, acc in uses:
+        if acc in covered:
+            if node not in by_node:
+                by_node[node] = []
+                kinds[node] = kind
+            by_node[node].append((slot, transposed, cast, acc.variable))
+    native = [(node, kinds[node], found) for node, found in by_node.items()]
     return _Analysis(native, user, eager, forced)
-
-
-def _supported(kind: str, slot: int, path: tuple[str, ...], node: Any) -> bool:
-    """Whether W knows the weight-gradient formula for this slot and adapter chain."""
-    if path.count("T") > 1 or any(a not in ("T", "C") for a in path):
-        return False
-    if kind == "addmm":
-        return (slot == 2) or (slot == 0 and "T" not in path)
-    if kind == "mm":
-        return True
-    if kind == "embedding":
-        return not node._saved_sparse and "T" not in path
-    return "T" not in path  # layer_norm, convolution
 
 
 def _padding_idx(value: int) -> int:
@@ -309,76 +348,98 @@ def _padding_idx(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
 
 
-def _native_work(node: Any, kind: str, uses: list[_Use]) -> tuple[Callable[[torch.Tensor], None], list[torch.Tensor]]:
-    """(work(dy) accumulating the slots' weight gradients, activations it keeps).
-    Saved tensors are read now: B frees them."""
-    slots = {u.slot for u in uses}
-
-    def finish(use: _Use, grad: torch.Tensor) -> None:
-        # Broadcast reduction before the cast, in the order autograd does them.
-        if grad.shape != use.param.shape:
-            grad = grad.sum_to_size(use.param.shape)
-        accumulate_grad(use.param, grad)  # casts to the parameter's dtype
-
-    if kind in ("addmm", "mm"):
-        x = node._saved_mat1 if kind == "addmm" else node._saved_self
-        alpha = node._saved_alpha if kind == "addmm" else 1
-        beta = node._saved_beta if kind == "addmm" else 1
-        weight_slot = 2 if kind == "addmm" else 1
-
-        def work(dy: torch.Tensor) -> None:
-            for use in uses:
-                if use.slot == weight_slot:
-                    # d(mat2) = mat1^T dy; through weight.t(): dW = dy^T mat1
-                    g = dy.t().mm(x) if "T" in use.adapters else x.t().mm(dy)
-                    if alpha != 1:
-                        g = g * alpha
-                else:  # addmm's `self`, e.g. nn.Linear's bias
-                    g = dy if beta == 1 else dy * beta
-                finish(use, g)
-
-        return work, [x] if weight_slot in slots else []
-    if kind == "layer_norm":
-        saved = (node._saved_input, node._saved_normalized_shape, node._saved_result1,
-                 node._saved_result2, node._saved_weight, node._saved_bias)
-        mask = [False, 1 in slots, 2 in slots]
-
-        def work_layer_norm(dy: torch.Tensor) -> None:
-            x, shape, mean, rstd, weight, bias = saved
-            _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
-                dy, x, shape, mean, rstd, weight, bias, mask
-            )
-            for use in uses:
-                finish(use, grad_weight if use.slot == 1 else grad_bias)
-
-        return work_layer_norm, [saved[0], saved[2], saved[3]]
-    if kind == "embedding":
-        indices = node._saved_indices
-        rows = node._saved_weight_sym_argsize_0
-        padding = _padding_idx(node._saved_padding_idx)
-        by_freq = node._saved_scale_grad_by_freq
-
-        def work_embedding(dy: torch.Tensor) -> None:
-            g = torch.ops.aten.embedding_dense_backward(dy, indices, rows, padding, by_freq)
-            for use in uses:
-                finish(use, g)
-
-        return work_embedding, [indices]
-    assert kind == "convolution"
-    conv = (node._saved_input, node._saved_weight, node._saved_bias_sym_sizes_opt,
+def _saved(node: Any, kind: int, slots: list[tuple[int, bool, bool, torch.Tensor]]) -> tuple[Any, ...]:
+    """What W needs from the node, read now (B frees it)."""
+    if kind == _ADDMM:
+        weight = any(slot == 2 for slot, *_ in slots)
+        return (node._saved_mat1 if weight else None, node._saved_alpha, node._saved_beta)
+    if kind == _MM:
+        return (node._saved_self, 1, 1)
+    if kind == _LAYER_NORM:
+        return (node._saved_input, node._saved_normalized_shape, node._saved_result1,
+                node._saved_result2, node._saved_weight, node._saved_bias)
+    if kind == _EMBEDDING:
+        return (node._saved_indices, node._saved_weight_sym_argsize_0,
+                _padding_idx(node._saved_padding_idx), node._saved_scale_grad_by_freq)
+    return (node._saved_input, node._saved_weight, node._saved_bias_sym_sizes_opt,
             node._saved_stride, node._saved_padding, node._saved_dilation,
             node._saved_transposed, node._saved_output_padding, node._saved_groups)
-    mask = [False, 1 in slots, 2 in slots]
 
-    def work_convolution(dy: torch.Tensor) -> None:
-        x, weight, bias_sizes, stride, padding, dilation, transposed, out_pad, groups = conv
-        _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            dy, x, weight, bias_sizes, stride, padding, dilation, transposed, out_pad, groups, mask
+
+def _activations(kind: int, saved: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+    """The activations among `saved` (what the meter counts as M_W)."""
+    if kind in (_ADDMM, _MM):
+        return (saved[0],) if saved[0] is not None else ()
+    if kind == _LAYER_NORM:
+        return (saved[0], saved[2], saved[3])
+    return (saved[0],)
+
+
+# The native backward ops by their overload: a direct call, not the packet's lookup.
+_LAYER_NORM_BACKWARD = torch.ops.aten.native_layer_norm_backward.default
+_EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
+_CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
+
+
+def _weight_grads(
+    kind: int, saved: tuple[Any, ...], slots: list[tuple[int, bool, bool, torch.Tensor]],
+    dy: torch.Tensor,
+) -> None:
+    """W for one native node: the weight half of its backward, into `.grad`."""
+    if kind in (_ADDMM, _MM):
+        x, alpha, beta = saved
+        for slot, transposed, cast, param in slots:
+            if slot == 0:  # addmm's `self`, e.g. nn.Linear's bias (broadcast over rows)
+                g = dy if beta == 1 else dy * beta
+                if g.dim() != param.dim() or g.shape != param.shape:
+                    g = g.sum(0) if param.dim() == 1 and g.dim() == 2 else g.sum_to_size(param.shape)
+                elif g is dy:
+                    g = dy.clone()  # .grad must not alias the stashed output gradient
+            else:  # d(mat2) = mat1^T dy; through weight.t(): dW = dy^T mat1
+                g = dy.t().mm(x) if transposed else x.t().mm(dy)
+                if alpha != 1:
+                    g = g * alpha
+            if cast:
+                g = g.to(param.dtype)
+            # the parameter requires grad (it has an accumulator) and g is fresh
+            found_grad = param.grad
+            if found_grad is None:
+                param.grad = g
+            else:
+                found_grad.add_(g)
+        return
+    if kind == _LAYER_NORM:
+        x, shape, mean, rstd, weight, bias = saved
+        mask = [False, any(s[0] == 1 for s in slots), any(s[0] == 2 for s in slots)]
+        found = _LAYER_NORM_BACKWARD(dy, x, shape, mean, rstd, weight, bias, mask)
+    elif kind == _EMBEDDING:
+        indices, rows, padding, by_freq = saved
+        g = _EMBEDDING_BACKWARD(dy, indices, rows, padding, by_freq)
+        found = (None, g)
+    else:
+        x, weight, bias_sizes, stride, padding_, dilation, transposed_, out_pad, groups = saved
+        mask = [False, any(s[0] == 1 for s in slots), any(s[0] == 2 for s in slots)]
+        found = _CONVOLUTION_BACKWARD(
+            dy, x, weight, bias_sizes, stride, padding_, dilation, transposed_, out_pad, groups, mask
         )
-        for use in uses:
-            finish(use, grad_weight if use.slot == 1 else grad_bias)
+    for slot, _transposed, _cast, param in slots:
+        g = found[slot] if kind != _EMBEDDING else found[1]
+        if g.shape != param.shape:  # a broadcast `self` reduced, as autograd's sum_to does
+            g = g.sum_to_size(param.shape)
+        accumulate_grad(param, g)
 
-    return work_convolution, [conv[0]]
+
+class _NativeW:
+    """One native node's deferred weight gradients (a W stash entry)."""
+
+    __slots__ = ("kind", "saved", "slots", "dy")
+
+    def __init__(self, kind: int, saved: tuple[Any, ...],
+                 slots: list[tuple[int, bool, bool, torch.Tensor]], dy: torch.Tensor) -> None:
+        self.kind, self.saved, self.slots, self.dy = kind, saved, slots, dy
+
+    def __call__(self) -> None:
+        _weight_grads(self.kind, self.saved, self.slots, self.dy)
 
 
 def backward_input(
@@ -396,16 +457,11 @@ def backward_input(
     if root is None:
         return None
     plan = _analyse(root)
-    works: list[Callable[[torch.Tensor], None]] = []
-    edges: list[GradientEdge] = []
-    for node, kind, uses in plan.native:
-        work, keep = _native_work(node, kind, uses)
-        works.append(work)
-        edges.append(GradientEdge(node, 0))
-        stash.tensors.extend(keep)
+    saved = [_saved(node, kind, slots) for node, kind, slots in plan.native]
     for node in plan.user:
         setattr(node, _STASH_ATTR, stash)
     asked = plan.eager + plan.forced
+    edges = [GradientEdge(node, 0) for node, _, _ in plan.native]
     inputs: list[Any] = ([input] if input is not None else []) + edges + asked
     if not inputs:
         return None
@@ -413,17 +469,14 @@ def backward_input(
         output, inputs, grad_output, retain_graph=retain_graph, allow_unused=True
     )
     offset = 1 if input is not None else 0
-    for work, dy in zip(works, found[offset : offset + len(edges)], strict=True):
+    for (_, kind, slots), kept, dy in zip(plan.native, saved, found[offset : offset + len(edges)],
+                                          strict=True):
         if dy is not None:
-            stash.add(_bind(work, dy), (), (dy,))
+            stash.add(_NativeW(kind, kept, slots, dy), _activations(kind, kept), (dy,))
     for param, grad in zip(asked, found[offset + len(edges) :], strict=True):
         if grad is not None:
             accumulate_grad(param, grad)
     return found[0] if input is not None else None
-
-
-def _bind(work: Callable[[torch.Tensor], None], dy: torch.Tensor) -> Callable[[], None]:
-    return lambda: work(dy)
 
 
 def uncovered_parameters(stage: nn.Module, example_input: torch.Tensor) -> list[str]:
