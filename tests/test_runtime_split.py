@@ -309,3 +309,24 @@ def test_autocast_weights_are_split() -> None:
     stash.run()
     y_ref.backward(torch.ones_like(y_ref))
     _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
+
+
+def test_walk_passes_transposes_and_casts_of_activations() -> None:
+    """Transposes and casts on the activation path (not only on weights) are walked
+    through: the layers before them are split too."""
+    torch.manual_seed(0)
+
+    class Turns(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            self.second = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.first(x).t().double().float().t()
+            return self.second(h)
+
+    grads, after_b, reference = _split_then_fused(Turns(), torch.randn(5, 4))
+    assert after_b == []
+    assert all(g is not None for g in grads.values())
+    _assert_same_grads(grads, reference)

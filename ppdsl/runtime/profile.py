@@ -517,8 +517,11 @@ def profile_model(
             if progress is not None:
                 progress(f"stage {s}", (s + fraction) / num_stages)
 
+        def make_input(t: torch.Tensor = stage_input) -> torch.Tensor:
+            return t
+
         timings.append(measure_stage(
-            stage, lambda t=stage_input: t, finish, grad_output, device,
+            stage, make_input, finish, grad_output, device,
             warmup=warmup, repeats=repeats, progress=report,
         ))
         uncovered.append(tuple(uncovered_parameters(stage, stage_input)))
@@ -590,7 +593,8 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         f"# Measured by ppdsl profile {__version__}"
         + (f": {command}" if command else f": {profile.model}, {profile.num_stages} stages"),
         f"# microbatch {profile.microbatch_size}, {profile.device}"
-        + (f" ({profile.threads} threads)" if profile.threads else "")
+        + (f" ({profile.threads} thread{'s' if profile.threads != 1 else ''})"
+           if profile.threads else "")
         + f", torch {profile.torch_version}; median of {profile.repeats} after {profile.warmup} warm-up.",
         "# Costs in milliseconds; memory in units of the mean stage's M_B "
         f"(1 unit = {unit:.0f} bytes).",

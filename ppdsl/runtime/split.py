@@ -215,11 +215,12 @@ def _role_of(t: type) -> int:
 
 
 def _claim_slots(
-    node: Any, kind: int, nexts: tuple, k: _Kinds, edges_in: dict[Any, int],
-    claimed: dict[Any, int], accs: dict[Any, None], uses: list,
+    node: Any, kind: int, nexts: tuple, k: _Kinds, claimed: dict[Any, set[tuple[int, int]]],
+    uses: list,
 ) -> None:
-    """Claim the parameters a native node's slots lead to (through at most one
-    transpose and one cast) where W has the formula."""
+    """Claim, edge by edge, the paths from a native node's parameter slots to the
+    parameters (through at most one transpose and one cast) where W has the
+    formula."""
     transpose, to_copy, acc_type = k.transpose, k.to_copy, k.accumulate
     count = len(nexts)
     for slot in _PARAM_SLOTS[kind]:
@@ -232,50 +233,41 @@ def _claim_slots(
         if ct is acc_type:  # the common case: the parameter itself (a bias, a norm's weight)
             if kind == _EMBEDDING and node._saved_sparse:
                 continue
-            claimed[child] = claimed.get(child, 0) + 1
-            if child not in accs:
-                accs[child] = None
+            claimed.setdefault(child, set()).add((id(node), slot))
             uses.append((node, kind, slot, False, False, child))
             continue
         transposed = cast = False
-        chain = []
+        path = [(child, (id(node), slot))]
         while ct is transpose or ct is to_copy:
-            if len(chain) == 2:
+            if len(path) == 3:
                 break
-            chain.append(child)
             if ct is transpose:
                 transposed = not transposed
             else:
                 cast = True
+            parent = child
             child = child.next_functions[0][0]
             ct = type(child)
+            path.append((child, (id(parent), 0)))
         if ct is not acc_type or (transposed and (kind not in (_ADDMM, _MM) or slot == 0)) or (
             kind == _EMBEDDING and node._saved_sparse
         ):
             continue  # not a formula W has: no claim
-        # the edges inside the chain (the first one is counted by the walk)
-        for c in chain[1:]:
-            edges_in[c] = edges_in.get(c, 0) + 1
-        edges_in[child] = edges_in.get(child, 0) + 1
-        for c in chain:
-            claimed[c] = claimed.get(c, 0) + 1
-        claimed[child] = claimed.get(child, 0) + 1
-        if child not in accs:
-            accs[child] = None
+        for target, edge in path:
+            claimed.setdefault(target, set()).add(edge)
         uses.append((node, kind, slot, transposed, cast, child))
 
 
 def _analyse(root: Any) -> _Analysis:
     """Walk the graph from `root` once. A parameter is split when every edge into
-    its accumulator (and into each transpose or cast on the way) comes from a
-    native node's parameter slot: the count of edges into it equals the count
-    claimed by such slots."""
+    its accumulator, and into each transpose or cast on the way, is claimed by a
+    path from a native node's parameter slot (or by a split-aware Function)."""
     k = _kinds()
     acc_type = k.accumulate
     adapters = {k.transpose, k.to_copy}
     leafish = adapters | {acc_type}
     edges_in: dict[Any, int] = {}  # accumulators and adapters: edges into them
-    claimed: dict[Any, int] = {}  # ... of which from a native slot or a split-aware node
+    claimed: dict[Any, set[tuple[int, int]]] = {}  # ... those claimed: (id(parent), slot)
     uses: list[tuple[Any, int, int, bool, bool, Any]] = []  # node, kind, slot, T, C, acc
     user: list[Any] = []
     user_accs: list[Any] = []
@@ -292,40 +284,39 @@ def _analyse(root: Any) -> _Analysis:
             role = roles[t] = _role_of(t)
         nexts = node.next_functions
         if role >= 0:
-            _claim_slots(node, role, nexts, k, edges_in, claimed, accs, uses)
+            _claim_slots(node, role, nexts, k, claimed, uses)
         elif role == _USER:
             user.append(node)
-            for child, _ in nexts:
+            for slot, (child, _) in enumerate(nexts):
                 if child is not None and type(child) is acc_type:
-                    claimed[child] = claimed.get(child, 0) + 1
+                    claimed.setdefault(child, set()).add((id(node), slot))
                     user_accs.append(child)
-                    if child not in accs:
-                        accs[child] = None
         for child, _ in nexts:
             if child is None:
                 continue
-            if type(child) in leafish:
+            ct = type(child)
+            if ct in leafish:
                 edges_in[child] = edges_in.get(child, 0) + 1
-                # An adapter's own edges are counted by the chains that claim it; here
-                # it is followed only to find the accumulator it leads to.
-                while child is not None and type(child) in adapters:
-                    child = child.next_functions[0][0]
-                if child is not None and child not in accs:
-                    accs[child] = None
-            elif child not in seen:
+                if ct is acc_type:
+                    if child not in accs:
+                        accs[child] = None
+                    continue
+            if child not in seen:
                 mark(child)
                 push(child)
     bad: set[Any] = set()
     for node, count in edges_in.items():
-        if claimed.get(node, 0) < count:
+        if len(claimed.get(node, ())) < count and node not in bad:
             # Some use of it is not split: so is nothing it leads to.
             while node is not None:
                 bad.add(node)
                 node = node.next_functions[0][0] if type(node) in adapters else None
     user_set = set(user_accs)
-    eager, forced, covered = [], [], set()
+    eager: list[torch.Tensor] = []
+    forced: list[torch.Tensor] = []
+    covered: set[Any] = set()
     for acc in accs:
-        if acc in bad or type(acc) is not acc_type:
+        if acc in bad:
             eager.append(acc.variable)
         elif acc in user_set:
             forced.append(acc.variable)
