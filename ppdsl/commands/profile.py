@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ppdsl.runtime.cpu import keep_freed_memory
     from ppdsl.runtime.model import ModelError
     from ppdsl.runtime.profile import profile_model, to_costs_pp
     from ppdsl.search.progress import ProgressBar
@@ -63,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
+    else:
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
+        keep_freed_memory()
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
         profile = profile_model(

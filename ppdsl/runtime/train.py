@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import MemoryModel
+from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.plan import Plan
@@ -139,6 +140,7 @@ def main(
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
+        keep_freed_memory()
     try:
         if use_cuda:
             dist.init_process_group(
