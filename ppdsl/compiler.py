@@ -10,11 +10,12 @@ input is wrong, carrying every finding of the pass that failed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ppdsl import checks
 from ppdsl.checks import deadlock, expectations, memory
+from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.elaborate import elaborate
 from ppdsl.ir.rank import RankProgram
@@ -34,6 +35,8 @@ class Compiled:
     programs: tuple[RankProgram, ...]
     timeline: Timeline
     warnings: tuple[Diagnostic, ...]
+    costs_from: str | None = None
+    """The `--costs-from` file whose costs and memory model replaced the schedule's."""
 
 
 def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -73,12 +76,20 @@ def compile_source(
     overrides: dict[str, str] | None = None,
     *,
     early_receives: bool = True,
+    costs: CostsFile | None = None,
 ) -> Compiled:
-    """Compile `.pp` text. `overrides` are the command line's `-D name=value`."""
+    """Compile `.pp` text. `overrides` are the command line's `-D name=value`;
+    `costs` (`--costs-from`) replaces the file's cost and memory statements."""
     register_source(file, text)
     module = parse(text, file)
-    schedule = elaborate(module, overrides or {})
-    return compile_schedule(schedule, early_receives=early_receives)
+    if costs is None:
+        schedule = elaborate(module, overrides or {})
+        return compile_schedule(schedule, early_receives=early_receives)
+    schedule, expects = schedule_with_costs(module, overrides or {}, costs)
+    bounded = any(e.metric == "peak_memory" for e in expects)
+    compiled = compile_schedule(schedule, early_receives=early_receives, warn_unbounded=not bounded)
+    late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
+    return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
 
 
 def compile_file(
@@ -86,6 +97,7 @@ def compile_file(
     overrides: dict[str, str] | None = None,
     *,
     early_receives: bool = True,
+    costs: CostsFile | None = None,
 ) -> Compiled:
     """Compile a `.pp` file; a missing, unreadable or empty file is a located error."""
     path = Path(path)
@@ -103,4 +115,4 @@ def compile_file(
         raise CompileError(
             [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
         )
-    return compile_source(text, file, overrides, early_receives=early_receives)
+    return compile_source(text, file, overrides, early_receives=early_receives, costs=costs)

@@ -5,15 +5,33 @@ from __future__ import annotations
 import argparse
 
 from ppdsl.compiler import Compiled, compile_file
+from ppdsl.costs_file import CostsFile, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 
-__all__ = ["add_schedule_arguments", "add_defines_argument", "parse_defines", "compile_from_args"]
+__all__ = [
+    "add_schedule_arguments",
+    "add_defines_argument",
+    "add_costs_from_argument",
+    "parse_defines",
+    "compile_from_args",
+    "costs_from_args",
+]
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """FILE and repeated `-D name=value`."""
+    """FILE, repeated `-D name=value` and `--costs-from`."""
     parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
     add_defines_argument(parser, "override a parameter's default")
+    add_costs_from_argument(parser)
+
+
+def add_costs_from_argument(parser: argparse.ArgumentParser) -> None:
+    """`--costs-from COSTS.pp` (read by `costs_from_args`)."""
+    parser.add_argument(
+        "--costs-from", metavar="COSTS.pp", default=None,
+        help="take the costs and memory model from this file (what `ppdsl profile -o` "
+        "writes) instead of the schedule's own; the schedule's expectations become warnings",
+    )
 
 
 def add_defines_argument(parser: argparse.ArgumentParser, what: str) -> None:
@@ -48,8 +66,16 @@ def parse_defines(defines: list[str]) -> dict[str, str]:
     return found
 
 
+def costs_from_args(args: argparse.Namespace) -> CostsFile | None:
+    """The `--costs-from` file, parsed (None without the option)."""
+    path = getattr(args, "costs_from", None)
+    return load_costs_file(path) if path else None
+
+
 def compile_from_args(args: argparse.Namespace) -> Compiled:
     """Compile FILE with the -D overrides of the command line (and, where the
-    command has it, `--no-early-receives`)."""
+    command has them, `--no-early-receives` and `--costs-from`)."""
     early = not getattr(args, "no_early_receives", False)
-    return compile_file(args.file, parse_defines(args.defines), early_receives=early)
+    return compile_file(
+        args.file, parse_defines(args.defines), early_receives=early, costs=costs_from_args(args)
+    )

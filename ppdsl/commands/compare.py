@@ -14,7 +14,12 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from ppdsl.commands.common import add_defines_argument, parse_defines
+from ppdsl.commands.common import (
+    add_costs_from_argument,
+    add_defines_argument,
+    costs_from_args,
+    parse_defines,
+)
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.lower import receive_buffers_peak
@@ -25,6 +30,7 @@ HELP = "compare several schedules side by side (makespan, bubble, memory)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="the .pp schedule files")
     add_defines_argument(parser, "override a parameter in every file")
+    add_costs_from_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
 
 
@@ -133,11 +139,12 @@ def _differences(rows: list[dict[str, Any]]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     defines = parse_defines(args.defines)
+    costs = costs_from_args(args)
     compiled: list[tuple[str, Compiled]] = []
     errors: list[Diagnostic] = []
     for file in args.files:
         try:
-            compiled.append((file, compile_file(file, defines)))
+            compiled.append((file, compile_file(file, defines, costs=costs)))
         except CompileError as err:
             errors.extend(err.diagnostics)
     if errors:  # every file's findings, not just the first file's

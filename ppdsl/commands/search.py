@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl.cli import UsageError
+from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
+from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.search import SearchInputError, emit_pp, references, search
-from ppdsl.search.problem import build_problem
+from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
@@ -42,8 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pass durations and transfer cost (default 1, 1, 1, 0); per stage: F=1:1:2:2",
     )
     parser.add_argument(
+        "--costs-from",
+        metavar="COSTS.pp",
+        default=None,
+        help="pass costs and per-stage memory from this file (what `ppdsl profile -o` writes) "
+        "instead of --costs and --weight-memory; budgets stay in 1F1B stages (the model's "
+        "activation is d of them) and the .pp is written in the file's units",
+    )
+    parser.add_argument(
         "--weight-memory",
-        default="1/2",
+        default=None,
         metavar="FRACTION",
         help="M_W / M_B: the part of an F's activation held from B until W "
         "(default 1/2; 1 counts it held until W, as the controllable-memory paper does)",
@@ -75,7 +87,29 @@ def _fmt(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
 
 
+def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
+    """`--costs-from`: the file's costs and memory for this placement."""
+    if args.costs_from is None:
+        return None
+    if args.costs is not None or args.weight_memory is not None:
+        given = "--costs" if args.costs is not None else "--weight-memory"
+        raise UsageError(f"--costs-from gives the costs and memory model; drop {given}")
+    placement = args.placement.strip()
+    if placement.startswith("looped") and "(" not in placement:
+        placement = f"looped({placement[len('looped'):] or 2})"
+    try:
+        placement_check = parse_placement(placement, max(args.devices, 1))
+    except SearchInputError as err:
+        raise CompileError([Diagnostic("error", str(err))]) from None
+    text = {"parallel": "parallel", "vshape": "vshape"}.get(
+        placement_check.kind,
+        f"looped({placement_check.num_stages // max(placement_check.num_devices, 1)})",
+    )
+    return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), text)
+
+
 def run(args: argparse.Namespace) -> int:
+    measured = _measured(args)
     try:
         problem = build_problem(
             devices=args.devices,
@@ -83,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
             placement=args.placement,
             costs=args.costs,
             memory=args.memory,
-            weight_fraction=args.weight_memory,
+            weight_fraction=args.weight_memory or "1/2",
+            measured=measured,
         )
     except SearchInputError as err:
         raise CompileError([Diagnostic("error", str(err))]) from None
@@ -109,16 +144,25 @@ def run(args: argparse.Namespace) -> int:
             "under the same costs"
         )
     argv = getattr(args, "argv", None) or sys.argv[2:]
+    written, unit, note = problem, Fraction(1), None
+    if measured is not None:
+        # The .pp states the costs file's own memory values, so that `ppdsl check
+        # --costs-from` the same file reads the same model; the budget follows.
+        unit = measured_unit(measured[1], problem.num_devices)
+        written = replace(problem, memory=measured[1], budget=problem.budget * unit)
+        note = (f"Costs and memory from {args.costs_from} (memory in its units; one 1F1B "
+                f"stage = {_fmt(unit)} of them).")
     text = emit_pp(
-        problem,
+        written,
         best.orders(),
         name=args.name,
         command=_command_line(list(argv)),
         method=best.method,
         bubble=best.metrics.bubble,
         makespan=best.metrics.makespan,
-        peak=max(peaks),
+        peak=max(peaks) * unit,
         beats=("Found schedule " + beats) if beats else None,
+        memory_note=note,
     )
     summary = sys.stdout
     if args.output:

@@ -131,8 +131,10 @@ def emit_pp(
     makespan: float,
     peak: Fraction,
     beats: str | None = None,
+    memory_note: str | None = None,
 ) -> str:
-    """The `.pp` text of `orders` (per device, in execution order)."""
+    """The `.pp` text of `orders` (per device, in execution order). `memory_note`
+    replaces the header's line on memory units."""
     pl = problem.placement
     v = problem.chunks_per_device
     chunk_of = {}
@@ -140,14 +142,15 @@ def emit_pp(
         for c, s in enumerate(pl.chunks(dev)):
             chunk_of[s] = c
     place = {"parallel": "parallel", "vshape": "vshape"}.get(pl.kind, f"looped({v})")
-    mb = problem.memory.activation[0]
-    mw = problem.memory.weight_retained[0]
+    mb = problem.memory.activation
+    mw = problem.memory.weight_retained
     head = [
         f"# Found by: {command}",
         f"# Method: {method}.",
         f"# Measured: bubble {bubble:.4f}, makespan {makespan:g}, peak memory {_num(peak)} M_B"
         f" per device (budget {_num(problem.budget)}).",
-        "# Memory is in units of one 1F1B stage's activation (M_B = 1/v for v chunks per device).",
+        "# " + (memory_note or "Memory is in units of one 1F1B stage's activation "
+                "(M_B = 1/v for v chunks per device)."),
     ]
     if beats:
         head.append(f"# {beats}")
@@ -157,8 +160,8 @@ def emit_pp(
         f"place {place}",
         "backward split",
         *_cost_lines(problem.costs),
-        f"memory M_B = {_num(mb)}",
-        f"memory M_W = {_num(mw)}",
+        f"memory M_B{'[s]' if len(set(mb)) > 1 else ''} = {_per_stage(mb)}",
+        f"memory M_W{'[s]' if len(set(mw)) > 1 else ''} = {_per_stage(mw)}",
         "order {",
     ]
     ind = "    "

@@ -27,6 +27,8 @@ __all__ = [
     "one_f_one_b_memory",
     "build_problem",
     "smallest_budget",
+    "measured_memory",
+    "measured_unit",
 ]
 
 
@@ -185,9 +187,13 @@ def build_problem(
     costs: str | None,
     memory: str,
     weight_fraction: str = "1/2",
+    measured: tuple[Costs, MemoryModel] | None = None,
 ) -> SearchProblem:
     """A SearchProblem from the command line's spelling; every inconsistency is
-    a SearchInputError that says what to do."""
+    a SearchInputError that says what to do. `measured` (`--costs-from`) gives
+    the costs and the per-stage memory model instead of `costs` and
+    `weight_fraction`; its memory is rescaled to 1F1B-stage units (the model's
+    whole activation is d of them), see `measured_memory`."""
     if devices < 1:
         raise SearchInputError(f"--devices {devices}: need at least 1 device")
     if microbatches < 1:
@@ -202,6 +208,14 @@ def build_problem(
             f"--weight-memory {weight_fraction}: M_W is part of M_B, so between 0 and 1"
         )
     mm = make_memory(pl, wf)
+    pass_costs = parse_costs(costs, pl.num_stages)
+    if measured is not None:
+        pass_costs, mm = measured[0], measured_memory(measured[1], devices)
+        if len(mm.activation) != pl.num_stages:
+            raise SearchInputError(
+                f"the measured costs are for {len(mm.activation)} stages; --placement "
+                f"{placement} with {devices} devices has {pl.num_stages}"
+            )
     budget = parse_budget(memory, devices)
     floor = smallest_budget(pl, mm)
     if budget < floor:
@@ -210,8 +224,26 @@ def build_problem(
             f"budget {_text(floor)} M_B (one microbatch in flight); use --memory {_text(floor)} "
             "or more"
         )
-    return SearchProblem(
-        devices, microbatches, pl, parse_costs(costs, pl.num_stages), mm, budget, wf
+    return SearchProblem(devices, microbatches, pl, pass_costs, mm, budget, wf)
+
+
+def measured_unit(memory: MemoryModel, num_devices: int) -> Fraction:
+    """One 1F1B stage's activation in `memory`'s units: the model's whole
+    activation (the sum of its stages' M_B) over d."""
+    total = sum(memory.activation, Fraction(0))
+    return total / num_devices if total > 0 else Fraction(1)
+
+
+def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
+    """`memory` (e.g. a profile's, in its own units) in 1F1B-stage units (exact:
+    every value shares the denominator of the sum)."""
+    unit = measured_unit(memory, num_devices)
+
+    def scale(x: Fraction) -> Fraction:
+        return x / unit
+
+    return MemoryModel(
+        tuple(scale(a) for a in memory.activation), tuple(scale(w) for w in memory.weight_retained)
     )
 
 
