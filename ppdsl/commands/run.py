@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppdsl.cli import UsageError
 from ppdsl.commands.common import add_schedule_arguments, compile_from_args
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
@@ -32,7 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds before a dead or hung rank stops the others (default 60)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="auto (default): CUDA when there is a GPU per rank, else CPU with a note; "
+        "cuda with fewer GPUs than ranks is an error (exit 2)",
+    )
     parser.add_argument("--release", choices=["b", "w"], default="b",
                         help="when a split backward frees activations: b (default) frees at B what W does "
                         "not need; w keeps the autograd graph until W (M_W = M_B, the "
@@ -88,7 +93,16 @@ def run(args: argparse.Namespace) -> int:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device,
+    from ppdsl.runtime.devices import choose_device  # imports torch: only when running
+
+    # Every rank runs on this machine: decide the device once, before torchrun starts.
+    choice = choose_device(args.device, compiled.schedule.num_devices)
+    if choice.error is not None:
+        raise UsageError(choice.error)
+    if choice.note is not None:
+        print(choice.note, file=sys.stderr)
+    assert choice.kind is not None
+    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", choice.kind,
                  "--release", args.release]
     for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
                         ("--timeout", args.timeout), ("--json", args.json_out)):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import MemoryModel
 from ppdsl.runtime.cpu import keep_freed_memory
+from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.plan import Plan
@@ -39,6 +40,7 @@ from ppdsl.runtime.watchdog import Watchdog, fail
 __all__ = ["main", "parse_options", "memory_table"]
 
 EXIT_INVALID = 1
+EXIT_USAGE = 2
 
 
 def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argparse.Namespace:
@@ -59,7 +61,11 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
         "--timeout", type=float, default=60.0,
         help="seconds before a dead or hung rank makes the others stop (default 60)",
     )
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="auto (default): CUDA when the node has a GPU per local rank, else CPU; "
+        "cuda with fewer GPUs than local ranks is an error (exit 2)",
+    )
     parser.add_argument(
         "--release", choices=["b", "w"], default="b",
         help="when a split backward frees activations: b (default) frees at B what W does "
@@ -100,7 +106,8 @@ def main(
     manifest: str | Path,
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Run this rank's program; returns the exit code (0, or 1 for invalid input)."""
+    """Run this rank's program; returns the exit code (0, 1 for invalid input, 2 for
+    a device request the node cannot meet)."""
     opts = parse_options(argv)
     plan = Plan.from_json(json.loads(Path(manifest).read_text()))
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -128,14 +135,19 @@ def main(
             file=sys.stderr,
         )
         return EXIT_INVALID
-    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        _say(rank, "ppdsl: --device cuda but CUDA is not available")
-        return EXIT_INVALID
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    choice = choose_device(opts.device, local_ranks)
+    if choice.error is not None:
+        if local_rank == 0:
+            print(f"ppdsl: error: {choice.error}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    if choice.note is not None and rank == 0:
+        print(choice.note, file=sys.stderr, flush=True)
+    use_cuda = choice.kind == "cuda"
     if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
