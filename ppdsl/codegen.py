@@ -96,11 +96,13 @@ def generate(
     timeline: Any = None,
 ) -> GeneratedFiles:
     """Generate from a `ppdsl.compiler.Compiled` or from (schedule, programs[, timeline])."""
+    costs_from = None
     if programs is None:  # a Compiled
         compiled: Any = schedule
         schedule, programs, timeline = compiled.schedule, compiled.programs, compiled.timeline
+        costs_from = compiled.costs_from
     assert isinstance(schedule, Schedule)
-    plan = plan_from_schedule(schedule, programs, timeline)
+    plan = plan_from_schedule(schedule, programs, timeline, costs_from)
     env = _environment()
     files: dict[str, str] = {}
     common = {

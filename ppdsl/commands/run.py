@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "controllable-memory paper's accounting)")
     parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
                         help="write each rank's measurements to DIR/rank<N>.json")
+    parser.add_argument("--trace", metavar="OUT.json", default=None,
+                        help="write every rank's passes as one Chrome/Perfetto trace")
     parser.add_argument("-o", "--output", metavar="DIR", default=None,
                         help="keep the generated programs in DIR (default: a temporary folder)")
 
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", choice.kind,
                  "--release", args.release]
     for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
-                        ("--timeout", args.timeout), ("--json", args.json_out)):
+                        ("--timeout", args.timeout), ("--json", args.json_out),
+                        ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:
             rank_args += [flag, str(value)]
     return launch(compiled, rank_args, args.output)

@@ -33,6 +33,7 @@ from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
+from ppdsl.runtime.trace import Tracer
 
 __all__ = ["Engine", "PeerError", "StepResult", "probe_shapes"]
 
@@ -114,6 +115,8 @@ class Engine:
         self.optimizer = opt_class(self.params, lr=lr) if self.params else None
         self.meter = MemoryMeter(self.params)
         self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
+        self.tracer: Tracer | None = None
+        """When set, every pass, exchange and optimizer step is recorded in it."""
 
     # -- one step ------------------------------------------------------------
 
@@ -141,20 +144,41 @@ class Engine:
         compute = 0.0
         start = time.perf_counter()
         self._posted: dict[Transfer, tuple[Any, torch.Tensor]] = {}
+        tracer = self.tracer
         for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
+                if tracer is None or not (op.sends or op.recvs):
+                    self._exchange(op, self._next_exchange[index])
+                    continue
+                tracer.begin()
                 self._exchange(op, self._next_exchange[index])
+                tracer.end("exchange", "exchange",
+                           {"sends": [str(t) for t in op.sends], "recvs": [str(t) for t in op.recvs]},
+                           None)
             else:
+                if tracer is not None:
+                    tracer.begin()
                 t0 = time.perf_counter()
                 self._compute(op)
                 dt = time.perf_counter() - t0
                 compute += dt
                 self.compute_time[op.pass_.kind] += dt
+                if tracer is not None:
+                    done = op.pass_
+                    tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
+                               {"stage": done.stage, "microbatch": done.microbatch},
+                               (done.kind.value, done.stage))
         for work, _, transfer in self._sends:
             self._wait(work, transfer)
         self._sends.clear()
         if optimizer_step and self.optimizer is not None:
+            if tracer is not None:
+                tracer.begin()
             self.optimizer.step()
+            if tracer is not None:
+                tracer.end("optimizer", "optimizer", {}, None)
+        if tracer is not None:
+            tracer.flush()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start

@@ -44,6 +44,11 @@ class Plan:
     predicted_busy_share: tuple[float, ...] | None = None
     """Per rank: simulated busy time / makespan (None without a timeline)."""
     costs: dict[str, Any] | None = None
+    predicted_makespan: float | None = None
+    """The simulated makespan under `costs` (None without a timeline)."""
+    costs_from: str | None = None
+    """The `--costs-from` file the costs came from (milliseconds, as `ppdsl profile`
+    writes them), or None for the schedule's own costs (its units)."""
 
     @property
     def num_devices(self) -> int:
@@ -74,6 +79,8 @@ class Plan:
                 "M_W": [str(x) for x in self.memory.weight_retained],
             },
             "costs": self.costs,
+            "predicted_makespan": self.predicted_makespan,
+            "costs_from": self.costs_from,
             "predicted_peak_memory": [str(self.predicted_peak(r)) for r in range(self.num_devices)],
             "predicted_busy_share": list(self.predicted_busy_share)
             if self.predicted_busy_share is not None
@@ -109,6 +116,8 @@ class Plan:
             fingerprint=data["fingerprint"],
             predicted_busy_share=tuple(busy) if busy is not None else None,
             costs=data.get("costs"),
+            predicted_makespan=data.get("predicted_makespan"),
+            costs_from=data.get("costs_from"),
         )
 
 
@@ -123,9 +132,13 @@ def _json_value(v: object) -> Any:
 
 
 def plan_from_schedule(
-    schedule: Schedule, programs: tuple[RankProgram, ...], timeline: Any = None
+    schedule: Schedule,
+    programs: tuple[RankProgram, ...],
+    timeline: Any = None,
+    costs_from: str | None = None,
 ) -> Plan:
-    """The plan of a compiled schedule (timeline: `ppdsl.simulate.Timeline` or None)."""
+    """The plan of a compiled schedule (timeline: `ppdsl.simulate.Timeline` or None;
+    costs_from: the `--costs-from` file, if any)."""
     busy = None
     if timeline is not None:
         busy = tuple(float(b) / float(timeline.makespan) for b in timeline.busy)
@@ -150,6 +163,8 @@ def plan_from_schedule(
             "BW": list(c.fused_backward),
             "comm": c.comm,
         },
+        predicted_makespan=float(timeline.makespan) if timeline is not None else None,
+        costs_from=costs_from,
     )
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -29,15 +31,22 @@ import torch
 import torch.distributed as dist
 
 from ppdsl.ir.rank import Op
-from ppdsl.ir.schedule import MemoryModel
+from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.plan import Plan
+from ppdsl.runtime.trace import (
+    Tracer,
+    chrome_trace,
+    median_costs,
+    simulated_makespan,
+    write_chrome_trace,
+)
 from ppdsl.runtime.watchdog import Watchdog, fail
 
-__all__ = ["main", "parse_options", "memory_table"]
+__all__ = ["main", "parse_options", "memory_table", "timing_summary"]
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -75,6 +84,10 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
     parser.add_argument(
         "--json", dest="json_out", metavar="DIR", default=None,
         help="write each rank's measurements to DIR/rank<N>.json",
+    )
+    parser.add_argument(
+        "--trace", metavar="OUT.json", default=None,
+        help="write every rank's passes as one Chrome/Perfetto trace (ui.perfetto.dev)",
     )
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -276,6 +289,10 @@ def _run(
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    tracer = Tracer(rank, device)
+    engine.tracer = tracer
+    dist.barrier()  # the ranks' trace epochs line up here
+    tracer.start()
     step_times, shares = [], []
     peak_bytes, peak_units = 0, Fraction(0)
     cuda_peak = None
@@ -285,6 +302,8 @@ def _run(
             torch.cuda.reset_peak_memory_stats(device)
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
+        tracer.step = step
+        tracer.timed = step > 0 or opts.steps == 1  # step 0 runs the memory meter's hooks
         result = engine.step(step, batch_size, measure=step == 0)
         if device.type == "cuda":
             cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
@@ -321,6 +340,22 @@ def _run(
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
     }
+    durations: list[Any] = [None] * world
+    dist.all_gather_object(durations, tracer.durations)
+    mine.update(_predictions(plan, durations, step_times))
+    if opts.trace:
+        events: list[Any] = [None] * world
+        dist.all_gather_object(events, tracer.events)
+        if rank == 0:
+            stages: list[Any] = [None] * world
+            for r in range(world):
+                stages[r] = f"rank {r} (stage{'s' if len(plan.orders[r]) else ''} " + ", ".join(
+                    str(st) for st in sorted({st for _, _, st in plan.orders[r]})) + ")"
+            write_chrome_trace(opts.trace, chrome_trace(events, stages, {
+                "schedule": plan.name, "file": plan.file, "device": device.type,
+                "time": "CUDA events" if device.type == "cuda" else "perf_counter",
+                "steps": opts.steps,
+            }))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     if opts.json_out:
@@ -329,7 +364,69 @@ def _run(
         (out / f"rank{rank}.json").write_text(json.dumps(mine, indent=1))
     if rank == 0:
         print(memory_table(plan, everyone), flush=True)
+        print(timing_summary(plan, mine), flush=True)
+        if opts.trace:
+            print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev)",
+                  flush=True)
     return 0
+
+
+def _predictions(
+    plan: Plan, durations: list[dict[tuple[str, int], list[float]]], step_times: list[float]
+) -> dict[str, Any]:
+    """Measured step time (median, ms) against the simulator's makespan: under the
+    costs in use (when they are a profile's, in ms) and under this run's own median
+    pass times."""
+    merged: dict[tuple[str, int], list[float]] = {}
+    for d in durations:
+        for key, values in d.items():
+            merged.setdefault(key, []).extend(values)
+    measured = statistics.median(step_times) * 1e3 if step_times else None
+    costs = plan.costs or {}
+    in_use = Costs(tuple(costs.get("F", ())), tuple(costs.get("B", ())), tuple(costs.get("W", ())),
+                   tuple(costs.get("BW", ())), float(costs.get("comm", 0.0)))
+    comm = in_use.comm if plan.costs_from else 0.0
+    fallback = replace(in_use, comm=comm)
+    resimulated = None
+    if merged and len(in_use.forward) == plan.num_stages:
+        run_costs = median_costs(merged, plan.num_stages, fallback)
+        resimulated = simulated_makespan(plan.orders, plan.stage_device, plan.num_microbatches,
+                                         plan.split_backward, run_costs, plan.memory)
+    return {
+        "median_step_time_ms": measured,
+        "predicted_step_time_ms": plan.predicted_makespan if plan.costs_from else None,
+        "predicted_makespan": plan.predicted_makespan,
+        "costs_from": plan.costs_from,
+        "resimulated_step_time_ms": resimulated,
+        "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())},
+    }
+
+
+def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
+    """The closing lines on time: measured step time against the simulator."""
+    measured = mine.get("median_step_time_ms")
+    if measured is None:
+        return ""
+    lines = ["", f"step time {measured:.1f} ms (median over steps 2.., slowest rank)"]
+    predicted = mine.get("predicted_step_time_ms")
+    if predicted:
+        lines.append(
+            f"  predicted {predicted:.1f} ms: the simulated makespan under the costs from "
+            f"{plan.costs_from}; measured/predicted {measured / predicted:.3f}"
+        )
+    elif plan.predicted_makespan is not None:
+        lines.append(
+            f"  predicted makespan {plan.predicted_makespan:g} in {plan.file}'s cost units; "
+            "to predict milliseconds, give --costs-from the output of `ppdsl profile -o`"
+        )
+    again = mine.get("resimulated_step_time_ms")
+    if again:
+        lines.append(
+            f"  predicted {again:.1f} ms: simulated under this run's median pass times"
+            + (" and the file's transfer cost" if plan.costs_from else " (no transfer cost)")
+            + f"; measured/predicted {measured / again:.3f}"
+        )
+    return "\n".join(lines)
 
 
 def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryModel:
