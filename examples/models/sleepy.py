@@ -23,8 +23,7 @@ import time
 import torch
 from torch import nn
 
-from ppdsl.runtime import PipelineModel
-from ppdsl.runtime import split
+from ppdsl.runtime import PipelineModel, split
 
 FEATURES = 8
 
