@@ -30,6 +30,7 @@ TOL = 1e-5
 
 CASES = [(d, p.stem) for d in (2, 4) for p in example_files()]
 V_FILES = {"1f1b": "1f1b", "half": "v_half", "min": "v_min"}
+FROZEN_FILES = ["1f1b", "zb_h1", "zb_v"]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +44,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
             cases = build_cases(d, work)
             if d == 2:  # memory only, with the long-sequence model (M_W/M_B about 0.18)
                 cases += build_cases(d, work, check_grads=False, factory="stages_long")
+                # LoRA-style: frozen weights, split and fused backward schedules
+                cases += build_cases(d, work, only=FROZEN_FILES, factory="stages_frozen")
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
                                      release="w")
@@ -293,3 +296,19 @@ def test_ppdsl_run_trains(tmp_path: Path) -> None:
               if line.startswith("step ")]
     assert len(losses) == 8 and losses[-1] < losses[0], proc.stdout
     assert "peak predicted" in proc.stdout
+
+
+@pytest.mark.parametrize("name", FROZEN_FILES)
+def test_frozen_parameters_under_split_schedules(dist_results, name: str) -> None:
+    """LoRA-style fine-tuning (issue 10): with tiny_gpt's attention, MLP and token
+    embedding weights frozen, no frozen parameter gets a gradient on any rank under
+    a split (ZB-H1, ZB-V) or fused (1F1B) schedule, and loss, the trainable
+    gradients and all parameters after three SGD steps equal a single-process run
+    with the same parameters frozen."""
+    per_rank = dist_results(2)[f"{name}-d2-stages_frozen"]
+    errors = [r["error"] + "\n" + r.get("traceback", "") for r in per_rank if "error" in r]
+    assert not errors, errors[0]
+    assert sum(r["frozen_parameters"] for r in per_rank) > 0
+    for r in per_rank:
+        assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
+        assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r

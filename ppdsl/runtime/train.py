@@ -407,7 +407,7 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
     measured = mine.get("median_step_time_ms")
     if measured is None:
         return ""
-    lines = ["", f"step time {measured:.1f} ms (median over steps 2.., slowest rank)"]
+    lines = ["", f"measured step time {measured:.1f} ms (median over steps 2.., slowest rank)"]
     predicted = mine.get("predicted_step_time_ms")
     if predicted:
         lines.append(
