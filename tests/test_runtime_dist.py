@@ -281,6 +281,18 @@ def test_bad_input_clear_message_before_training(tmp_path: Path, args, message: 
     assert text.count(message) == 1, text
 
 
+def test_uncovered_parameters_named_before_training(tmp_path: Path) -> None:
+    """Under a split schedule (ZB-H1-like), parameters the B/W split does not cover are
+    named by each rank before the first step, and the run trains."""
+    out = _compiled_dir(tmp_path, "zb_h1_like")
+    results = harness.run([str(out / "launch.py"), "--model", f"{BAD}:uncovered", "--steps", "2",
+                           "--timeout", "60"], 2, timeout=120)
+    text = _all_text(results)
+    assert all(r.returncode == 0 for r in results), text
+    assert "rank 0: note: these parameters get their gradient during B" in text
+    assert "stage 0: scale" in text and "stage 1: 0.scale" in text
+
+
 def test_ppdsl_run_trains(tmp_path: Path) -> None:
     """`ppdsl run` on an example at d=2: per-step lines, loss going down, the table."""
     import subprocess
