@@ -28,7 +28,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.checks.memory import bound_text, peak_memory
+from ppdsl.analysis.checks.memory import bound_text, peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.ir.schedule import (
     Costs,
@@ -288,7 +288,7 @@ def from_torch_csv(
         num_microbatches=m,
         placement=place,
         split_backward=not fused,
-        costs=Costs(one, one, one, (2.0,) * S, 0.0),
+        costs=Costs.of(one, one, one, (2.0,) * S, 0.0),
         memory=MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
         orders=orders,
         span=whole,

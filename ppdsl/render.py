@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
+from ppdsl.analysis.simulate import Timeline
 from ppdsl.ir.schedule import PassKind, Schedule
-from ppdsl.simulate import Timeline
 
 __all__ = ["TimelineStyle", "render_timeline", "render_svg"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
-from ppdsl.lower import receive_buffers_peak
-from ppdsl.simulate import memory_over_time
+from ppdsl.lowering.lower import receive_buffers_peak
 
 __all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
 

@@ -1,4 +1,4 @@
-"""`ppdsl search`: budgets, the evaluator against ppdsl.simulate, the block
+"""`ppdsl search`: budgets, the evaluator against ppdsl.analysis.simulate, the block
 space, found files that compile, the command line."""
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ppdsl.checks import deadlock
+from ppdsl.analysis.checks import deadlock
+from ppdsl.analysis.simulate import simulate
 from ppdsl.cli import main
 from ppdsl.compiler import compile_file
 from ppdsl.ir.schedule import Schedule
-from ppdsl.lower import lower
+from ppdsl.lowering.early_receives import pull_receives_forward
+from ppdsl.lowering.lower import lower
 from ppdsl.search import SearchInputError, emit_pp, references, search
 from ppdsl.search.blockspace import block_orders, v_half, v_min
 from ppdsl.search.driver import arrays_for, evaluate_passes
 from ppdsl.search.problem import build_problem, parse_budget, parse_costs
-from ppdsl.simulate import simulate
 from tests.factories import make_schedule, one_f_one_b_orders
 
 
@@ -67,7 +68,7 @@ def test_budget_below_floor_names_the_smallest_feasible_budget():
 
 
 def test_evaluator_matches_ppdsl_simulate():
-    """The search's numba evaluator gives ppdsl.simulate's bubble, makespan, peak."""
+    """The search's numba evaluator gives ppdsl.analysis.simulate's bubble, makespan, peak."""
     problem = _problem(d=4, m=8, costs="F=3,B=4,W=2,comm=0.5")
     orders = one_f_one_b_orders(4, 8, split=True)
     schedule = _schedule(problem, orders)
@@ -116,7 +117,7 @@ def test_found_orders_compile_deadlock_free_and_within_budget():
         problem = _problem(d=4, m=8, place=place, memory=memory, costs="F=3,B=4,W=2,comm=0.3")
         result = search(problem, seconds=0.2)
         schedule = _schedule(problem, result.best.orders())
-        assert deadlock.check(schedule, deadlock.pull_receives_forward(lower(schedule))) == []
+        assert deadlock.check(schedule, pull_receives_forward(lower(schedule))) == []
         assert max(result.peak_memory()) <= problem.budget
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from ppdsl.commands.common import add_defines_argument, parse_defines
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
-from ppdsl.lower import receive_buffers_peak
+from ppdsl.lowering.lower import receive_buffers_peak
 
 HELP = "compare several schedules side by side (makespan, bubble, memory)"
 

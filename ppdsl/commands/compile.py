@@ -31,7 +31,8 @@ def default_output(file: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppdsl.codegen import generate, write
+    from ppdsl.backend.codegen import write
+    from ppdsl.compiler import generate
 
     compiled = compile_from_args(args)
     if compiled.warnings:

@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> int:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
     torchrun on this machine; returns 0 when every rank succeeded, else 1."""
-    from ppdsl.codegen import generate, write
+    from ppdsl.backend.codegen import write
+    from ppdsl.compiler import generate
 
     tmp = None
     if output:

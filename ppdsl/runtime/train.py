@@ -28,11 +28,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import MemoryModel
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
-from ppdsl.runtime.plan import Plan
 from ppdsl.runtime.watchdog import Watchdog, fail
 
 __all__ = ["main", "parse_options", "memory_table"]

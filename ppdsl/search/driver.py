@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.blocks import tighten_warm_up_and_cool_down
+from ppdsl.frontend.blocks import tighten_warm_up_and_cool_down
 from ppdsl.ir.schedule import Pass, PassKind
 from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks, named_blocks
 from ppdsl.search.evaluate import Metrics, evaluate_orders
@@ -178,7 +178,7 @@ class _Search:
     def blocks(self) -> None:
         """Every block of the swept space and the placement's hand-made blocks,
         repeated with W in the free slots; then, on the best of them, the
-        controllable-memory paper's last step (ppdsl.blocks: early forwards in the
+        controllable-memory paper's last step (ppdsl.frontend.blocks: early forwards in the
         warm-up, B before W in the cool-down; never above the block's peak)."""
         p = self.problem
         named = named_blocks(p.placement)

@@ -3,7 +3,7 @@ and measure makespan, bubble ratio and peak memory (numba).
 
 Orders travel as flat int arrays: device `dev` owns entries
 `offsets[dev]:offsets[dev+1]` of `kind` (0 F, 1 B, 2 W), `microbatch`, `stage`.
-The timing rule is ppdsl's (`ppdsl.simulate`): a pass starts when its device is
+The timing rule is ppdsl's (`ppdsl.analysis.simulate`): a pass starts when its device is
 free and each pass it needs has ended, plus `comm` when that pass ran on another
 device. The bubble ratio is the zero-bubble paper's: (span - busy) / span of the
 device with the longest span (lowest index on a tie).

@@ -134,7 +134,7 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
     assert isinstance(f, tuple) and isinstance(b, tuple) and isinstance(w, tuple)
     comm = values.get("comm", 0.0)
     assert isinstance(comm, float)
-    return Costs(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+    return Costs.of(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
 
 
 def one_f_one_b_memory(num_devices: int) -> Fraction:

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.blocks import tighten_warm_up_and_cool_down
+from ppdsl.frontend.blocks import tighten_warm_up_and_cool_down
 from ppdsl.search.blockspace import block_orders, named_blocks
 from ppdsl.search.driver import Arrays, Candidate, arrays_for, evaluate_passes
 from ppdsl.search.evaluate import Metrics, evaluate_orders

@@ -1,4 +1,4 @@
-"""Parse `.pp` text into the AST (`ppdsl.ast`).
+"""Parse `.pp` text into the AST (`ppdsl.frontend.ast`).
 
 The grammar is grammar/ppdsl.lark (LALR). A post-lexer makes newlines and `;`
 statement separators except inside ( ) and [ ]; a lark Transformer builds the AST
@@ -18,11 +18,11 @@ from typing import Any
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from ppdsl import ast
 from ppdsl._resources import grammar_text
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
+from ppdsl.frontend import ast
 
-__all__ = ["parse", "KEYWORDS"]
+__all__ = ["parse", "parse_expression", "KEYWORDS"]
 
 # Words the grammar reserves; they cannot name a param or a loop variable.
 KEYWORDS = (
@@ -84,6 +84,7 @@ def _parser() -> tuple[Lark, _Postlex]:
         postlex=postlex,
         propagate_positions=True,
         maybe_placeholders=False,
+        start=["start", "expr"],
     )
     return lark, postlex
 
@@ -92,7 +93,27 @@ def parse(text: str, file: str) -> ast.Module:
     """Parse one `.pp` file's text; `file` names it in spans."""
     lark, postlex = _parser()
     try:
-        tree = lark.parse(text)
+        tree = lark.parse(text, start="start")
+    except UnexpectedInput as exc:
+        raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
+    try:
+        return _ToAst(file, text).transform(tree)
+    except RecursionError:
+        raise CompileError([_too_deep(file)]) from None
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, CompileError):
+            raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, RecursionError):
+            raise CompileError([_too_deep(file)]) from None
+        raise
+
+
+def parse_expression(text: str, file: str) -> ast.Expr:
+    """Parse one expression (a `-D` value), spans in `file`; a syntax error is a
+    CompileError."""
+    lark, postlex = _parser()
+    try:
+        tree = lark.parse(text, start="expr")
     except UnexpectedInput as exc:
         raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
     try:
@@ -137,7 +158,7 @@ _BINARY = {
 
 @v_args(meta=True)
 class _ToAst(Transformer):
-    """Builds `ppdsl.ast` nodes; every node gets the span of its source text."""
+    """Builds `ppdsl.frontend.ast` nodes; every node gets the span of its source text."""
 
     def __init__(self, file: str, text: str):
         super().__init__()

@@ -1,6 +1,6 @@
 """The AST of a `.pp` file: frozen dataclasses, each with the `span` of its source.
 
-`ppdsl.parse` builds it from the lark tree; `ppdsl.elaborate` turns it into the
+`ppdsl.frontend.parse` builds it from the lark tree; `ppdsl.frontend.elaborate` turns it into the
 schedule IR. Expressions are kept unevaluated: their values depend on `-D`
 overrides and on the loop variables of the order form.
 """
