@@ -26,6 +26,7 @@ lowering and simulator follow from the arrays.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -59,7 +60,9 @@ __all__ = [
     "PLACEMENTS",
     "PLACEMENTS_WITH_CHUNKS",
     "placement_devices",
+    "identify_placement",
     "placement_spelling",
+    "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
     "DEFAULT_ACTIVATION",
@@ -318,19 +321,41 @@ def placement_devices(name: str, num_devices: int, chunks: int | None = None) ->
     return PLACEMENTS[name](num_devices, v)
 
 
-def placement_spelling(stage_device: Sequence[int], num_devices: int) -> str:
-    """The `place` argument that gives exactly this stage -> device map:
-    `parallel`, `vshape`, `looped(v)`, `wave(v)`, or the list `[e0, e1, ...]`."""
+def identify_placement(stage_device: Sequence[int], num_devices: int) -> tuple[str, int] | None:
+    """(name, chunks per device) of the named placement that gives exactly this
+    stage -> device map, the simplest name first; None for no named one."""
     stage_device = tuple(stage_device)
     d, S = num_devices, len(stage_device)
     if d > 0 and S % d == 0:
         v = S // d
-        for name in ("parallel", "vshape", "looped", "wave"):  # the simplest name first
+        for name in ("parallel", "vshape", "looped", "wave"):
             if name in _FIXED_CHUNKS and _FIXED_CHUNKS[name] != v:
                 continue
             if placement_devices(name, d, v) == stage_device:
-                return name if name in _FIXED_CHUNKS else f"{name}({v})"
-    return "[" + ", ".join(map(str, stage_device)) + "]"
+                return name, v
+    return None
+
+
+def placement_spelling(stage_device: Sequence[int], num_devices: int) -> str:
+    """The `place` argument that gives exactly this stage -> device map:
+    `parallel`, `vshape`, `looped(v)`, `wave(v)`, or the list `[e0, e1, ...]`."""
+    named = identify_placement(stage_device, num_devices)
+    if named is None:
+        return "[" + ", ".join(map(str, stage_device)) + "]"
+    name, v = named
+    return f"{name}({v})" if name in PLACEMENTS_WITH_CHUNKS else name
+
+
+def read_placement(text: str) -> tuple[str, int | None]:
+    """A placement as a command line spells it: `parallel`, `vshape`,
+    `looped(2)`, `wave(3)` (also `looped2`, any case) -> (name, chunks or None).
+    Raises ValueError for an unknown name."""
+    words = text.strip().lower()
+    found = re.fullmatch(r"([a-z]+)\s*(?:\(?\s*(\d+)\s*\)?)?", words)
+    if not found or found.group(1) not in PLACEMENTS:
+        raise ValueError(f"unknown placement {text!r}: use parallel, looped(v), vshape or wave(v)")
+    chunks = found.group(2)
+    return found.group(1), None if chunks is None else int(chunks)
 
 
 # --- default costs and memory -----------------------------------------------------

@@ -16,7 +16,7 @@ from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Schedule
 from ppdsl.semantics import delta_table
 
-__all__ = ["peak_positions", "peak_memory", "bound_text"]
+__all__ = ["peak_positions", "peak_memory"]
 
 
 def peak_positions(schedule: Schedule) -> tuple[tuple[Fraction, int | None], ...]:
@@ -47,11 +47,3 @@ def peak_memory(schedule: Schedule) -> tuple[Fraction, ...]:
     """Per device, the peak activation memory over its order (never below 0:
     an empty device holds nothing)."""
     return tuple(peak for peak, _ in peak_positions(schedule))
-
-
-def bound_text(peak: Fraction, schedule: Schedule) -> str:
-    """`peak` as the right-hand side of an `expect peak_memory`, in multiples of
-    the file's M_B (that of stage 0) when it declares one."""
-    unit = schedule.memory.activation[0] if schedule.memory.activation else Fraction(0)
-    return f"{peak / unit} * M_B" if unit else str(peak)
-

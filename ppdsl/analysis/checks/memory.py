@@ -9,8 +9,9 @@ from __future__ import annotations
 import operator
 from fractions import Fraction
 
-from ppdsl.analysis.memory import bound_text, peak_memory, peak_positions
+from ppdsl.analysis.memory import peak_memory, peak_positions
 from ppdsl.diagnostics import Diagnostic
+from ppdsl.frontend.ast import format_expr, peak_bound
 from ppdsl.ir.schedule import Expect, Schedule, format_pass
 from ppdsl.semantics import format_exact
 
@@ -89,12 +90,13 @@ def missing_bound(schedule: Schedule) -> list[Diagnostic]:
     if any(e.metric == "peak_memory" for e in schedule.expects):
         return []
     highest = max(peak_memory(schedule), default=Fraction(0))
+    unit = schedule.memory.activation[0] if schedule.memory.activation else Fraction(0)
     return [
         Diagnostic(
             "warning",
             f"schedule {schedule.name} states no memory bound: its peak activation memory "
             f"({format_exact(highest)} on the fullest device) is computed but checked against "
-            f"nothing; add e.g. `expect peak_memory <= {bound_text(highest, schedule)}`",
+            f"nothing; add e.g. `expect peak_memory <= {format_expr(peak_bound(highest, unit))}`",
             schedule.span,
         )
     ]
