@@ -14,7 +14,7 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from ppdsl.commands.common import add_defines_argument, parse_defines
+from ppdsl.commands.common import ExitCode, add_defines_argument, parse_defines
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.lowering.lower import receive_buffers_peak
@@ -131,7 +131,7 @@ def _differences(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     defines = parse_defines(args.defines)
     compiled: list[tuple[str, Compiled]] = []
     errors: list[Diagnostic] = []
@@ -157,4 +157,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(_table(rows))
         for note in notes:
             print(note, file=sys.stderr)
-    return 0
+    return ExitCode.OK

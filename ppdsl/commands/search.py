@@ -13,6 +13,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl.commands.common import ExitCode
 from ppdsl.diagnostics import CompileError, Diagnostic
 from ppdsl.search import SearchInputError, emit_pp, references, search
 from ppdsl.search.problem import build_problem
@@ -75,7 +76,7 @@ def _fmt(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     try:
         problem = build_problem(
             devices=args.devices,
@@ -151,4 +152,4 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         lines.append(f"wrote {args.output}; check it with: ppdsl check {args.output}")
     print("\n".join(lines), file=summary)
-    return 0
+    return ExitCode.OK

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from typing import Any
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
@@ -79,7 +80,7 @@ def _label(exc: UnexpectedToken, parse_fn: Callable[[str], object]) -> str | Non
     return _labels.get((state.position, exc.token.type)) if state is not None else None
 
 
-def token_span(file: str, tok: Token) -> Span:
+def token_span(file: str, tok: Any) -> Span:
     """The span of a token."""
     return Span(file, tok.line, tok.column, tok.end_line, max(tok.column, tok.end_column - 1))
 
