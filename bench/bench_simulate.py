@@ -87,7 +87,8 @@ def _numba_compile_seconds() -> float:
     flat = flatten(small)
     needs = dependencies(flat).index
     t0 = time.perf_counter()
-    fresh(flat.offsets, needs, np.zeros(flat.size), np.zeros(needs.shape))
+    no_time = np.zeros((4, flat.num_stages))
+    fresh(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
     return time.perf_counter() - t0
 
 

@@ -3,10 +3,9 @@ the dependency check, the simulator and the search's metrics.
 
 `pass_needs` applies the dependency relation (`semantics.NEED_KIND`,
 `semantics.NEED_STAGE_OFFSET`) to flat passes: for each pass, the flat index of
-each pass it waits for. `transfer_waits` applies the transfer rule (a need
-whose pass ran on another device waits `comm` longer). `run_orders` runs every
-device's order: a pass starts when its device is free and every pass it needs
-has ended, plus its transfer time. `measure` is the metrics kernel: makespan,
+each pass it waits for. `run_orders` runs every device's order: a pass starts
+when its device is free and every pass it needs has ended, plus `comm` when
+that pass ran on another device (the transfer rule). `measure` is the metrics kernel: makespan,
 the zero-bubble paper's bubble ratio, the idle fraction and each device's peak
 memory (a prefix sum of `semantics.delta_table`). `evaluate` is the three in one
 call, for a search that times thousands of candidate orders.
@@ -26,7 +25,6 @@ __all__ = [
     "Needs",
     "dependencies",
     "pass_needs",
-    "transfer_waits",
     "run_orders",
     "measure",
     "Metrics",
@@ -92,32 +90,16 @@ def dependencies(flat: FlatSchedule) -> Needs:
 
 
 @numba.njit(cache=True)
-def _waits(needs, device, comm):  # pragma: no cover - numba
-    n, width = needs.shape
-    wait = np.zeros((n, width))
-    for k in range(n):
-        for slot in range(width):
-            q = needs[k, slot]
-            if q >= 0 and device[q] != device[k]:
-                wait[k, slot] = comm
-    return wait
-
-
-def transfer_waits(needs: np.ndarray, device: np.ndarray, comm: float) -> np.ndarray:
-    """The transfer rule: per (pass, need), `comm` when the needed pass ran on
-    another device (its output crosses between them), else 0."""
-    return _waits(needs, device, float(comm))
-
-
-@numba.njit(cache=True)
-def run_orders(offsets, needs, duration, wait):  # pragma: no cover - numba
+def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: no cover - numba
     """Run every device's order. Returns (start, end, position): `position[dev]`
     is how far device dev got (offsets[dev+1] when it finished its order).
 
-    A device's next pass starts at max(device free, end of each needed pass +
-    its wait); a device whose next pass needs an unfinished pass waits.
-    Sweeping the devices until none moves gives the same times in any sweep
-    order, because each time is a function of earlier passes only."""
+    A device's next pass starts at max(device free, end of each needed pass,
+    plus `comm` when that pass ran on another device: the transfer rule); a
+    device whose next pass needs an unfinished pass waits. `duration[kind,
+    stage]` is a pass's cost. Sweeping the devices until none moves gives the
+    same times in any sweep order, because each time is a function of earlier
+    passes only."""
     num_devices = offsets.shape[0] - 1
     n, width = needs.shape
     start = np.zeros(n)
@@ -140,11 +122,12 @@ def run_orders(offsets, needs, duration, wait):  # pragma: no cover - numba
                         if not done[a]:
                             blocked = True
                             break
-                        ready = max(ready, end[a] + wait[k, slot])
+                        wait = comm if device[a] != dev else 0.0
+                        ready = max(ready, end[a] + wait)
                 if blocked:
                     break
                 start[k] = ready
-                end[k] = ready + duration[k]
+                end[k] = ready + duration[kind[k], stage[k]]
                 free[dev] = end[k]
                 done[k] = True
                 k += 1
@@ -202,13 +185,9 @@ def _timed(
         table[kind[k], microbatch[k], stage[k]] = k
     needs, missing = pass_needs(kind, microbatch, stage, table, num_stages, need_kind, need_offset)
     device = np.empty(n, dtype=np.int64)
-    own = np.empty(n)
     for dev in range(offsets.shape[0] - 1):
-        for k in range(offsets[dev], offsets[dev + 1]):
-            device[k] = dev
-            own[k] = duration[kind[k], stage[k]]
-    wait = _waits(needs, device, comm)
-    start, end, position = run_orders(offsets, needs, own, wait)
+        device[offsets[dev] : offsets[dev + 1]] = dev
+    start, end, position = run_orders(offsets, kind, stage, device, needs, duration, comm)
     ok = missing == 0
     for dev in range(offsets.shape[0] - 1):
         if position[dev] < offsets[dev + 1]:
@@ -231,6 +210,21 @@ class Metrics:
     """False when the orders wait on each other in a cycle (or miss a pass)."""
 
 
+@numba.njit(cache=True)
+def _evaluate(
+    offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
+    need_kind, need_offset, num_kinds,
+):  # pragma: no cover - numba
+    start, end, ok = _timed(
+        offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
+        need_kind, need_offset, num_kinds,
+    )
+    if not ok:
+        return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
+    makespan, bubble, idle, peak = measure(offsets, kind, stage, start, end, duration, delta)
+    return True, makespan, bubble, idle, peak
+
+
 def evaluate(
     offsets: np.ndarray,
     kind: np.ndarray,
@@ -243,15 +237,14 @@ def evaluate(
     num_microbatches: int,
 ) -> Metrics:
     """Time flat orders as soon as possible (`run_orders` under the dependency
-    relation and the transfer rule) and `measure` them. `duration[kind code,
-    stage]` and `delta[kind code, stage]` as in `measure`."""
-    start, end, ok = timed(
-        offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches
+    relation and the transfer rule) and `measure` them, in one kernel call (a
+    search times thousands of candidates). `duration[kind code, stage]` and
+    `delta[kind code, stage]` as in `measure`."""
+    ok, makespan, bubble, idle, peak = _evaluate(
+        offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
     )
-    if not ok:
-        return Metrics(float("inf"), 1.0, 1.0, np.zeros(len(offsets) - 1, dtype=np.int64), False)
-    makespan, bubble, idle, peak = measure(offsets, kind, stage, start, end, duration, delta)
-    return Metrics(makespan, bubble, idle, peak, True)
+    return Metrics(makespan, bubble, idle, peak, ok)
 
 
 def timed(

@@ -26,9 +26,9 @@ from fractions import Fraction
 import numpy as np
 
 from ppdsl import semantics
-from ppdsl.analysis.executor import dependencies, run_orders, transfer_waits
+from ppdsl.analysis.executor import dependencies, run_orders
 from ppdsl.analysis.memory import peak_memory
-from ppdsl.ir.flat import FlatSchedule, flatten
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 from ppdsl.semantics import allocates_at_start
 
@@ -71,26 +71,19 @@ class Timeline:
     start, a B/W/BW frees at its end. None unless asked for."""
 
 
-def _timing_arrays(
-    schedule: Schedule, flat: FlatSchedule
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(duration per pass, needs per pass, transfer wait per need)."""
-    duration = np.array(schedule.costs.durations, dtype=np.float64)[flat.kind, flat.stage]
+def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
+    """The timed simulation (numba kernel). Raises SimulationError when a pass
+    is missing or the orders wait on each other in a cycle."""
+    flat = flatten(schedule)
     deps = dependencies(flat)
     if deps.missing:
         raise SimulationError(
             f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
         )
-    wait = transfer_waits(deps.index, flat.device, schedule.costs.comm)
-    return duration, deps.index, wait
-
-
-def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
-    """The timed simulation (numba kernel). Raises SimulationError when a pass
-    is missing or the orders wait on each other in a cycle."""
-    flat = flatten(schedule)
-    duration, needs_index, wait = _timing_arrays(schedule, flat)
-    start, end, position = run_orders(flat.offsets, needs_index, duration, wait)
+    table = np.array(schedule.costs.durations, dtype=np.float64)
+    start, end, position = run_orders(
+        flat.offsets, flat.kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
+    )
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -103,6 +96,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         starts.append(tuple(start[a:b].tolist()))
         ends.append(tuple(end[a:b].tolist()))
     # fsum: correctly rounded, so both simulators agree to the last bit
+    duration = table[flat.kind, flat.stage]
     busy = [
         math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
         for d in range(len(starts))

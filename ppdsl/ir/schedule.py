@@ -97,10 +97,14 @@ class Costs:
         return Costs.by_kind(given, comm)
 
     @staticmethod
-    def by_kind(durations: Mapping[PassKind, Sequence[float]], comm: float) -> Costs:
+    def by_kind(
+        durations: Mapping[PassKind, Sequence[float]], comm: float, num_stages: int | None = None
+    ) -> Costs:
         """Per-stage durations of the kinds given, the others by default
-        (`semantics.DEFAULT_DURATION`), and the transfer cost."""
-        num_stages = len(next(iter(durations.values()))) if durations else 0
+        (`semantics.DEFAULT_DURATION`), and the transfer cost. `num_stages` is
+        needed only when no kind is given."""
+        if num_stages is None:
+            num_stages = len(next(iter(durations.values())))
         every = semantics.with_default_durations(durations, num_stages)
         return Costs(tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm))
 

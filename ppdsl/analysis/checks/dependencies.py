@@ -21,6 +21,7 @@ from ppdsl.analysis.executor import dependencies, run_orders
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, Schedule, format_pass
+from ppdsl.semantics import NUM_KINDS
 
 __all__ = ["check", "stuck_cycles"]
 
@@ -35,7 +36,8 @@ def stuck_cycles(schedule: Schedule) -> list[list[tuple[int, int, int]]]:
     Empty when the orders run to the end."""
     flat = flatten(schedule)
     needs = dependencies(flat).index
-    _, _, position = run_orders(flat.offsets, needs, np.zeros(flat.size), np.zeros(needs.shape))
+    no_time = np.zeros((NUM_KINDS, flat.num_stages))
+    _, _, position = run_orders(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
     num_devices = schedule.num_devices
     waits: dict[int, tuple[int, int, int]] = {}  # device -> (head, needed, device of needed)
     for dev in range(num_devices):
