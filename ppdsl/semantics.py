@@ -72,6 +72,7 @@ __all__ = [
     "format_exact",
     "format_decimal",
     "format_short",
+    "format_ratio",
     "format_literal",
 ]
 
@@ -426,6 +427,13 @@ def format_short(x: Fraction | int | float, digits: int = 6) -> str:
     if Fraction(x).denominator == 1:
         return str(int(x))
     return f"{float(x):.{digits}g}"
+
+
+def format_ratio(x: Fraction | int | str, max_denominator: int = 12, digits: int = 3) -> str:
+    """A measured ratio: exact while its denominator is small (`3/4`), else a
+    decimal with `digits` places (a ratio of byte counts)."""
+    x = Fraction(x)
+    return str(x) if x.denominator <= max_denominator else f"{float(x):.{digits}f}"
 
 
 def format_literal(value: Fraction) -> str:

@@ -18,6 +18,7 @@ from ppdsl.commands.common import ExitCode, add_defines_argument, parse_defines
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.lowering.lower import receive_buffers_peak
+from ppdsl.semantics import format_short
 
 HELP = "compare several schedules side by side (makespan, bubble, memory)"
 
@@ -73,10 +74,6 @@ def _row(file: str, c: Compiled) -> dict[str, Any]:
     }
 
 
-def _frac(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):.4g}"
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     best = min(r["makespan_in_1f1b_stages"] for r in rows)
     header = [
@@ -94,8 +91,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['makespan_in_1f1b_stages'] / best:.3f}" if best > 0 else "-",
             f"{r['bubble_ratio']:.4f}",
             f"{r['idle_fraction']:.4f}",
-            _frac(r["peak_memory"]),
-            _frac(r["peak_memory_per_1f1b_stage"]),
+            format_short(r["peak_memory"], 4),
+            format_short(r["peak_memory_per_1f1b_stage"], 4),
             str(r["receive_buffers_peak"]),
         ]
         for r in rows

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 from ppdsl.commands.common import ExitCode
@@ -18,6 +17,7 @@ from ppdsl.diagnostics import CompileError, Diagnostic
 from ppdsl.search import SearchInputError, emit_pp, references, search
 from ppdsl.search.problem import build_problem
 from ppdsl.search.progress import ProgressBar
+from ppdsl.semantics import format_short
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
 
@@ -72,10 +72,6 @@ def _command_line(argv: list[str]) -> str:
     return "ppdsl search " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
-
-
 def run(args: argparse.Namespace) -> ExitCode:
     try:
         problem = build_problem(
@@ -106,7 +102,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         if best.metrics.bubble > ref.bubble + 1e-9:
             verb = "is worse than"
         beats = (
-            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {_fmt(ref.peak)} M_B) "
+            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {format_short(ref.peak)} M_B) "
             "under the same costs"
         )
     argv = getattr(args, "argv", None) or sys.argv[2:]
@@ -138,15 +134,15 @@ def run(args: argparse.Namespace) -> ExitCode:
         f"best: {best.method}",
         f"bubble {m.bubble:.4f}, makespan {m.makespan:g}, idle {m.idle:.4f}",
         "peak memory per device (M_B): "
-        + " ".join(_fmt(p) for p in peaks)
-        + f"  (budget {_fmt(problem.budget)})",
+        + " ".join(format_short(p) for p in peaks)
+        + f"  (budget {format_short(problem.budget)})",
     ]
     if beats:
         lines.append(beats)
     elif refs:
         lines.append(
             "no hand-made schedule fits this budget (smallest: "
-            + ", ".join(f"{r.name} {_fmt(r.peak)} M_B" for r in refs)
+            + ", ".join(f"{r.name} {format_short(r.peak)} M_B" for r in refs)
             + ")"
         )
     if args.output:
