@@ -58,7 +58,7 @@ __all__ = [
     "delta_table",
     "peak_of_deltas",
     "PLACEMENTS",
-    "PLACEMENTS_WITH_CHUNKS",
+    "takes_chunks",
     "placement_devices",
     "identify_placement",
     "placement_spelling",
@@ -304,9 +304,14 @@ def _vshape(d: int, v: int) -> tuple[int, ...]:
 
 PLACEMENTS = {"parallel": _parallel, "looped": _looped, "vshape": _vshape, "wave": _wave}
 """Named placements: name -> (devices d, chunks per device v) -> stage_device."""
-PLACEMENTS_WITH_CHUNKS = ("looped", "wave")
-"""The placements that take their chunk count as an argument: `looped(v)`."""
 _FIXED_CHUNKS = {"parallel": 1, "vshape": 2}
+"""The placements whose chunk count is fixed; every other takes it as an
+argument (`looped(v)`)."""
+
+
+def takes_chunks(name: str) -> bool:
+    """Whether the placement `name` takes its chunk count: `looped(v)`, `wave(v)`."""
+    return name not in _FIXED_CHUNKS
 
 
 def placement_devices(name: str, num_devices: int, chunks: int | None = None) -> tuple[int, ...]:
@@ -329,7 +334,8 @@ def identify_placement(stage_device: Sequence[int], num_devices: int) -> tuple[s
     d, S = num_devices, len(stage_device)
     if d > 0 and S % d == 0:
         v = S // d
-        for name in ("parallel", "vshape", "looped", "wave"):
+        simplest = (*_FIXED_CHUNKS, *(n for n in PLACEMENTS if n not in _FIXED_CHUNKS))
+        for name in simplest:
             if name in _FIXED_CHUNKS and _FIXED_CHUNKS[name] != v:
                 continue
             if placement_devices(name, d, v) == stage_device:
@@ -344,7 +350,7 @@ def placement_spelling(stage_device: Sequence[int], num_devices: int) -> str:
     if named is None:
         return "[" + ", ".join(map(str, stage_device)) + "]"
     name, v = named
-    return f"{name}({v})" if name in PLACEMENTS_WITH_CHUNKS else name
+    return f"{name}({v})" if takes_chunks(name) else name
 
 
 def read_placement(text: str) -> tuple[str, int | None]:

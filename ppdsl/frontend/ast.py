@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ppdsl.diagnostics import Span
-from ppdsl.semantics import PLACEMENTS_WITH_CHUNKS, format_literal, identify_placement
+from ppdsl.semantics import format_literal, identify_placement, takes_chunks
 
 __all__ = [
     "Expr",
@@ -564,7 +564,7 @@ def place(stage_device: tuple[int, ...], num_devices: int) -> Place:
         devices = tuple(number(d) for d in stage_device)
         return Place("list", None, devices, GENERATED, GENERATED)
     kind, v = named
-    arg = number(v) if kind in PLACEMENTS_WITH_CHUNKS else None
+    arg = number(v) if takes_chunks(kind) else None
     return Place(kind, arg, (), GENERATED, GENERATED)
 
 

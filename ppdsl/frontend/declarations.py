@@ -212,7 +212,7 @@ def _placement(stmt: ast.Place, state: Declarations) -> Placement:
             or "; expected one of " + ", ".join(names) + " or a list [e0, e1, ...]"
         )
         raise ElaborationError(f"unknown placement '{stmt.kind}'{hint}", stmt.kind_span)
-    takes_arg = stmt.kind in semantics.PLACEMENTS_WITH_CHUNKS
+    takes_arg = semantics.takes_chunks(stmt.kind)
     if takes_arg and stmt.arg is None:
         raise ElaborationError(
             f"'{stmt.kind}' needs the number of chunks: {stmt.kind}(v)", stmt.span

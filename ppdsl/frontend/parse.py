@@ -85,29 +85,19 @@ def _parser() -> tuple[Lark, _Postlex]:
 
 def parse(text: str, file: str) -> ast.Module:
     """Parse one `.pp` file's text; `file` names it in spans."""
-    lark, postlex = _parser()
-    try:
-        tree = lark.parse(text, start="start")
-    except UnexpectedInput as exc:
-        raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
-    try:
-        return _ToAst(file, text).transform(tree)
-    except RecursionError:
-        raise CompileError([_too_deep(file)]) from None
-    except VisitError as exc:
-        if isinstance(exc.orig_exc, CompileError):
-            raise exc.orig_exc from None
-        if isinstance(exc.orig_exc, RecursionError):
-            raise CompileError([_too_deep(file)]) from None
-        raise
+    return _parse(text, file, "start")
 
 
 def parse_expression(text: str, file: str) -> ast.Expr:
     """Parse one expression (a `-D` value), spans in `file`; a syntax error is a
     CompileError."""
+    return _parse(text, file, "expr")
+
+
+def _parse(text: str, file: str, start: str) -> Any:
     lark, postlex = _parser()
     try:
-        tree = lark.parse(text, start="expr")
+        tree = lark.parse(text, start=start)
     except UnexpectedInput as exc:
         raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
     try:
