@@ -18,9 +18,10 @@
   no transfer cost, M_B = 1, M_W = M_B / 2.
 - Number formatting for every message, table and printed file.
 
-Adding a pass kind means adding it to `PassKind`, `NEEDS`,
-`MEMORY_COEFFICIENTS` and `DEFAULT_DURATION` here; the kernels, checks,
-lowering and simulator follow from the arrays.
+Adding a pass kind means adding it here: `PassKind` (and `_TORCH_LETTER`),
+`NEEDS`, `MEMORY_COEFFICIENTS`, `DEFAULT_DURATION` and the backward form that
+runs it (`backward_kinds`); the kernels, checks, lowering, simulator and
+elaboration follow (docs/architecture.md lists what the runtime adds to run it).
 """
 
 from __future__ import annotations

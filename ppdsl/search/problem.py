@@ -22,7 +22,6 @@ from ppdsl.semantics import PassKind, format_number
 __all__ = [
     "SearchProblem",
     "SearchInputError",
-    "make_placement",
     "parse_budget",
     "parse_costs",
     "one_f_one_b_memory",
@@ -69,8 +68,7 @@ _PLACEMENTS = ("parallel", "vshape", "looped")
 """The placements the search knows blocks and heuristics for."""
 
 
-def make_placement(kind: str, num_devices: int, v: int = 2) -> Placement:
-    """parallel, vshape, looped(v) as Placement objects (`semantics.PLACEMENTS`)."""
+def _named(kind: str, num_devices: int, v: int | None = None) -> Placement:
     if kind not in _PLACEMENTS:
         raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
     return Placement.named(kind, num_devices, v)
@@ -90,8 +88,8 @@ def parse_placement(text: str, num_devices: int) -> Placement:
             raise SearchInputError("looped needs its chunk count: --placement 'looped(2)'")
         if v < 1:
             raise SearchInputError(f"looped({v}): v must be at least 1")
-        return make_placement("looped", num_devices, v)
-    return make_placement(name, num_devices)
+        return _named("looped", num_devices, v)
+    return _named(name, num_devices)
 
 
 _COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm"}
