@@ -68,6 +68,7 @@ class ElaborationError(Exception):
 
 
 def did_you_mean(word: str, candidates) -> str:
+    """`; did you mean 'x'?` for the closest candidate, or nothing."""
     close = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -80,6 +81,7 @@ def norm(x):
 
 
 def show(x: Value) -> str:
+    """A value as the language writes it (`true`, `0..4`, `3/2`)."""
     if isinstance(x, bool):
         return "true" if x else "false"
     if isinstance(x, range):
@@ -93,12 +95,14 @@ def show(x: Value) -> str:
 
 
 def number(value: Value, span: Span, what: str = "this") -> Num:
+    """`value` if it is a number; a range is a located error."""
     if isinstance(value, range):
         raise ElaborationError(f"{what} is a range ({show(value)}), not a number", span)
     return value
 
 
 def integer(value: Value, span: Span, what: str) -> int:
+    """`value` as an int (a bool counts); anything else is a located error."""
     if isinstance(value, bool):
         return int(value)
     if type(value) is int:
@@ -124,6 +128,7 @@ class Scope:
         return False
 
     def all(self) -> set[str]:
+        """Every name visible here (for "did you mean")."""
         out: set[str] = set()
         scope: Scope | None = self
         while scope is not None:
@@ -363,6 +368,8 @@ def _compile_binary(expr: ast.Binary, scope: Scope) -> Eval:
 
 
 def compile_range(rng: ast.Range, scope: Scope) -> Callable[[Env], range]:
+    """A loop range compiled to a closure: `a..b`, `reversed(...)`, or a name
+    bound to a range (`chunks`)."""
     if isinstance(rng, ast.SpanRange):
         start, stop = compile_expr(rng.start, scope), compile_expr(rng.stop, scope)
         sspan, tspan = rng.start.span, rng.stop.span

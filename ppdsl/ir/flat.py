@@ -48,10 +48,12 @@ class FlatSchedule:
 
     @property
     def size(self) -> int:
+        """How many passes."""
         return len(self.passes)
 
     @property
     def num_devices(self) -> int:
+        """How many devices (orders)."""
         return len(self.offsets) - 1
 
     def index_table(self) -> np.ndarray:

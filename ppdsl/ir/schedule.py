@@ -120,22 +120,27 @@ class Costs:
         return self.durations[kind.code]
 
     def duration(self, kind: PassKind, stage: int) -> float:
+        """How long a pass of `kind` on `stage` takes."""
         return self.durations[kind.code][stage]
 
     @property
     def forward(self) -> tuple[float, ...]:
+        """F per stage."""
         return self.durations[PassKind.F.code]
 
     @property
     def backward_input(self) -> tuple[float, ...]:
+        """B per stage."""
         return self.durations[PassKind.B.code]
 
     @property
     def backward_weight(self) -> tuple[float, ...]:
+        """W per stage."""
         return self.durations[PassKind.W.code]
 
     @property
     def fused_backward(self) -> tuple[float, ...]:
+        """BW per stage."""
         return self.durations[PassKind.BW.code]
 
 
@@ -155,6 +160,7 @@ class MemoryModel:
         return MemoryModel((a,) * num_stages, (a * semantics.DEFAULT_WEIGHT_FRACTION,) * num_stages)
 
     def delta(self, kind: PassKind, stage: int) -> Fraction:
+        """The memory a pass of `kind` on `stage` leaves (> 0) or frees (< 0)."""
         return semantics.memory_delta(kind, self.activation[stage], self.weight_retained[stage])
 
 
