@@ -35,10 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ppdsl import ast
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
+from ppdsl.frontend import ast
+from ppdsl.frontend.parse import parse
 from ppdsl.ir.schedule import Costs, Expect, MemoryModel, Schedule
-from ppdsl.parse import parse
 
 __all__ = [
     "CostsFile",
@@ -158,7 +158,7 @@ def evaluate_costs(
 ) -> tuple[Costs, MemoryModel]:
     """The costs and memory model the file gives a schedule of `num_devices` devices
     under `placement` (the language's spelling: parallel, vshape, looped(2))."""
-    from ppdsl.elaborate import elaborate
+    from ppdsl.frontend.elaborate import elaborate
 
     file = f"<--costs-from {costs.path}>"
     text = (
@@ -178,8 +178,8 @@ def schedule_with_costs(
 ) -> tuple[Schedule, tuple[Expect, ...]]:
     """(the schedule to compile, its expectations to report as warnings): orders
     as the file designs them; costs and memory model from the costs file."""
-    from ppdsl.checks import collisions
-    from ppdsl.elaborate import elaborate
+    from ppdsl.analysis.checks import collisions
+    from ppdsl.frontend.elaborate import elaborate
 
     designed = elaborate(module, overrides)
     measured = elaborate(apply_costs(module, costs), overrides)
@@ -195,7 +195,7 @@ def expectation_warnings(
     schedule: Schedule, timeline: object, expects: tuple[Expect, ...], costs: CostsFile
 ) -> tuple[Diagnostic, ...]:
     """The expectations violated under the measured costs and memory, as warnings."""
-    from ppdsl.checks import expectations, memory
+    from ppdsl.analysis.checks import expectations, memory
 
     with_expects = replace(schedule, expects=expects)
     found = memory.check(with_expects) + expectations.check(with_expects, timeline)  # type: ignore[arg-type]

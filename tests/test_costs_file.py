@@ -150,7 +150,7 @@ def test_search_takes_costs_from(capsys: pytest.CaptureFixture[str], tmp_path: P
                         "--costs-from", str(path), "-o", str(out_pp))
     assert code == 0, err
     text = out_pp.read_text()
-    assert "cost F[s] = s == 0 ? 2 : 3" in text and "memory M_B[s] = s == 0 ? 9/10 : 11/10" in text
+    assert "cost F[s] = s == 0 ? 2 : 3" in text and "memory M_B[s] = s == 0 ? 0.9 : 1.1" in text
     assert "expect peak_memory <= 4" in text  # 2p: 4 1F1B stages, each 1 unit here (sum 2, d=2)
     for extra in ([], ["--costs-from", str(path)]):
         code, _, err = _run(capsys, "check", str(out_pp), *extra)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ppdsl.backend.codegen import write
 from ppdsl.cli import main
-from ppdsl.codegen import generate, write
-from ppdsl.compiler import compile_file
+from ppdsl.compiler import compile_file, generate
 from ppdsl.runtime.devices import choose_device
 from tests.dist import harness
 

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ppdsl.backend.plan import Plan, plan_from_schedule, predicted_peak
 from ppdsl.ir.schedule import MemoryModel, PassKind
-from ppdsl.lower import lower
+from ppdsl.lowering.lower import lower
 from ppdsl.runtime import split_layers
-from ppdsl.runtime.memory import predicted_peak
 from ppdsl.runtime.model import ModelError, build_model, load_factory
-from ppdsl.runtime.plan import Plan, plan_from_schedule
 from tests.dist.orders import python_schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +81,8 @@ def test_plan_json_round_trip() -> None:
 
 def test_runtime_prediction_is_the_compilers() -> None:
     """The plan's predicted peak (what the runtime prints) equals
-    ppdsl.checks.memory.peak_memory for every Python-built schedule at d=2,4,8."""
-    memory = pytest.importorskip("ppdsl.checks.memory")
+    ppdsl.analysis.checks.memory.peak_memory for every Python-built schedule at d=2,4,8."""
+    memory = pytest.importorskip("ppdsl.analysis.checks.memory")
     for d in (2, 4, 8):
         for s in python_schedules(d, 2 * d):
             plan = plan_from_schedule(s, lower(s))

@@ -162,8 +162,8 @@ def test_v_shape_memory_ratios(dist_results, tmp_path: Path, d: int) -> None:
 
 
 def _compiled_dir(tmp: Path, name: str, d: int = 2, m: int = 4) -> Path:
-    from ppdsl.codegen import generate, write
-    from ppdsl.lower import lower
+    from ppdsl.backend.codegen import generate, write
+    from ppdsl.lowering.lower import lower
 
     schedule = next(s for s in python_schedules(d, m) if s.name == name)
     out = tmp / f"{name}-d{d}"

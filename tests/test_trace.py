@@ -50,7 +50,7 @@ def test_simulated_makespan_of_measured_pass_times() -> None:
     2, BW0 at 4, F1 at 7, BW1 at 9; rank 0's BW1 then runs 12..15)."""
     c = compile_file(ROOT / "examples" / "1f1b.pp", {"d": "2", "m": "2"}).schedule
     durations = {("F", 0): [2.0, 2.0, 9.0], ("F", 1): [2.0], ("BW", 0): [3.0], ("BW", 1): [3.0]}
-    costs = median_costs(durations, 2, Costs((1, 1), (1, 1), (1, 1), (2, 2), 0.0))
+    costs = median_costs(durations, 2, Costs.of((1, 1), (1, 1), (1, 1), (2, 2), 0.0))
     assert costs.forward == (2.0, 2.0) and costs.fused_backward == (3.0, 3.0)
     orders = tuple(tuple((p.kind, p.microbatch, p.stage) for p in o) for o in c.orders)
     assert simulated_makespan(orders, (0, 1), 2, False, costs, MemoryModel((1, 1), (0, 0))) == 15.0

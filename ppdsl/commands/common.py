@@ -1,14 +1,18 @@
-"""What several subcommands share: the schedule file argument and `-D` overrides."""
+"""What several subcommands share: exit codes, the usage error, the schedule
+file argument and `-D` overrides."""
 
 from __future__ import annotations
 
 import argparse
+from enum import IntEnum
 
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 
 __all__ = [
+    "ExitCode",
+    "UsageError",
     "add_schedule_arguments",
     "add_defines_argument",
     "add_costs_from_argument",
@@ -16,6 +20,28 @@ __all__ = [
     "compile_from_args",
     "costs_from_args",
 ]
+
+
+class ExitCode(IntEnum):
+    """What `ppdsl` exits with; every command returns one (or raises, and the
+    CLI maps the exception to one)."""
+
+    OK = 0
+    """Done; the schedule is valid."""
+    INVALID = 1
+    """Invalid input (a located diagnostic was printed), or the work it asked for
+    failed (the ranks of `ppdsl run`)."""
+    USAGE = 2
+    """Bad command-line use (argparse's, or a `UsageError`)."""
+    INTERNAL = 3
+    """A bug in ppdsl (the traceback was printed)."""
+    INTERRUPTED = 130
+    """Stopped with Ctrl-C."""
+
+
+class UsageError(Exception):
+    """Bad command-line use that argparse cannot see: the CLI prints
+    `ppdsl COMMAND: error: ...` and exits `ExitCode.USAGE`."""
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:

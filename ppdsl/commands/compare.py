@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from ppdsl.commands.common import (
+    ExitCode,
     add_costs_from_argument,
     add_defines_argument,
     costs_from_args,
@@ -22,7 +23,8 @@ from ppdsl.commands.common import (
 )
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
-from ppdsl.lower import receive_buffers_peak
+from ppdsl.lowering.lower import receive_buffers_peak
+from ppdsl.semantics import format_short
 
 HELP = "compare several schedules side by side (makespan, bubble, memory)"
 
@@ -79,10 +81,6 @@ def _row(file: str, c: Compiled) -> dict[str, Any]:
     }
 
 
-def _frac(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):.4g}"
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     best = min(r["makespan_in_1f1b_stages"] for r in rows)
     header = [
@@ -100,8 +98,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['makespan_in_1f1b_stages'] / best:.3f}" if best > 0 else "-",
             f"{r['bubble_ratio']:.4f}",
             f"{r['idle_fraction']:.4f}",
-            _frac(r["peak_memory"]),
-            _frac(r["peak_memory_per_1f1b_stage"]),
+            format_short(r["peak_memory"], 4),
+            format_short(r["peak_memory_per_1f1b_stage"], 4),
             str(r["receive_buffers_peak"]),
         ]
         for r in rows
@@ -137,7 +135,7 @@ def _differences(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     defines = parse_defines(args.defines)
     costs = costs_from_args(args)
     compiled: list[tuple[str, Compiled]] = []
@@ -164,4 +162,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(_table(rows))
         for note in notes:
             print(note, file=sys.stderr)
-    return 0
+    return ExitCode.OK

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
-from ppdsl.cli import UsageError
+from ppdsl.commands.common import ExitCode, UsageError
 from ppdsl.diagnostics import CompileError, Diagnostic
 
 HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
@@ -44,12 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw the progress bar even when stderr is not a terminal")
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ppdsl.runtime.cpu import keep_freed_memory
+def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.runtime.model import ModelError
-    from ppdsl.runtime.profile import profile_model, to_costs_pp
+    from ppdsl.runtime.profile import prepare_device, profile_model, to_costs_pp
     from ppdsl.search.progress import ProgressBar
 
     if args.stages < 1:
@@ -58,16 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--microbatch-size {args.microbatch_size}: need at least 1 sample")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but CUDA is not available here; use --device cpu")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    else:
-        if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(1)
-        keep_freed_memory()
+    device, error = prepare_device(args.device)
+    if error is not None:
+        raise UsageError(error)
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
         profile = profile_model(
@@ -92,4 +81,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(profile.table())
     if args.output:
         print(f"wrote {args.output}; use it with --costs-from {args.output}", file=sys.stderr)
-    return 0
+    return ExitCode.OK

@@ -15,8 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ppdsl.cli import UsageError
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments, compile_from_args
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
 
@@ -91,7 +90,7 @@ def _filter_torchrun(stream, out) -> None:
         out.flush()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -114,10 +113,11 @@ def run(args: argparse.Namespace) -> int:
     return launch(compiled, rank_args, args.output)
 
 
-def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> int:
+def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
-    torchrun on this machine; returns 0 when every rank succeeded, else 1."""
-    from ppdsl.codegen import generate, write
+    torchrun on this machine; OK when every rank succeeded, else INVALID."""
+    from ppdsl.backend.codegen import write
+    from ppdsl.compiler import generate
 
     tmp = None
     if output:
@@ -140,5 +140,5 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) 
             tmp.cleanup()
     if code != 0:
         print(f"ppdsl run: the ranks failed (torchrun exit status {code})", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.INVALID
+    return ExitCode.OK

@@ -14,13 +14,14 @@ from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.cli import UsageError
+from ppdsl.commands.common import ExitCode, UsageError
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.search import SearchInputError, emit_pp, references, search
 from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
+from ppdsl.semantics import format_short, placement_spelling
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
 
@@ -83,10 +84,6 @@ def _command_line(argv: list[str]) -> str:
     return "ppdsl search " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
-
-
 def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
     """`--costs-from`: the file's costs and memory for this placement."""
     if args.costs_from is None:
@@ -94,21 +91,15 @@ def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
     if args.costs is not None or args.weight_memory is not None:
         given = "--costs" if args.costs is not None else "--weight-memory"
         raise UsageError(f"--costs-from gives the costs and memory model; drop {given}")
-    placement = args.placement.strip()
-    if placement.startswith("looped") and "(" not in placement:
-        placement = f"looped({placement[len('looped'):] or 2})"
     try:
-        placement_check = parse_placement(placement, max(args.devices, 1))
+        placement = parse_placement(args.placement, max(args.devices, 1))
     except SearchInputError as err:
         raise CompileError([Diagnostic("error", str(err))]) from None
-    text = {"parallel": "parallel", "vshape": "vshape"}.get(
-        placement_check.kind,
-        f"looped({placement_check.num_stages // max(placement_check.num_devices, 1)})",
-    )
-    return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), text)
+    spelling = placement_spelling(placement.stage_device, placement.num_devices)
+    return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), spelling)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     measured = _measured(args)
     try:
         problem = build_problem(
@@ -140,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         if best.metrics.bubble > ref.bubble + 1e-9:
             verb = "is worse than"
         beats = (
-            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {_fmt(ref.peak)} M_B) "
+            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {format_short(ref.peak)} M_B) "
             "under the same costs"
         )
     argv = getattr(args, "argv", None) or sys.argv[2:]
@@ -151,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         unit = measured_unit(measured[1], problem.num_devices)
         written = replace(problem, memory=measured[1], budget=problem.budget * unit)
         note = (f"Costs and memory from {args.costs_from} (memory in its units; one 1F1B "
-                f"stage = {_fmt(unit)} of them).")
+                f"stage = {format_short(unit)} of them).")
     text = emit_pp(
         written,
         best.orders(),
@@ -181,18 +172,18 @@ def run(args: argparse.Namespace) -> int:
         f"best: {best.method}",
         f"bubble {m.bubble:.4f}, makespan {m.makespan:g}, idle {m.idle:.4f}",
         "peak memory per device (M_B): "
-        + " ".join(_fmt(p) for p in peaks)
-        + f"  (budget {_fmt(problem.budget)})",
+        + " ".join(format_short(p) for p in peaks)
+        + f"  (budget {format_short(problem.budget)})",
     ]
     if beats:
         lines.append(beats)
     elif refs:
         lines.append(
             "no hand-made schedule fits this budget (smallest: "
-            + ", ".join(f"{r.name} {_fmt(r.peak)} M_B" for r in refs)
+            + ", ".join(f"{r.name} {format_short(r.peak)} M_B" for r in refs)
             + ")"
         )
     if args.output:
         lines.append(f"wrote {args.output}; check it with: ppdsl check {args.output}")
     print("\n".join(lines), file=summary)
-    return 0
+    return ExitCode.OK

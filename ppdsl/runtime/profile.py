@@ -36,7 +36,9 @@ from typing import Any
 import torch
 
 from ppdsl import __version__
+from ppdsl.costs_file import PROFILED_STAGES
 from ppdsl.ir.schedule import PassKind
+from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
@@ -49,11 +51,9 @@ __all__ = [
     "measure_transfer",
     "profile_model",
     "to_costs_pp",
-    "PROFILED_STAGES",
+    "prepare_device",
 ]
 
-PROFILED_STAGES = "profiled_stages"
-"""The `let` a costs file written by `to_costs_pp` states its stage count with."""
 
 
 @dataclass(frozen=True)
@@ -462,6 +462,22 @@ def _gloo_transfer(sizes: list[int], repeats: int) -> tuple[list[float], str]:
 
 
 # --- the whole model ---------------------------------------------------------------
+
+
+def prepare_device(requested: str) -> tuple[torch.device, str | None]:
+    """The device `ppdsl profile --device` asks for (auto: CUDA when available) and
+    its set-up as `ppdsl run`'s ranks have it (CPU: one thread unless
+    OMP_NUM_THREADS says otherwise, freed memory kept); or an error message."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        return torch.device("cpu"), "--device cuda, but CUDA is not available here; use --device cpu"
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        return device, None
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    keep_freed_memory()
+    return torch.device("cpu"), None
 
 
 def profile_model(

@@ -122,7 +122,7 @@ def median_costs(
             for s in range(num_stages)
         )
 
-    return Costs(
+    return Costs.of(
         pick("F", fallback.forward),
         pick("B", fallback.backward_input),
         pick("W", fallback.backward_weight),
@@ -140,7 +140,7 @@ def simulated_makespan(
     memory: MemoryModel,
 ) -> float:
     """The simulator's makespan of these per-rank orders under `costs`."""
-    from ppdsl.simulate import simulate
+    from ppdsl.analysis.simulate import simulate
 
     schedule = Schedule(
         name="run",

@@ -30,13 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
-from ppdsl.runtime.plan import Plan
 from ppdsl.runtime.trace import (
     Tracer,
     chrome_trace,
@@ -45,6 +45,7 @@ from ppdsl.runtime.trace import (
     write_chrome_trace,
 )
 from ppdsl.runtime.watchdog import Watchdog, fail
+from ppdsl.semantics import format_ratio
 
 __all__ = ["main", "parse_options", "memory_table", "timing_summary"]
 
@@ -383,8 +384,8 @@ def _predictions(
             merged.setdefault(key, []).extend(values)
     measured = statistics.median(step_times) * 1e3 if step_times else None
     costs = plan.costs or {}
-    in_use = Costs(tuple(costs.get("F", ())), tuple(costs.get("B", ())), tuple(costs.get("W", ())),
-                   tuple(costs.get("BW", ())), float(costs.get("comm", 0.0)))
+    in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
+                      costs.get("BW", ()), float(costs.get("comm", 0.0)))
     comm = in_use.comm if plan.costs_from else 0.0
     fallback = replace(in_use, comm=comm)
     resimulated = None
@@ -440,11 +441,6 @@ def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryMod
     )
 
 
-def _fmt_frac(text: str) -> str:
-    x = Fraction(text)
-    return str(x) if x.denominator <= 12 else f"{float(x):.3f}"
-
-
 def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
     """Predicted vs measured peak activation memory and busy share, one row per rank."""
     mb = plan.memory
@@ -460,13 +456,13 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
         head,
     ]
     for r in ranks:
-        ratio = sorted({_fmt_frac(v) for v in r["mw_ratio"].values()})
+        ratio = sorted({format_ratio(v) for v in r["mw_ratio"].values()})
         busy_p = r["predicted_busy_share"]
         busy_m = r["measured_busy_share"]
         lines.append(
-            f"{r['rank']:>4}  {','.join(map(str, r['stages'])):<8} {_fmt_frac(r['predicted_peak']):>14}"
-            f" {_fmt_frac(r['measured_peak']):>9} {r['measured_peak_bytes']:>10}"
-            f"  {'/'.join(ratio) if ratio else '-':>12} {_fmt_frac(r['predicted_peak_real_mw']):>16}"
+            f"{r['rank']:>4}  {','.join(map(str, r['stages'])):<8} {format_ratio(r['predicted_peak']):>14}"
+            f" {format_ratio(r['measured_peak']):>9} {r['measured_peak_bytes']:>10}"
+            f"  {'/'.join(ratio) if ratio else '-':>12} {format_ratio(r['predicted_peak_real_mw']):>16}"
             f"  {f'{busy_p:.2f}' if busy_p is not None else '-':>10}"
             f" {f'{busy_m:.2f}' if busy_m is not None else '-':>9}"
             + (f"  cuda peak {r['cuda_peak_bytes']} B" if r.get("cuda_peak_bytes") else "")
@@ -477,7 +473,7 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
         if real and any(Fraction(v) not in {Fraction(x) for x in mw_file} for v in real):
             lines.append(
                 f"note: the file's memory model has M_W/M_B = {file_ratio}; this model keeps "
-                f"{', '.join(_fmt_frac(v) for v in real)} of a microbatch's activation from B to W "
+                f"{', '.join(format_ratio(v) for v in real)} of a microbatch's activation from B to W "
                 "(measured), so the 'pred. (real M_W)' column is the one to compare."
             )
     return "\n".join(lines)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from ppdsl.runtime.engine import Engine, probe_shapes  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
+from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
 DEVICE = torch.device("cpu")

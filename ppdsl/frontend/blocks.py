@@ -36,8 +36,9 @@ scheduler): the block gives F and B slots only. A device runs its F/B passes in
 block order; whenever the next one is not ready yet it runs its oldest pending
 W instead, and the W still pending when its F/B passes are done run at the end.
 "Ready" comes from a timed run of all devices together under the file's costs:
-F(j, s) waits for F(j, s-1), B(j, s) for B(j, s+1) and F(j, s), a W for its B,
-plus the transfer time when the pass it waits for ran on another device.
+a pass waits for the passes it needs (`semantics.NEEDS`: F(j, s) for F(j, s-1),
+B(j, s) for B(j, s+1) and F(j, s), a W for its B), plus the transfer time when
+the pass it waits for ran on another device.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
+from ppdsl.semantics import needs, peak_of_deltas
 
 __all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
 
@@ -135,28 +137,17 @@ def tighten_warm_up_and_cool_down(
     return orders
 
 
-def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[int, int]]:
+def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
     """Per device, the peak number of microbatch-stages holding activations,
-    counting a W as releasing them (M_W = M_B) and a B as releasing them (M_W = 0)."""
-    result = []
-    for order in orders:
-        until_w = until_b = top_w = top_b = 0
-        for p in order:
-            if p.kind is _F:
-                until_w += 1
-                until_b += 1
-            elif p.kind is _B:
-                until_b -= 1
-            elif p.kind is _W:
-                until_w -= 1
-            else:
-                until_w -= 1
-                until_b -= 1
-            top_w, top_b = max(top_w, until_w), max(top_b, until_b)
-        result.append((top_w, top_b))
-    return [(w, b) for w, b in result]
-
-
+    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)."""
+    num_stages = 1 + max((p.stage for order in orders for p in order), default=0)
+    extremes = [
+        MemoryModel((Fraction(1),) * num_stages, (Fraction(w),) * num_stages) for w in (1, 0)
+    ]
+    return [
+        tuple(peak_of_deltas(m.delta(p.kind, p.stage) for p in order) for m in extremes)  # type: ignore[misc]
+        for order in orders
+    ]
 
 
 class _Run:
@@ -174,7 +165,7 @@ class _Run:
         hoist_forwards: bool = True,
     ) -> None:
         self.stage_device = placement.stage_device
-        self.last_stage = placement.num_stages - 1
+        self.num_stages = placement.num_stages
         self.costs = costs
         # how far down its order a device looks for a pass to run early: far enough
         # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
@@ -252,17 +243,8 @@ class _Run:
 
     def _ready_at(self, p: Pass) -> float | None:
         """When p's inputs are all there; None while one has not run yet."""
-        needs: list[tuple[PassKind, int, int]] = []
-        if p.kind is _F and p.stage > 0:
-            needs.append((_F, p.microbatch, p.stage - 1))
-        elif p.kind in (_B, _BW):
-            needs.append((_F, p.microbatch, p.stage))
-            if p.stage < self.last_stage:
-                needs.append((p.kind, p.microbatch, p.stage + 1))
-        elif p.kind is _W:
-            needs.append((_B, p.microbatch, p.stage))
         at = 0.0
-        for key in needs:
+        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages):
             end = self.ends.get(key)
             if end is None:
                 return None
