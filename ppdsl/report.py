@@ -68,8 +68,13 @@ def stats_table(compiled: Compiled) -> str:
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    where = getattr(compiled, "costs_from", None)
+    units = (
+        f"costs and memory from {where}, in its units"
+        if where else "memory in units of the file's M_B/M_W declarations"
+    )
     lines.append(
-        "memory in units of the file's M_B/M_W declarations; recv buffers: the most received "
+        f"{units}; recv buffers: the most received "
         "tensors a rank holds before the passes that use them (transfer buffers, outside the "
         "memory model)"
     )
