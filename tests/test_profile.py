@@ -99,6 +99,21 @@ def test_profile_of_a_failing_model_is_invalid_input(capsys: pytest.CaptureFixtu
     assert "stage 1" in err and "Traceback" not in err
 
 
+def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--norms w` defers the layer norms' weight gradients too: W then also keeps
+    their inputs, mean and rstd (a larger M_W), and the report says which; on CPU
+    with one thread the passes are timed in thread CPU time."""
+    found = {}
+    for norms in ("b", "w"):
+        code = main(["profile", "--model", TINY, "--stages", "2", "--json", "--no-transfer",
+                     "--warmup", "0", "--repeats", "1", "--norms", norms])
+        assert code == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["norms"] == norms and report["clock"] == "thread"
+        found[norms] = [s["weight_bytes"] for s in report["stages"]]
+    assert all(0 < b < w for b, w in zip(found["b"], found["w"], strict=True)), found
+
+
 @pytest.mark.slow
 def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     """The zero-bubble paper's loop on tiny_gpt: `ppdsl profile --json -o` reports

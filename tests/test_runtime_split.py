@@ -1,7 +1,9 @@
 """The B/W split (`ppdsl.runtime.split`) and the memory meter, in one process:
-B computes input gradients only, W the weight gradients, together exactly what a
+B computes input gradients only (and, under the default ``norms="b"``, layer
+norms' weight gradients), W the other weight gradients, together exactly what a
 fused backward computes; on any thread; frozen parameters untouched; what B keeps
-for W is what the meter measures."""
+for W is what the meter measures; the plan found for a graph is reused only for a
+graph of the same shape."""
 
 from __future__ import annotations
 
@@ -47,8 +49,15 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
 
 
+def _norm_parameters(stage: nn.Module) -> list[str]:
+    """Names of the trainable parameters of `stage`'s layer norms (B's under "b")."""
+    return [f"{m}.{n}" if m else n for m, module in stage.named_modules()
+            if isinstance(module, nn.LayerNorm)
+            for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+
+
 def _split_then_fused(
-    stage: nn.Module, inputs: torch.Tensor, *, other_thread: bool = False
+    stage: nn.Module, inputs: torch.Tensor, *, other_thread: bool = False, norms: str = "b"
 ) -> tuple[dict[str, torch.Tensor | None], list[str], nn.Module]:
     """Run B (optionally on another thread) then W on `stage`, and a fused backward
     on a copy; returns ({name: grad after W}, names with a grad right after B, copy)."""
@@ -61,7 +70,7 @@ def _split_then_fused(
     found: dict[str, torch.Tensor | None] = {}
 
     def run_b() -> None:
-        found["dx"] = backward_input(out, grad_out, x if floating else None, stash)
+        found["dx"] = backward_input(out, grad_out, x if floating else None, stash, norms=norms)
 
     if other_thread:
         worker = threading.Thread(target=run_b)
@@ -87,25 +96,31 @@ def _assert_same_grads(grads: dict[str, torch.Tensor | None], reference: nn.Modu
             torch.testing.assert_close(grads[name], p.grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
-def test_b_computes_only_input_grads_and_w_the_weight_grads() -> None:
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_b_computes_only_input_grads_and_w_the_weight_grads(norms: str) -> None:
     """After B the input gradient equals plain autograd's and no parameter has a
-    gradient; W then sets every one, equal to a fused backward's."""
-    grads, after_b, reference = _split_then_fused(_net(), torch.randn(5, 8))
-    assert after_b == []
+    gradient but, under norms="b", the layer norm's; W then sets every one, equal
+    to a fused backward's."""
+    net = _net()
+    grads, after_b, reference = _split_then_fused(net, torch.randn(5, 8), norms=norms)
+    assert after_b == (["2.weight", "2.bias"] if norms == "b" else [])
     _assert_same_grads(grads, reference)
 
 
+@pytest.mark.parametrize("norms", ["b", "w"])
 @pytest.mark.parametrize("stage_index", [0, 1])
-def test_split_defers_every_weight_grad_from_another_thread(stage_index: int) -> None:
+def test_split_defers_every_weight_grad_from_another_thread(stage_index: int, norms: str) -> None:
     """The CPU stand-in for CUDA's autograd worker threads: the stash is set up on
     this thread and B runs on another; every weight gradient of a tiny_gpt stage
-    (embeddings, layer norms, linears) is still deferred to W and W's equal a fused
-    backward's."""
+    (embeddings, linears; layer norms under norms="w") is still deferred to W and
+    W's equal a fused backward's."""
     model = build_model(TINY, 2)
     ids, _ = model.batch(0, 2)
     inputs = ids if stage_index == 0 else model.stage(0)(ids).detach()
-    grads, after_b, reference = _split_then_fused(model.stage(stage_index), inputs, other_thread=True)
-    assert after_b == []
+    stage = model.stage(stage_index)
+    grads, after_b, reference = _split_then_fused(stage, inputs, other_thread=True, norms=norms)
+    assert after_b == (_norm_parameters(stage) if norms == "b" else [])
+    assert len(after_b) == (32 if stage_index == 0 else 34) or norms == "w"
     assert all(g is not None for g in grads.values())
     _assert_same_grads(grads, reference)
 
@@ -124,7 +139,8 @@ def test_conv_and_embedding_split() -> None:
         _assert_same_grads(grads, reference)
 
 
-def test_frozen_parameters_get_no_gradient() -> None:
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_frozen_parameters_get_no_gradient(norms: str) -> None:
     """LoRA-style fine-tuning: parameters with requires_grad=False get no .grad
     from B or W (issue 10); the trainable ones get a fused backward's."""
     model = build_model(TINY, 2)
@@ -133,8 +149,9 @@ def test_frozen_parameters_get_no_gradient() -> None:
     frozen = {"0.qkv.weight", "0.norm1.weight", "1.up.bias", "8.out.weight", "8.norm.bias"}
     for name, p in stage.named_parameters():
         p.requires_grad_(name not in frozen)
-    grads, after_b, reference = _split_then_fused(stage, model.stage(0)(ids).detach())
-    assert after_b == []
+    grads, after_b, reference = _split_then_fused(stage, model.stage(0)(ids).detach(), norms=norms)
+    assert after_b == (_norm_parameters(stage) if norms == "b" else [])
+    assert "0.norm1.bias" in after_b or norms == "w"
     assert {n for n, g in grads.items() if g is None} == frozen
     _assert_same_grads(grads, reference)
 
@@ -226,10 +243,11 @@ def test_defer_outside_the_runtime_runs_now() -> None:
     assert ran == [1]
 
 
-def test_meter_measures_what_b_keeps_for_w() -> None:
-    """1 M_B right after F; after B exactly what W reads (each linear's input, the
-    layer norm's input, mean and rstd): all of F's bytes but GELU's input; nothing
-    after W."""
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_meter_measures_what_b_keeps_for_w(norms: str) -> None:
+    """1 M_B right after F; after B exactly what W reads: each linear's input and,
+    under norms="w", the layer norm's input, mean and rstd (all of F's bytes but
+    GELU's input); nothing after W."""
     net = _net()
     meter = MemoryMeter(net.parameters())
     x = torch.randn(64, 8, requires_grad=True)
@@ -238,12 +256,15 @@ def test_meter_measures_what_b_keeps_for_w() -> None:
     meter.after(PassKind.F, (0, 0), Fraction(1))
     assert meter.f_bytes[(0, 0)] > 0 and meter.peak_units == 1
     stash = WStash()
-    backward_input(y, torch.ones_like(y), x, stash)
+    backward_input(y, torch.ones_like(y), x, stash, norms=norms)
     del y
     meter.set_stash((0, 0), stash.tensors, stash.gradients)
     meter.after(PassKind.B, (0, 0), Fraction(1))
     gelu_input = 64 * 16 * 4
-    assert meter.after_b[(0, 0)] == meter.f_bytes[(0, 0)] - gelu_input
+    if norms == "w":
+        assert meter.after_b[(0, 0)] == meter.f_bytes[(0, 0)] - gelu_input
+    else:  # the linears' inputs: x and the layer norm's output
+        assert meter.after_b[(0, 0)] == (64 * 8 + 64 * 16) * 4
     assert meter.after_b[(0, 0)] == storage_bytes(stash.tensors)
     stash.run()
     meter.set_stash((0, 0), [])
@@ -272,11 +293,15 @@ def test_meter_counts_a_stage_with_uncovered_parameters() -> None:
     assert net[1].scale.grad is not None and net[0].weight.grad is None
 
 
-@pytest.mark.parametrize(("factory", "low", "high"), [("stages", 0.4, 0.6), ("stages_long", 0.1, 0.25)])
-def test_tiny_gpt_real_mw_ratio(factory: str, low: float, high: float) -> None:
-    """Measured, not assumed: what a tiny_gpt stage keeps from B to W is about 0.5 M_B
-    with 16 tokens and fused attention, about 0.2 with 128 tokens and unfused
-    attention (whose seq^2 probabilities B frees)."""
+@pytest.mark.parametrize(("factory", "norms", "low", "high"), [
+    ("stages", "b", 0.38, 0.48), ("stages", "w", 0.5, 0.62),
+    ("stages_long", "b", 0.1, 0.17), ("stages_long", "w", 0.16, 0.25),
+])
+def test_tiny_gpt_real_mw_ratio(factory: str, norms: str, low: float, high: float) -> None:
+    """Measured, not assumed: what a tiny_gpt stage keeps from B to W is about 0.43
+    M_B with 16 tokens and fused attention (0.56 when W also needs the layer norms'
+    inputs, norms="w"), about 0.14 (0.19) with 128 tokens and unfused attention
+    (whose seq^2 probabilities B frees)."""
     model = build_model(TINY.replace(":stages", f":{factory}"), 4)
     stage = model.stage(1)
     x = model.stage(0)(model.batch(0, 1)[0]).detach().requires_grad_()
@@ -285,7 +310,7 @@ def test_tiny_gpt_real_mw_ratio(factory: str, low: float, high: float) -> None:
         y = stage(x)
     meter.after(PassKind.F, (0, 1), Fraction(1))
     stash = WStash()
-    backward_input(y, torch.ones_like(y), x, stash)
+    backward_input(y, torch.ones_like(y), x, stash, norms=norms)
     del y
     meter.set_stash((0, 1), stash.tensors)
     meter.after(PassKind.B, (0, 1), Fraction(1))
@@ -293,9 +318,11 @@ def test_tiny_gpt_real_mw_ratio(factory: str, low: float, high: float) -> None:
     assert low < ratio < high, ratio
 
 
-def test_autocast_weights_are_split() -> None:
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_autocast_weights_are_split(norms: str) -> None:
     """Under bf16 autocast (weights cast on their way to the matmul) every weight
-    gradient is still deferred, and W's equal a fused backward's."""
+    gradient (but, under norms="b", the layer norm's) is still deferred, and W's
+    equal a fused backward's."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     reference = copy.deepcopy(net)
@@ -304,8 +331,9 @@ def test_autocast_weights_are_split() -> None:
         y = net(x)
         y_ref = reference(x)
     stash = WStash()
-    backward_input(y, torch.ones_like(y), x, stash)
-    assert all(p.grad is None for p in net.parameters())
+    backward_input(y, torch.ones_like(y), x, stash, norms=norms)
+    after_b = [n for n, p in net.named_parameters() if p.grad is not None]
+    assert after_b == (["1.weight", "1.bias"] if norms == "b" else [])
     stash.run()
     y_ref.backward(torch.ones_like(y_ref))
     _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
@@ -330,3 +358,163 @@ def test_walk_passes_transposes_and_casts_of_activations() -> None:
     assert after_b == []
     assert all(g is not None for g in grads.values())
     _assert_same_grads(grads, reference)
+
+
+class _Shifted(nn.Module):
+    """linear(x + pos) then linear: `pos` (full shape) is uncovered, and the
+    gradient autograd returns for it is the very tensor that flows on to the first
+    linear as its output gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.pos = nn.Parameter(torch.zeros(3, 4))
+        self.second = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x) + self.pos)
+
+
+def test_uncovered_gradient_never_aliases_a_stashed_one() -> None:
+    """Two microbatches' B before their W (a zero-bubble order): the uncovered
+    parameter's gradient is copied, not the tensor autograd returned, so adding the
+    second microbatch's into it cannot change the first one's stashed output
+    gradient (it did: the first linear's W then read a corrupted dy)."""
+    torch.manual_seed(0)
+    net = _Shifted()
+    reference = copy.deepcopy(net)
+    xs = [torch.randn(3, 4) for _ in range(2)]
+    gs = [torch.randn(3, 2) for _ in range(2)]
+    stashes = []
+    for x, g in zip(xs, gs, strict=True):
+        stash = WStash()
+        backward_input(net(x), g, None, stash)
+        stashes.append(stash)
+    assert net.pos.grad is not None and net.first.weight.grad is None
+    for stash in stashes:
+        stash.run()
+    for x, g in zip(xs, gs, strict=True):
+        reference(x).backward(g)
+    _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
+
+
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_microbatches_accumulate_as_a_fused_backward(norms: str) -> None:
+    """Three microbatches of a tiny_gpt stage, every B before any W (the bulk
+    accumulation path: `_foreach_add_` into existing gradients), equal three fused
+    backwards; the stage input's gradient each time too."""
+    model = build_model(TINY, 2)
+    stage = model.stage(1)
+    reference = copy.deepcopy(stage)
+    x0 = model.stage(0)(model.batch(0, 6)[0]).detach()
+    targets = model.batch(0, 6)[1]
+    stashes = []
+    for mb in range(3):
+        x = x0[2 * mb : 2 * mb + 2].clone().requires_grad_(True)
+        loss = model.loss(stage(x), targets[2 * mb : 2 * mb + 2])
+        stash = WStash()
+        dx = backward_input(loss, None, x, stash, norms=norms)
+        stashes.append(stash)
+        xr = x0[2 * mb : 2 * mb + 2].clone().requires_grad_(True)
+        model.loss(reference(xr), targets[2 * mb : 2 * mb + 2]).backward()
+        assert torch.equal(dx, xr.grad)
+    for stash in stashes:
+        stash.run()
+    _assert_same_grads({n: p.grad for n, p in stage.named_parameters()}, reference)
+
+
+def test_plan_is_reused_for_a_graph_of_the_same_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analysis runs once per graph shape: a second microbatch, and another
+    stage of the same structure (tiny_gpt's stages 1 and 2 of 4, different
+    parameters), reuse the first plan, and each stage's W fills its own
+    parameters' gradients."""
+    from ppdsl.runtime import split
+
+    calls = []
+    real = split._analyse
+    monkeypatch.setattr(split, "_analyse", lambda *a: calls.append(1) or real(*a))
+    split._PLANS.clear()
+    model = build_model(TINY, 4)
+    stages = [model.stage(1), model.stage(2)]
+    x = model.stage(0)(model.batch(0, 2)[0]).detach()
+    for stage in (stages[0], stages[0], stages[1]):
+        reference = copy.deepcopy(stage)
+        for p in stage.parameters():
+            p.grad = None
+        grads, _, reference = _split_then_fused(stage, x)
+        _assert_same_grads(grads, reference)
+    assert len(calls) == 1
+
+
+class _Branchy(nn.Module):
+    """Uses `gate` through a linear, or also through a product (not split) when the
+    input's sum is positive: the same module, two graph shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gate(x)
+        if x.sum() > 0:
+            h = h * self.gate.weight.sum()
+        return self.out(h)
+
+
+def test_a_graph_of_another_shape_gets_its_own_plan() -> None:
+    """Data-dependent control flow: the second microbatch also uses gate.weight
+    outside a linear, so its graph has another signature; B does not reuse the
+    first plan (which would drop that use's gradient) but finds gate.weight not
+    split there and computes its gradient in B. Both microbatches equal fused
+    backwards."""
+    torch.manual_seed(0)
+    net = _Branchy()
+    reference = copy.deepcopy(net)
+    xs = [-torch.ones(3, 4), torch.ones(3, 4)]
+    after_b = []
+    stashes = []
+    for x in xs:
+        stash = WStash()
+        y = net(x)
+        backward_input(y, torch.ones_like(y), None, stash)
+        after_b.append([n for n, p in net.named_parameters() if p.grad is not None])
+        stashes.append(stash)
+        reference(x).backward(torch.ones(3, 2))
+    assert after_b == [[], ["gate.weight"]]
+    for stash in stashes:
+        stash.run()
+    _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
+
+
+def test_several_outputs_and_inputs() -> None:
+    """A stage taking and returning several tensors: B takes the outputs with their
+    gradients (None for one that needs none) and returns the inputs' gradients as
+    a list, None for an input nothing reaches."""
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 3), nn.Linear(4, 3)
+    a, b, unused = (torch.randn(2, 4, requires_grad=True) for _ in range(3))
+    outs = (first(a), second(b), torch.zeros(2))
+    grads = [torch.ones(2, 3), torch.full((2, 3), 2.0), None]
+    stash = WStash()
+    found = backward_input(outs, grads, [a, b, unused], stash)
+    assert first.weight.grad is None
+    torch.testing.assert_close(found[0], first.weight.sum(0).expand(2, 4))
+    torch.testing.assert_close(found[1], 2 * second.weight.sum(0).expand(2, 4))
+    assert found[2] is None
+    stash.run()
+    torch.testing.assert_close(first.weight.grad, a.detach().sum(0).expand(3, 4))
+    assert backward_input(torch.zeros(2), None, [a], WStash()) == [None]
+
+
+def test_bad_arguments_get_autograds_errors() -> None:
+    """What `torch.autograd.grad` rejects, B rejects with its message (the fast
+    engine call is only for arguments it would accept); `norms` is b or w."""
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        backward_input(lin(x), torch.ones(3, 3), x, WStash())
+    with pytest.raises(RuntimeError, match="implicitly created only for scalar"):
+        backward_input(lin(x), None, x, WStash())
+    with pytest.raises(ValueError, match="norms must be 'b' or 'w'"):
+        backward_input(lin(x), torch.ones(2, 3), x, WStash(), norms="x")

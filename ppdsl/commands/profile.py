@@ -6,7 +6,8 @@ compile and run take with `--costs-from FILE`: the zero-bubble paper's loop,
 profile then schedule, on your model and your hardware.
 
 On CPU the profile runs on one thread unless OMP_NUM_THREADS says otherwise, as
-`ppdsl run`'s ranks do."""
+`ppdsl run`'s ranks do, and then times passes in that thread's CPU time (other
+work on the machine does not count)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     parser.add_argument("--repeats", type=int, default=10,
                         help="timed runs; the report is their median (default 10)")
+    parser.add_argument("--norms", choices=["b", "w"], default="b",
+                        help="when the split computes layer norms' weight gradients: b (in B, as "
+                             "the zero-bubble paper's implementation; default) or w (deferred to W)")
     parser.add_argument("--no-transfer", action="store_true",
                         help="skip measuring the transfer between stages (cost comm = 0)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         profile = profile_model(
             args.model, args.stages, args.microbatch_size, device,
             warmup=args.warmup, repeats=args.repeats, transfer=not args.no_transfer,
-            progress=bar,
+            progress=bar, norms=args.norms,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

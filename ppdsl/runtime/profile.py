@@ -123,6 +123,11 @@ class Profile:
     transfer_method: str
     stages: tuple[StageProfile, ...]
     torch_version: str = field(default_factory=lambda: torch.__version__)
+    clock: str = "wall"
+    """What the pass times count: "wall" time, or "thread" CPU time (CPU, one
+    torch thread: the passes' own work, not time other processes took)."""
+    norms: str = "b"
+    """When the split computes layer norms' weight gradients (`split.backward_input`)."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -161,6 +166,8 @@ class Profile:
             "torch_version": self.torch_version,
             "warmup": self.warmup,
             "repeats": self.repeats,
+            "clock": self.clock,
+            "norms": self.norms,
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
             "memory_unit_bytes": self.memory_unit_bytes(),
@@ -174,10 +181,12 @@ class Profile:
             f" {'M_B':>11} {'M_W':>11} {'M_W/M_B':>7} {'F x':>6} {'I+W/B':>6}"
             f" {'bytes x':>7} {'send':>10} {'xfer':>7}"
         )
+        clock = "this thread's CPU time" if self.clock == "thread" else "wall time"
         lines = [
             f"{self.model}: {self.num_stages} stages, microbatch {self.microbatch_size}, "
             f"{self.device} ({self.threads} thread{'s' if self.threads != 1 else ''}), "
-            f"median of {self.repeats} after {self.warmup} warm-up; times in ms, memory in bytes",
+            f"median of {self.repeats} after {self.warmup} warm-up; times in ms ({clock}), "
+            f"memory in bytes; layer norms' weight gradients in {self.norms.upper()}",
             head,
         ]
         for s in self.stages:
@@ -220,6 +229,7 @@ def measure_stage(
     repeats: int = 10,
     progress: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    norms: str = "b",
 ) -> StageTiming:
     """Time and measure one stage. `make_input()` gives a fresh input (made to
     require grad when floating, as the runtime does for stages after the first);
@@ -227,7 +237,8 @@ def measure_stage(
     output itself elsewhere); `grad_output` is the gradient arriving from the next
     stage (None on the last, whose loss is a scalar). `clock` reads the time:
     wall time by default; ``time.thread_time`` counts only this thread's CPU time
-    (on a CPU shared with other work, with torch on one thread)."""
+    (on a CPU shared with other work, with torch on one thread). `norms` is
+    `split.backward_input`'s: when layer norms' weight gradients are computed."""
     params = list(stage.parameters())
 
     def fresh() -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -247,6 +258,7 @@ def measure_stage(
         _sync(device)
         t1 = clock()
         torch.autograd.backward(out, grad_output)
+        del out  # the graph goes with the pass, as in the runtime (and in `split`)
         _sync(device)
         return t1 - t0, clock() - t1
 
@@ -260,7 +272,7 @@ def measure_stage(
         out = finish(stage(x))
         _sync(device)
         t1 = clock()
-        backward_input(out, grad_output, wanted, stash)
+        backward_input(out, grad_output, wanted, stash, norms=norms)
         del out
         _sync(device)
         t2 = clock()
@@ -300,7 +312,8 @@ def measure_stage(
     for p in params:
         p.grad = None
     plain_bytes, _, _ = _memory(stage, fresh, finish, grad_output, split_backward=False)
-    f_bytes, w_bytes, g_bytes = _memory(stage, fresh, finish, grad_output, split_backward=True)
+    f_bytes, w_bytes, g_bytes = _memory(stage, fresh, finish, grad_output, split_backward=True,
+                                        norms=norms)
     if progress is not None:
         progress(1.0)
 
@@ -327,6 +340,7 @@ def _memory(
     grad_output: torch.Tensor | None,
     *,
     split_backward: bool,
+    norms: str = "b",
 ) -> tuple[int, int, int]:
     """(bytes after F, bytes after B, stash gradient bytes), by the runtime's meter."""
     meter = MemoryMeter(stage.parameters())
@@ -341,7 +355,7 @@ def _memory(
             p.grad = None
         return meter.f_bytes[key], 0, 0
     stash = WStash()
-    backward_input(out, grad_output, wanted, stash)
+    backward_input(out, grad_output, wanted, stash, norms=norms)
     del out
     meter.set_stash(key, stash.tensors, stash.gradients)
     meter.after(PassKind.B, key, Fraction(1))
@@ -490,9 +504,17 @@ def profile_model(
     repeats: int = 10,
     transfer: bool = True,
     progress: Callable[[str, float], None] | None = None,
+    norms: str = "b",
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
-    `num_stages`, on microbatches of `microbatch_size` samples."""
+    `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
+    torch thread the passes are timed in this thread's CPU time (a busy machine's
+    other work does not count), else in wall time. `norms`: when the split
+    computes layer norms' weight gradients ("b" or "w", `split.backward_input`)."""
+    if norms not in ("b", "w"):
+        raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
+    thread_clock = device.type == "cpu" and torch.get_num_threads() == 1
+    clock = time.thread_time if thread_clock else time.perf_counter
     model = build_model(spec, num_stages)
     inputs, targets = model.batch(0, microbatch_size)
     inputs, targets = inputs.to(device), targets.to(device)
@@ -538,7 +560,7 @@ def profile_model(
 
         timings.append(measure_stage(
             stage, make_input, finish, grad_output, device,
-            warmup=warmup, repeats=repeats, progress=report,
+            warmup=warmup, repeats=repeats, progress=report, clock=clock, norms=norms,
         ))
         uncovered.append(tuple(uncovered_parameters(stage, stage_input)))
         x = out.detach()
@@ -560,6 +582,8 @@ def profile_model(
         warmup=warmup,
         repeats=repeats,
         transfer_method=method,
+        clock="thread" if thread_clock else "wall",
+        norms=norms,
         stages=tuple(
             StageProfile(s, timings[s], boundary[s], by_size.get(boundary[s]) if boundary[s] else None,
                          uncovered[s])
@@ -612,8 +636,10 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         + (f" ({profile.threads} thread{'s' if profile.threads != 1 else ''})"
            if profile.threads else "")
         + f", torch {profile.torch_version}; median of {profile.repeats} after {profile.warmup} warm-up.",
-        "# Costs in milliseconds; memory in units of the mean stage's M_B "
-        f"(1 unit = {unit:.0f} bytes).",
+        "# Costs in milliseconds ("
+        + ("this thread's CPU time" if profile.clock == "thread" else "wall time")
+        + "); memory in units of the mean stage's M_B "
+        f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {profile.norms.upper()}.",
         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
         *rows,
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",

@@ -10,15 +10,32 @@ How, without touching the forward. The stage's forward is the plain module's,
 kernel for kernel: nothing is wrapped, so it costs what it costs and saves what it
 saves. `backward_input` (B) walks the autograd graph the forward left and finds
 the nodes of the layers it can split: ``addmm``/``mm`` (nn.Linear, F.linear, any
-matmul with a parameter), native layer norm, embedding and convolution. It then
-runs ONE ``torch.autograd.grad`` asking for the stage input's gradient and, as
-extra outputs, the gradient arriving at each of those nodes (a ``GradientEdge``
+matmul with a parameter), embedding, convolution and native layer norm. It then
+runs ONE autograd call asking for the stage input's gradient and, as extra
+outputs, the gradient arriving at each of those nodes (a ``GradientEdge``
 capture). The autograd engine computes only what that needs, so the nodes run
-with their weight outputs masked off (``native_layer_norm_backward`` and
-``convolution_backward`` with an output mask, addmm without its weight matmul).
-The captured dy and the tensors the node saved (addmm's ``mat1``, layer norm's
-input, mean and rstd, convolution's input, embedding's indices) go into the
-microbatch's `WStash`; W runs the weight half of the same native backward on them.
+with their weight outputs masked off (addmm without its weight matmul,
+``convolution_backward`` with an output mask, embedding not at all). The captured
+dy and the tensors the node saved (addmm's ``mat1``, convolution's input,
+embedding's indices) go into the microbatch's `WStash`; W runs the weight half of
+the same native backward on them.
+
+Layer norms (`norms`). By default B computes their weight and bias gradients, as
+the zero-bubble paper's implementation does (it defers only the linear layers'):
+a layer norm's weight gradient is small, and on CPU its native backward computes
+it in the same pass over x and dy as the input gradient, so deferring it makes W
+read both again (a 4096x1024 layer norm alone: B + W = 1.3 fused backwards).
+W then keeps nothing of a layer norm, which is also the paper's M_W = 32sbh.
+``norms="w"`` defers them too (``native_layer_norm_backward`` with an output
+mask in B, its weight half in W, which keeps the norm's input, mean and rstd).
+
+What it costs. The walk touches every node once (Python, about 0.4 us a node);
+the analysis of what to split runs once per graph *shape*: a stage's graph has the
+same signature every microbatch (`_walk`), and the plan found for it is reused,
+checked node for node. B reads what W needs and W runs the linear layers' weight
+gradients in bulk (C-level ``map`` over the layers, one ``_foreach_add_`` to
+accumulate), so that B + W costs about what the fused backward does
+(``python -m bench split``).
 
 Nothing here depends on which thread runs what: B hands everything to the stash
 it is given, and on CUDA (where autograd runs nodes on a device worker thread) the
@@ -38,9 +55,12 @@ stash; in a fused backward, or outside the runtime, `defer` runs the work at onc
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
+from itertools import repeat
+from operator import attrgetter, is_, is_not, itemgetter
 from typing import Any, TypeVar
 
 import torch
@@ -55,6 +75,7 @@ __all__ = [
     "defer",
     "accumulate_grad",
     "uncovered_parameters",
+    "uncovered_in",
 ]
 
 
@@ -159,6 +180,7 @@ class _Kinds:
     transpose: type
     to_copy: type
     accumulate: type
+    embedding: type
 
 
 @cache
@@ -179,23 +201,8 @@ def _kinds() -> _Kinds:
         }
         return _Kinds(
             native, type(addmm.next_functions[2][0]), type(w.to(torch.float64).grad_fn),
-            type(view.next_functions[0][0]),
+            type(view.next_functions[0][0]), type(embedding),
         )
-
-
-@dataclass
-class _Analysis:
-    native: list[tuple[Any, int, list[tuple[int, bool, bool, torch.Tensor]]]]
-    """Native nodes with at least one deferred slot: (node, kind, [(slot,
-    transposed, cast, parameter)])."""
-    user: list[Any]
-    """Nodes of split-aware Functions."""
-    eager: list[torch.Tensor]
-    """Parameters the split does not cover: B computes their gradient."""
-    forced: list[torch.Tensor]
-    """Parameters of split-aware Functions. B asks for them too, which makes the
-    Function's node run even where no input gradient passes through it; its
-    backward defers what it defers and returns the rest (None when all of it)."""
 
 
 _PLAIN, _USER = -1, -2
@@ -214,14 +221,138 @@ def _role_of(t: type) -> int:
     return _USER if split else _PLAIN
 
 
+# --- walking the graph, once per graph shape ---------------------------------------
+
+
+def _walk(roots: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Every node reachable from `roots` (the outputs' nodes), accumulators
+    included, in the order first reached; and the graph's signature: the number of
+    roots, then for each node in that order its class, the position of each of its
+    next functions (-1 for none) and, for an embedding, its `sparse` flag (whether
+    W has its formula). Two graphs with equal signatures are the same graph up to
+    node identity (same classes, same edges, the same nodes shared), so what
+    `_analyse` found for one holds for the other, position for position. Costs
+    what touching every node once costs."""
+    k = _kinds()
+    acc_type, emb_type = k.accumulate, k.embedding
+    order = list(dict.fromkeys(roots))
+    index: dict[Any, int] = {node: at for at, node in enumerate(order)}
+    index[None] = -1  # an input that needs no gradient
+    signature: list[Any] = [len(order)]
+    emit, reach, find = signature.append, order.append, index.get
+    for node in order:  # grows while we go: a breadth-first walk
+        t = type(node)
+        emit(t)
+        if t is acc_type:
+            continue
+        if t is emb_type:
+            emit(bool(node._saved_sparse))
+        for child, _ in node.next_functions:
+            at = find(child)
+            if at is None:
+                at = index[child] = len(order)
+                reach(child)
+            emit(at)
+    return order, signature
+
+
+def _gather(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """seq -> (seq[p] for p in positions), in one C call."""
+    if not positions:
+        return lambda seq: ()
+    if len(positions) == 1:
+        (only,) = positions
+        return lambda seq: (seq[only],)
+    return itemgetter(*positions)
+
+
+_VARIABLE = attrgetter("variable")  # an accumulator's parameter
+_GRAD = attrgetter("grad")
+_SHAPE = attrgetter("shape")
+
+
+@dataclass(frozen=True)
+class _Linears:
+    """Linear layers' nodes of one form: ``addmm(bias, x, weight.t())`` (nn.Linear,
+    F.linear), the same without a deferred bias, or ``mm(x, weight.t())`` (a
+    linear without bias). W's formula is the same: dW = dy^T x, db = dy summed
+    over rows."""
+
+    count: int
+    nodes: Callable[[Sequence[Any]], tuple[Any, ...]]
+    """Gathers the nodes from `_walk`'s list."""
+    weights: Callable[[Sequence[Any]], tuple[Any, ...]]
+    """Gathers their weights' accumulators."""
+    biases: Callable[[Sequence[Any]], tuple[Any, ...]] | None
+    """Gathers their biases' accumulators (None: no bias W computes)."""
+    input_of: Callable[[Any], torch.Tensor]
+    """Reads the node's saved input x."""
+    scalars_of: Callable[[Any], tuple[Any, Any]] | None
+    """Reads addmm's (alpha, beta); W's short formula needs both 1."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What B does with a graph of one signature, by node position (`_walk`)."""
+
+    linear: tuple[_Linears, ...]
+    """nn.Linear's nodes, the common case, which B and W handle in bulk."""
+    native: tuple[tuple[int, int, tuple[tuple[int, bool, bool, int], ...]], ...]
+    """Other native nodes with a deferred slot: (position, kind, ((slot,
+    transposed, cast, accumulator position), ...))."""
+    user: tuple[int, ...]
+    """Nodes of split-aware Functions."""
+    eager: tuple[int, ...]
+    """Accumulators of parameters the split does not cover: B computes their
+    gradient."""
+    norms: Callable[[Sequence[Any]], tuple[Any, ...]]
+    """Gathers the accumulators of layer norms' weights and biases that B computes
+    (``norms="b"``): every use is a layer norm's, whose backward returns a fresh
+    tensor."""
+    forced: tuple[int, ...]
+    """Accumulators B asks for besides: split-aware Functions' parameters (which
+    makes the Function's node run even where no input gradient passes through it;
+    its backward defers what it defers and returns the rest, None when all of it),
+    and parameters a layer norm shares with another use under ``norms="b"``."""
+
+
+# Plans by (norms, signature length), then signature. A stage's graph has the same
+# shape every microbatch, so after its first B each later one walks the graph once
+# (to read its signature) and skips the analysis. Plans hold classes and positions
+# only (no node, tensor or parameter): a plan never keeps a model alive.
+_PLANS: dict[tuple[bool, int], list[tuple[list[Any], _Plan]]] = {}
+_PLAN_LIMIT = 256  # graph shapes remembered (all forgotten past that: a model that never repeats)
+_plan_count = 0
+
+
+def _plan_for(roots: Sequence[Any], defer_norms: bool) -> tuple[list[Any], _Plan]:
+    """The nodes of the graph behind `roots` and what B does with them (from the
+    plan of an earlier graph of the same signature when there is one)."""
+    global _plan_count
+    order, signature = _walk(roots)
+    key = (defer_norms, len(signature))
+    known = _PLANS.get(key)
+    if known is not None:
+        for other, plan in known:
+            if other == signature:
+                return order, plan
+    plan = _analyse(order, defer_norms)
+    if _plan_count >= _PLAN_LIMIT:
+        _PLANS.clear()
+        _plan_count = 0
+    _PLANS.setdefault(key, []).append((signature, plan))
+    _plan_count += 1
+    return order, plan
+
+
 def _claim_slots(
-    node: Any, kind: int, nexts: tuple, k: _Kinds, claimed: dict[Any, set[tuple[int, int]]],
-    uses: list,
+    node: Any, kind: int, k: _Kinds, claimed: dict[Any, set[tuple[int, int]]], uses: list,
 ) -> None:
     """Claim, edge by edge, the paths from a native node's parameter slots to the
     parameters (through at most one transpose and one cast) where W has the
     formula."""
     transpose, to_copy, acc_type = k.transpose, k.to_copy, k.accumulate
+    nexts = node.next_functions
     count = len(nexts)
     for slot in _PARAM_SLOTS[kind]:
         if slot >= count:
@@ -258,33 +389,33 @@ def _claim_slots(
         uses.append((node, kind, slot, transposed, cast, child))
 
 
-def _analyse(root: Any) -> _Analysis:
-    """Walk the graph from `root` once. A parameter is split when every edge into
-    its accumulator, and into each transpose or cast on the way, is claimed by a
-    path from a native node's parameter slot (or by a split-aware Function)."""
+def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
+    """Find, over the nodes `_walk` listed, what B splits. A parameter is split
+    when every edge into its accumulator, and into each transpose or cast on the
+    way, is claimed by a path from a native node's parameter slot (or by a
+    split-aware Function). Unless `defer_norms`, a parameter that a layer norm
+    uses gets its gradient in B."""
     k = _kinds()
     acc_type = k.accumulate
     adapters = {k.transpose, k.to_copy}
     leafish = adapters | {acc_type}
+    position = {node: at for at, node in enumerate(order)}
     edges_in: dict[Any, int] = {}  # accumulators and adapters: edges into them
     claimed: dict[Any, set[tuple[int, int]]] = {}  # ... those claimed: (id(parent), slot)
     uses: list[tuple[Any, int, int, bool, bool, Any]] = []  # node, kind, slot, T, C, acc
     user: list[Any] = []
     user_accs: list[Any] = []
-    accs: dict[Any, None] = {}  # accumulators, first seen first (stable results)
-    seen = {root}
-    stack = [root]
     roles = _roles(k)
-    pop, push, mark = stack.pop, stack.append, seen.add
-    while stack:
-        node = pop()
+    for node in order:
         t = type(node)
+        if t is acc_type:
+            continue
         role = roles.get(t)
         if role is None:
             role = roles[t] = _role_of(t)
         nexts = node.next_functions
         if role >= 0:
-            _claim_slots(node, role, nexts, k, claimed, uses)
+            _claim_slots(node, role, k, claimed, uses)
         elif role == _USER:
             user.append(node)
             for slot, (child, _) in enumerate(nexts):
@@ -292,18 +423,8 @@ def _analyse(root: Any) -> _Analysis:
                     claimed.setdefault(child, set()).add((id(node), slot))
                     user_accs.append(child)
         for child, _ in nexts:
-            if child is None:
-                continue
-            ct = type(child)
-            if ct in leafish:
+            if child is not None and type(child) in leafish:
                 edges_in[child] = edges_in.get(child, 0) + 1
-                if ct is acc_type:
-                    if child not in accs:
-                        accs[child] = None
-                    continue
-            if child not in seen:
-                mark(child)
-                push(child)
     bad: set[Any] = set()
     for node, count in edges_in.items():
         if len(claimed.get(node, ())) < count and node not in bad:
@@ -312,26 +433,68 @@ def _analyse(root: Any) -> _Analysis:
                 bad.add(node)
                 node = node.next_functions[0][0] if type(node) in adapters else None
     user_set = set(user_accs)
-    eager: list[torch.Tensor] = []
-    forced: list[torch.Tensor] = []
+    in_b: dict[Any, bool] = {}  # layer norms' parameters B computes: {accumulator: only norms use it}
+    if not defer_norms:
+        for _node, kind, _slot, _t, _c, acc in uses:
+            if kind == _LAYER_NORM:
+                in_b[acc] = True
+        for _node, kind, _slot, _t, _c, acc in uses:
+            if kind != _LAYER_NORM and acc in in_b:
+                in_b[acc] = False
+    eager: list[int] = []
+    norms: list[int] = []
+    forced: list[int] = []
     covered: set[Any] = set()
-    for acc in accs:
-        if acc in bad:
-            eager.append(acc.variable)
-        elif acc in user_set:
-            forced.append(acc.variable)
+    for node in order:  # accumulators in the order first reached: stable results
+        if type(node) is not acc_type:
+            continue
+        if node in bad:
+            eager.append(position[node])
+        elif node in user_set or in_b.get(node) is False:
+            forced.append(position[node])
+        elif node in in_b:
+            norms.append(position[node])
         else:
-            covered.add(acc)
-    by_node: dict[Any, list[tuple[int, bool, bool, torch.Tensor]]] = {}
+            covered.add(node)
+    by_node: dict[Any, list[tuple[int, bool, bool, int]]] = {}
     kinds: dict[Any, int] = {}
     for node, kind, slot, transposed, cast, acc in uses:
         if acc in covered:
             if node not in by_node:
                 by_node[node] = []
                 kinds[node] = kind
-            by_node[node].append((slot, transposed, cast, acc.variable))
-    native = [(node, kinds[node], found) for node, found in by_node.items()]
-    return _Analysis(native, user, eager, forced)
+            by_node[node].append((slot, transposed, cast, position[acc]))
+    linear: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+    native: list[tuple[int, int, tuple[tuple[int, bool, bool, int], ...]]] = []
+    for node, found in by_node.items():
+        kind = kinds[node]
+        slots = {slot: (transposed, cast, acc) for slot, transposed, cast, acc in found}
+        weight = slots.get(2 if kind == _ADDMM else 1)
+        bias = slots.get(0) if kind == _ADDMM else None
+        if (kind in (_ADDMM, _MM) and len(slots) == (2 if bias is not None else 1)
+                and weight is not None and weight[:2] == (True, False)
+                and (bias is None or bias[:2] == (False, False))):
+            linear.setdefault((kind, bias is not None), []).append(
+                (position[node], weight[2], bias[2] if bias is not None else -1)
+            )
+        else:
+            native.append((position[node], kind, tuple(found)))
+    groups = tuple(
+        _Linears(
+            len(members),
+            _gather([m[0] for m in members]),
+            _gather([m[1] for m in members]),
+            _gather([m[2] for m in members]) if with_bias else None,
+            attrgetter("_saved_mat1" if kind == _ADDMM else "_saved_self"),
+            attrgetter("_saved_alpha", "_saved_beta") if kind == _ADDMM else None,
+        )
+        for (kind, with_bias), members in linear.items()
+    )
+    return _Plan(groups, tuple(native), tuple(position[n] for n in user),
+                 tuple(eager), _gather(norms), tuple(forced))
+
+
+# --- W ---------------------------------------------------------------------------------
 
 
 def _padding_idx(value: int) -> int:
@@ -339,7 +502,7 @@ def _padding_idx(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
 
 
-def _saved(node: Any, kind: int, slots: list[tuple[int, bool, bool, torch.Tensor]]) -> tuple[Any, ...]:
+def _saved(node: Any, kind: int, slots: tuple[tuple[int, bool, bool, int], ...]) -> tuple[Any, ...]:
     """What W needs from the node, read now (B frees it)."""
     if kind == _ADDMM:
         weight = any(slot == 2 for slot, *_ in slots)
@@ -420,54 +583,231 @@ def _weight_grads(
         accumulate_grad(param, g)
 
 
-class _NativeW:
-    """One native node's deferred weight gradients (a W stash entry)."""
+def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None) -> None:
+    """W for nn.Linear's addmm (alpha = beta = 1): dW = dy^T x, as autograd's
+    addmm backward and its transpose compute it, and the bias's gradient dy
+    summed over the rows; into `.grad`."""
+    g = dy.t().mm(x)
+    found = weight.grad
+    if found is None:
+        weight.grad = g
+    else:
+        found.add_(g)
+    if bias is None:
+        return
+    g = dy.sum(0)
+    if g.shape != bias.shape:  # a bias broadcast otherwise than over rows
+        g = dy.sum_to_size(bias.shape)
+        if g is dy:
+            g = dy.clone()  # .grad must not alias the stashed output gradient
+    found = bias.grad
+    if found is None:
+        bias.grad = g
+    else:
+        found.add_(g)
 
-    __slots__ = ("kind", "saved", "slots", "dy")
 
-    def __init__(self, kind: int, saved: tuple[Any, ...],
-                 slots: list[tuple[int, bool, bool, torch.Tensor]], dy: torch.Tensor) -> None:
-        self.kind, self.saved, self.slots, self.dy = kind, saved, slots, dy
+def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
+                          weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> None:
+    """`_linear_weight_grads` for many layers at once: the same ops, called from C
+    (``map``) rather than a Python loop, and the gradients accumulated in bulk."""
+    _accumulate_all(weights, list(map(torch.mm, map(torch.t, dys), xs)))
+    if biases is None:
+        return
+    sums = list(map(torch.sum, dys, repeat(0)))
+    if list(map(_SHAPE, sums)) != list(map(_SHAPE, biases)):  # some bias broadcast otherwise
+        for at, (dy, bias) in enumerate(zip(dys, biases, strict=True)):
+            if sums[at].shape != bias.shape:
+                g = dy.sum_to_size(bias.shape)
+                sums[at] = dy.clone() if g is dy else g
+    _accumulate_all(biases, sums)
 
-    def __call__(self) -> None:
-        _weight_grads(self.kind, self.saved, self.slots, self.dy)
+
+def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """Accumulate fresh gradients into `.grad` as autograd would: set them where
+    none is (the first microbatch), else add them in one ``_foreach_add_``."""
+    found = list(map(_GRAD, params))
+    if all(map(is_, found, repeat(None))):
+        deque(map(setattr, params, repeat("grad"), grads), maxlen=0)
+    elif all(map(is_not, found, repeat(None))):
+        torch._foreach_add_(found, grads)
+    else:
+        for param, had, grad in zip(params, found, grads, strict=True):
+            if had is None:
+                param.grad = grad
+            else:
+                had.add_(grad)
+
+
+def _native_weight_grads(kind: int, saved: tuple[Any, ...],
+                         slots: list[tuple[int, bool, bool, torch.Tensor]], dy: torch.Tensor) -> None:
+    """A stash entry: `_weight_grads` with its arguments in `partial`'s order."""
+    _weight_grads(kind, saved, slots, dy)
+
+
+def _accumulate_copy(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """Accumulate a gradient autograd returned for an uncovered parameter. The
+    first one is copied (in the parameter's layout, as autograd's AccumulateGrad
+    does when it cannot take the tensor): it may be the very tensor, or a view of
+    one, that flows on to other nodes, e.g. a stashed output gradient."""
+    found = param.grad
+    if found is None:
+        param.grad = torch.empty_like(param).copy_(grad)
+    else:
+        found.add_(grad)
+
+
+# --- B ---------------------------------------------------------------------------------
+
+def _edge(node: Any) -> GradientEdge:
+    """The gradient arriving at `node` (its only input), as a capture for `_grad`."""
+    return tuple.__new__(GradientEdge, (node, 0))  # GradientEdge(node, 0), minus a Python call
+
+
+# The autograd engine's entry point, as torch.autograd.grad calls it.
+_ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+
+
+def _grad(outputs: list[torch.Tensor], grads: list[torch.Tensor | None], inputs: list[Any],
+          retain_graph: bool) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(outputs, inputs, grads, allow_unused=True)``. For plain
+    tensors and gradients of their shapes (the runtime's case) it calls the engine
+    as `grad` does, without `grad`'s argument checks in Python (about 6 us a call,
+    measured on CPU); anything else goes through `grad` itself, checks and all."""
+    if _ENGINE is not None:
+        given: list[torch.Tensor] = []
+        for out, grad in zip(outputs, grads, strict=True):
+            if type(out) is not torch.Tensor:
+                break
+            if grad is None:
+                if out.numel() != 1 or not out.is_floating_point():
+                    break
+                given.append(torch.ones_like(out, memory_format=torch.preserve_format))
+            elif (type(grad) is torch.Tensor and grad.shape == out.shape
+                  and grad.is_complex() == out.is_complex()):
+                given.append(grad)
+            else:
+                break
+        else:
+            return _ENGINE.run_backward(  # type: ignore[no-any-return]
+                tuple(outputs), tuple(given), retain_graph, False, tuple(inputs), True, False
+            )
+    return torch.autograd.grad(
+        outputs, inputs, grads, retain_graph=retain_graph, allow_unused=True
+    )
 
 
 def backward_input(
-    output: torch.Tensor,
-    grad_output: torch.Tensor | None,
-    input: torch.Tensor | None,
+    output: torch.Tensor | Sequence[torch.Tensor],
+    grad_output: torch.Tensor | None | Sequence[torch.Tensor | None],
+    input: torch.Tensor | Sequence[torch.Tensor] | None,
     stash: WStash,
     *,
     retain_graph: bool = False,
-) -> torch.Tensor | None:
+    norms: str = "b",
+) -> Any:
     """B: backpropagate `grad_output` from `output`; return the gradient of `input`
-    (None when `input` is None) and leave every split parameter's weight-gradient
-    work in `stash`. Parameters the split does not cover get their gradient now."""
-    root = output.grad_fn
-    if root is None:
-        return None
-    plan = _analyse(root)
-    saved = [_saved(node, kind, slots) for node, kind, slots in plan.native]
-    for node in plan.user:
-        setattr(node, _STASH_ATTR, stash)
-    asked = plan.eager + plan.forced
-    edges = [GradientEdge(node, 0) for node, _, _ in plan.native]
-    inputs: list[Any] = ([input] if input is not None else []) + edges + asked
-    if not inputs:
-        return None
-    found = torch.autograd.grad(
-        output, inputs, grad_output, retain_graph=retain_graph, allow_unused=True
+    and leave every split parameter's weight-gradient work in `stash`. Parameters
+    the split does not cover get their gradient now.
+
+    `output` and `grad_output` are a tensor and its gradient (None for a scalar
+    loss), or sequences of them (a stage returning several tensors); `input` is
+    None (returns None), a tensor (returns its gradient) or a sequence (returns a
+    list, None for an input nothing reaches). `norms`: when layer norms' weight and
+    bias gradients are computed: "b" (here, as the zero-bubble paper's
+    implementation does; W keeps nothing of a layer norm) or "w" (deferred to W
+    like a linear layer's; W keeps the norm's input, mean and rstd)."""
+    if norms not in ("b", "w"):
+        raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
+    pairs: list[tuple[torch.Tensor, torch.Tensor | None]]
+    if isinstance(output, torch.Tensor):
+        pairs = [(output, grad_output)]  # type: ignore[list-item]
+    else:
+        given: list[torch.Tensor | None] = (
+            [None] * len(output) if grad_output is None else list(grad_output)  # type: ignore[arg-type]
+        )
+        pairs = list(zip(output, given, strict=True))
+    many = input is not None and not isinstance(input, torch.Tensor)
+    wanted: list[torch.Tensor] = (
+        [] if input is None else [input] if isinstance(input, torch.Tensor) else list(input)
     )
-    offset = 1 if input is not None else 0
-    for (_, kind, slots), kept, dy in zip(plan.native, saved, found[offset : offset + len(edges)],
+    pairs = [(out, grad) for out, grad in pairs if out.requires_grad]
+    if not pairs:
+        return [None] * len(wanted) if many else None
+    roots = [out.grad_fn for out, _ in pairs if out.grad_fn is not None]
+    order, plan = _plan_for(roots, norms == "w")
+    # What W needs from each node, read now (B frees it), in bulk: C calls over lists.
+    linear = [(group, group.nodes(order)) for group in plan.linear]
+    inputs_of = [list(map(group.input_of, nodes)) for group, nodes in linear]
+    scalars = [list(map(group.scalars_of, nodes)) if group.scalars_of is not None else None
+               for group, nodes in linear]
+    native = [order[at] for at, _, _ in plan.native]
+    saved = [_saved(node, kind, slots) for node, (_, kind, slots) in zip(native, plan.native, strict=True)]
+    for at in plan.user:
+        setattr(order[at], _STASH_ATTR, stash)
+    eager = [order[at].variable for at in plan.forced + plan.eager]
+    if wanted:
+        asked = {id(t) for t in wanted}
+        eager = [p for p in eager if id(p) not in asked]  # a stage input: asked as such
+    in_b = list(map(_VARIABLE, plan.norms(order)))
+    edges: list[Any] = []
+    for _, nodes in linear:
+        edges.extend(map(_edge, nodes))
+    edges.extend(map(_edge, native))
+    found = _grad([out for out, _ in pairs], [grad for _, grad in pairs],
+                  wanted + edges + in_b + eager, retain_graph)
+    at = len(wanted)
+    work, tensors, gradients = stash.work, stash.tensors, stash.gradients
+    for (group, _), xs, pairs_ab in zip(linear, inputs_of, scalars, strict=True):
+        dys = found[at : at + group.count]
+        at += group.count
+        weights = list(map(_VARIABLE, group.weights(order)))
+        biases: list[Any] = (list(map(_VARIABLE, group.biases(order))) if group.biases is not None
+                             else [None] * group.count)
+        # (not `None in dys`: that compares tensors with ==, a Python call each)
+        if all(map(is_not, dys, repeat(None))) and (
+            pairs_ab is None or pairs_ab.count((1, 1)) == group.count
+        ):
+            work.append(partial(_linears_weight_grads, dys, xs, weights,
+                                biases if group.biases is not None else None))
+            tensors.extend(xs)
+            gradients.extend(dys)  # type: ignore[arg-type]
+            continue
+        for dy, x, weight, bias, ab in zip(dys, xs, weights, biases, pairs_ab or repeat((1, 1)),
+                                           strict=False):
+            if dy is None:
+                continue
+            if ab == (1, 1):
+                work.append(partial(_linear_weight_grads, dy, x, weight, bias))
+            else:
+                targets = [(2, True, False, weight)]
+                if bias is not None:
+                    targets.append((0, False, False, bias))
+                work.append(partial(_native_weight_grads, _ADDMM, (x, *ab), targets, dy))
+            tensors.append(x)
+            gradients.append(dy)
+    for (_, kind, slots), kept, dy in zip(plan.native, saved, found[at : at + len(native)],
                                           strict=True):
         if dy is not None:
-            stash.add(_NativeW(kind, kept, slots, dy), _activations(kind, kept), (dy,))
-    for param, grad in zip(asked, found[offset + len(edges) :], strict=True):
+            found_targets = [(slot, tr, cast, order[acc].variable) for slot, tr, cast, acc in slots]
+            work.append(partial(_native_weight_grads, kind, kept, found_targets, dy))
+            tensors.extend(_activations(kind, kept))
+            gradients.append(dy)
+    at += len(native)
+    norm_grads = found[at : at + len(in_b)]  # fresh from the norms' backward (or their sum)
+    if all(map(is_not, norm_grads, repeat(None))):
+        _accumulate_all(in_b, list(norm_grads))  # type: ignore[arg-type]
+    else:
+        for param, grad in zip(in_b, norm_grads, strict=True):
+            if grad is not None:
+                _accumulate_all([param], [grad])
+    for param, grad in zip(eager, found[at + len(in_b) :], strict=True):
         if grad is not None:
-            accumulate_grad(param, grad)
-    return found[0] if input is not None else None
+            _accumulate_copy(param, grad)
+    if many:
+        return list(found[: len(wanted)])
+    return found[0] if wanted else None
 
 
 def uncovered_parameters(stage: nn.Module, example_input: torch.Tensor) -> list[str]:
@@ -478,8 +818,17 @@ def uncovered_parameters(stage: nn.Module, example_input: torch.Tensor) -> list[
         if x.is_floating_point():
             x = x.detach().requires_grad_(True)
         out = stage(x)
-        if out.grad_fn is None:
-            return []
-        plan = _analyse(out.grad_fn)
-    eager = {id(p) for p in plan.eager}
+    return uncovered_in(stage, [out])
+
+
+def uncovered_in(stage: nn.Module, outputs: Sequence[torch.Tensor]) -> list[str]:
+    """Names of `stage`'s trainable parameters whose gradient B computes (the
+    split does not cover them; layer norms' under ``norms="b"`` are covered: B
+    computes them by choice), found from the graph its forward left in `outputs`
+    (made with gradients enabled)."""
+    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    if not roots:
+        return []
+    order, plan = _plan_for(roots, True)
+    eager = {id(order[at].variable) for at in plan.eager}
     return [name for name, p in stage.named_parameters() if id(p) in eager]
