@@ -204,6 +204,26 @@ def test_shared_weight_is_split_once() -> None:
     _assert_same_grads(grads, reference)
 
 
+def test_tied_linears_accumulate_both_uses() -> None:
+    """Two nn.Linear sharing one weight (tied, as a head tied to an embedding can
+    be): W adds both layers' contributions, as a fused backward does (a bulk
+    accumulation that set each layer's would keep only the last)."""
+    torch.manual_seed(0)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.tanh(self.a(x)))
+
+    grads, after_b, reference = _split_then_fused(Tied(), torch.randn(3, 4))
+    assert after_b == []
+    _assert_same_grads(grads, reference)
+
+
 def _docs_example() -> dict:
     """The split-aware layer that docs/runtime.md shows, executed from the doc."""
     text = (ROOT / "docs" / "runtime.md").read_text()

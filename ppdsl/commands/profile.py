@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples per microbatch (default 2, what `ppdsl run` uses by default)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: CUDA when available, else CPU")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
-    parser.add_argument("--repeats", type=int, default=10,
-                        help="timed runs; the report is their median (default 10)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed runs; the report is their median (default 20)")
     parser.add_argument("--norms", choices=["b", "w"], default="b",
                         help="when the split computes layer norms' weight gradients: b (in B, as "
                              "the zero-bubble paper's implementation; default) or w (deferred to W)")

@@ -289,6 +289,9 @@ class _Linears:
     """Reads the node's saved input x."""
     scalars_of: Callable[[Any], tuple[Any, Any]] | None
     """Reads addmm's (alpha, beta); W's short formula needs both 1."""
+    distinct: bool
+    """No parameter appears twice among their weights and biases (tied layers do):
+    W may then accumulate them all in one go."""
 
 
 @dataclass(frozen=True)
@@ -487,6 +490,9 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
             _gather([m[2] for m in members]) if with_bias else None,
             attrgetter("_saved_mat1" if kind == _ADDMM else "_saved_self"),
             attrgetter("_saved_alpha", "_saved_beta") if kind == _ADDMM else None,
+            # positions of the parameters' accumulators: one per parameter
+            len({m[1] for m in members} | {m[2] for m in members if with_bias})
+            == len(members) * (2 if with_bias else 1),
         )
         for (kind, with_bias), members in linear.items()
     )
@@ -626,7 +632,8 @@ def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
 
 def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
     """Accumulate fresh gradients into `.grad` as autograd would: set them where
-    none is (the first microbatch), else add them in one ``_foreach_add_``."""
+    none is (the first microbatch), else add them in one ``_foreach_add_``. Each
+    parameter appears once in `params`."""
     found = list(map(_GRAD, params))
     if all(map(is_, found, repeat(None))):
         deque(map(setattr, params, repeat("grad"), grads), maxlen=0)
@@ -766,7 +773,7 @@ def backward_input(
         biases: list[Any] = (list(map(_VARIABLE, group.biases(order))) if group.biases is not None
                              else [None] * group.count)
         # (not `None in dys`: that compares tensors with ==, a Python call each)
-        if all(map(is_not, dys, repeat(None))) and (
+        if group.distinct and all(map(is_not, dys, repeat(None))) and (
             pairs_ab is None or pairs_ab.count((1, 1)) == group.count
         ):
             work.append(partial(_linears_weight_grads, dys, xs, weights,
