@@ -381,27 +381,29 @@ def test_walk_passes_transposes_and_casts_of_activations() -> None:
 
 
 class _Shifted(nn.Module):
-    """linear(x + pos) then linear: `pos` (full shape) is uncovered, and the
-    gradient autograd returns for it is the very tensor that flows on to the first
-    linear as its output gradient."""
+    """linear(x + pos) then linear: `pos` is uncovered, and the gradient autograd
+    returns for it is the very tensor that flows on to the first linear as its
+    output gradient (pos of the activation's shape), or a view of it (pos flat,
+    added through a view)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flat: bool) -> None:
         super().__init__()
         self.first = nn.Linear(4, 4)
-        self.pos = nn.Parameter(torch.zeros(3, 4))
+        self.pos = nn.Parameter(torch.zeros(12 if flat else (3, 4)))
         self.second = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(self.first(x) + self.pos)
+        return self.second(self.first(x) + self.pos.view(3, 4))
 
 
-def test_uncovered_gradient_never_aliases_a_stashed_one() -> None:
+@pytest.mark.parametrize("flat", [False, True])
+def test_uncovered_gradient_never_aliases_a_stashed_one(flat: bool) -> None:
     """Two microbatches' B before their W (a zero-bubble order): the uncovered
     parameter's gradient is copied, not the tensor autograd returned, so adding the
     second microbatch's into it cannot change the first one's stashed output
     gradient (it did: the first linear's W then read a corrupted dy)."""
     torch.manual_seed(0)
-    net = _Shifted()
+    net = _Shifted(flat)
     reference = copy.deepcopy(net)
     xs = [torch.randn(3, 4) for _ in range(2)]
     gs = [torch.randn(3, 2) for _ in range(2)]

@@ -647,12 +647,6 @@ def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> No
                 had.add_(grad)
 
 
-def _native_weight_grads(kind: int, saved: tuple[Any, ...],
-                         slots: list[tuple[int, bool, bool, torch.Tensor]], dy: torch.Tensor) -> None:
-    """A stash entry: `_weight_grads` with its arguments in `partial`'s order."""
-    _weight_grads(kind, saved, slots, dy)
-
-
 def _accumulate_copy(param: torch.Tensor, grad: torch.Tensor) -> None:
     """Accumulate a gradient autograd returned for an uncovered parameter. The
     first one is copied (in the parameter's layout, as autograd's AccumulateGrad
@@ -666,6 +660,7 @@ def _accumulate_copy(param: torch.Tensor, grad: torch.Tensor) -> None:
 
 
 # --- B ---------------------------------------------------------------------------------
+
 
 def _edge(node: Any) -> GradientEdge:
     """The gradient arriving at `node` (its only input), as a capture for `_grad`."""
@@ -791,14 +786,14 @@ def backward_input(
                 targets = [(2, True, False, weight)]
                 if bias is not None:
                     targets.append((0, False, False, bias))
-                work.append(partial(_native_weight_grads, _ADDMM, (x, *ab), targets, dy))
+                work.append(partial(_weight_grads, _ADDMM, (x, *ab), targets, dy))
             tensors.append(x)
             gradients.append(dy)
     for (_, kind, slots), kept, dy in zip(plan.native, saved, found[at : at + len(native)],
                                           strict=True):
         if dy is not None:
             found_targets = [(slot, tr, cast, order[acc].variable) for slot, tr, cast, acc in slots]
-            work.append(partial(_native_weight_grads, kind, kept, found_targets, dy))
+            work.append(partial(_weight_grads, kind, kept, found_targets, dy))
             tensors.extend(_activations(kind, kept))
             gradients.append(dy)
     at += len(native)
