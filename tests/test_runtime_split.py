@@ -468,6 +468,23 @@ def test_plan_is_reused_for_a_graph_of_the_same_shape(monkeypatch: pytest.Monkey
     assert len(calls) == 1
 
 
+def test_plans_beyond_the_budget_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `_PLAN_BUDGET` signature entries the remembered plans are dropped (a
+    model whose graphs never repeat cannot grow them without bound) and B still
+    finds each graph's plan."""
+    from ppdsl.runtime import split
+
+    monkeypatch.setattr(split, "_PLAN_BUDGET", 1)  # every new plan forgets the others
+    split._PLANS.clear()
+    monkeypatch.setattr(split, "_plan_entries", 0)
+    torch.manual_seed(0)
+    for net in (_net(), nn.Sequential(nn.Linear(8, 3)), _net()):
+        grads, _, reference = _split_then_fused(net, torch.randn(5, 8))
+        _assert_same_grads(grads, reference)
+        (plans,) = split._PLANS.values()
+        assert len(plans) == 1 and split._plan_entries == len(plans[0][0])
+
+
 class _Branchy(nn.Module):
     """Uses `gate` through a linear, or also through a product (not split) when the
     input's sum is positive: the same module, two graph shapes."""

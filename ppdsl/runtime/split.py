@@ -324,14 +324,16 @@ class _Plan:
 # (to read its signature) and skips the analysis. Plans hold classes and positions
 # only (no node, tensor or parameter): a plan never keeps a model alive.
 _PLANS: dict[tuple[bool, int], list[tuple[list[Any], _Plan]]] = {}
-_PLAN_LIMIT = 256  # graph shapes remembered (all forgotten past that: a model that never repeats)
-_plan_count = 0
+# Signature entries remembered in all (8 bytes each; about 3 per graph node): past
+# this, all are forgotten (a model whose graphs never repeat) and found again.
+_PLAN_BUDGET = 1 << 22
+_plan_entries = 0
 
 
 def _plan_for(roots: Sequence[Any], defer_norms: bool) -> tuple[list[Any], _Plan]:
     """The nodes of the graph behind `roots` and what B does with them (from the
     plan of an earlier graph of the same signature when there is one)."""
-    global _plan_count
+    global _plan_entries
     order, signature = _walk(roots)
     key = (defer_norms, len(signature))
     known = _PLANS.get(key)
@@ -340,11 +342,11 @@ def _plan_for(roots: Sequence[Any], defer_norms: bool) -> tuple[list[Any], _Plan
             if other == signature:
                 return order, plan
     plan = _analyse(order, defer_norms)
-    if _plan_count >= _PLAN_LIMIT:
+    if _plan_entries + len(signature) > _PLAN_BUDGET:
         _PLANS.clear()
-        _plan_count = 0
+        _plan_entries = 0
     _PLANS.setdefault(key, []).append((signature, plan))
-    _plan_count += 1
+    _plan_entries += len(signature)
     return order, plan
 
 
