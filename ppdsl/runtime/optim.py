@@ -196,12 +196,13 @@ class OptimizerStep:
                 dist.all_reduce(local, group=group)
             return self._finish(index, local, params, None)
         pending = _Pending()
+        locally_finite = float(local[1]) == 0  # read before the reduction overwrites it
         pending.reduced = local
         pending.work = dist.all_reduce(local, group=self.norm_groups[0], async_op=True)
         pending.params = params
         pending.grads = [p.grad for p in params]  # type: ignore[misc]
         pending.versions = [g._version for g in pending.grads]
-        if float(local[1]) == 0:  # locally finite: step now, keeping what undoes it
+        if locally_finite:  # step now, keeping what undoes it
             with torch.no_grad():
                 pending.values = [p.detach().clone() for p in params]
             pending.state = {
