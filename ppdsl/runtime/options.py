@@ -37,11 +37,19 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "choices": ["fp32", "bf16", "fp16"],
         "help": "fp32 (default); bf16 or fp16 autocast (fp16 with dynamic loss scaling, one "
                 "inf/NaN decision for all ranks)"}, "fp32"),
+    ("--seed", "seed", {
+        "type": int,
+        "help": "seed of torch's and Python's RNGs on every rank, before the model is built "
+                "(default 0): dropout and the like draw the same on a rerun"}, 0),
     ("--checkpoint-dir", "checkpoint_dir", {
         "metavar": "DIR", "help": "save checkpoints (torch.distributed.checkpoint) under DIR"}, None),
     ("--checkpoint-every", "checkpoint_every", {
         "type": int, "metavar": "N",
         "help": "save every N steps (default: after the last step only)"}, None),
+    ("--stop-after", "stop_after", {
+        "type": int, "metavar": "N",
+        "help": "stop after N steps, saving a checkpoint, as an interrupted run would; "
+                "--steps still sets the run's length (the LR schedule's)"}, None),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
@@ -94,6 +102,11 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return f"--checkpoint-every must be at least 1, not {given('checkpoint_every')}"
         if not given("checkpoint_dir"):
             return "--checkpoint-every needs --checkpoint-dir DIR"
+    if given("stop_after") is not None:
+        if given("stop_after") < 1:
+            return f"--stop-after must be at least 1, not {given('stop_after')}"
+        if not given("checkpoint_dir"):
+            return "--stop-after needs --checkpoint-dir DIR (to resume from)"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

@@ -352,7 +352,11 @@ class PipelineRunner:
                             z = torch.zeros(leaf.shape, dtype=leaf.dtype, device=self.device)
                             zeros.append(z.requires_grad_(split and leaf.differentiable))
                         value = unflatten(prev, zeros)
-                    with torch.set_grad_enabled(split), engine.autocast():
+                    # the probe draws nothing from the RNGs the training uses (dropout):
+                    # a resumed run continues the same stream as an uninterrupted one
+                    devices = [self.device] if self.device.type == "cuda" else []
+                    with torch.random.fork_rng(devices=devices), \
+                            torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
                         if s == num_stages - 1:
                             loss = self.loss_fn(out, first_target)

@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -279,6 +280,8 @@ def _run(
     batch_size = opts.batch_size if opts.batch_size is not None else 2 * m
     error = None
     model: Any = None
+    torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
+    random.seed(opts.seed)
     try:
         model = build_model(opts.model, plan.num_stages)
         if batch_size % m:
@@ -310,6 +313,7 @@ def _run(
     stepper = OptimizerStep(runner, optimizer, max_norm=opts.clip_grad_norm,
                             validation=opts.optimizer_validation)
     first_step = 0
+    last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
     if opts.resume:
         found = latest_checkpoint(opts.checkpoint_dir)
         if found is None:
@@ -353,7 +357,7 @@ def _run(
         work.wait()
         loss, step_time = float(stats[0]), float(stats[1])
         losses[at] = loss
-        if at > first_step or opts.steps - first_step == 1:
+        if at > first_step or last_step - first_step == 1:
             step_times.append(step_time)
         rate = f"  {batch_size / step_time:9.1f} samples/s"
         if tokens_per_sample:
@@ -361,7 +365,7 @@ def _run(
         _say(rank, f"step {at + 1:4d}/{opts.steps}  loss {loss:.4f}  "
                    f"time {step_time * 1e3:8.1f} ms{rate}")
 
-    for step in range(first_step, opts.steps):
+    for step in range(first_step, last_step):
         if device.type == "cuda":
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -382,7 +386,7 @@ def _run(
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
         tracer.step = step
-        tracer.timed = step > first_step or opts.steps - first_step == 1
+        tracer.timed = step > first_step or last_step - first_step == 1
         optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         try:
@@ -398,7 +402,7 @@ def _run(
         scheduler.step()
         step_time = time.perf_counter() - t0
         result = runner.last_result
-        if step > first_step or opts.steps - first_step == 1:
+        if step > first_step or last_step - first_step == 1:
             shares.append(result.compute_time / max(step_time, 1e-12))
         if device.type == "cuda":
             cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
@@ -418,9 +422,9 @@ def _run(
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
         report(pending)
-    if opts.checkpoint_dir and last_saved != opts.steps:
-        save_checkpoint(checkpoint_path(opts.checkpoint_dir, opts.steps), runner, optimizer,
-                        step=opts.steps, stepper=stepper, scheduler=scheduler)
+    if opts.checkpoint_dir and last_saved != last_step:
+        save_checkpoint(checkpoint_path(opts.checkpoint_dir, last_step), runner, optimizer,
+                        step=last_step, stepper=stepper, scheduler=scheduler)
     outcomes = stepper.outcomes
     clipped = sum(o.clipped for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
