@@ -70,6 +70,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_case(case: dict, rank: int, world: int) -> dict:
     schedule, programs, timeline = _schedule(case)
+    group = None
+    pipelines = case.get("pipelines", 1)
+    if pipelines > 1:  # the world cut into pipelines, each in its own process group
+        size = world // pipelines
+        groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(pipelines)]
+        group = groups[rank // size]
+        rank, world = rank % size, size
     assert schedule.num_devices == world, (schedule.num_devices, world)
     plan = plan_from_schedule(schedule, programs, timeline)
     m, num_stages = plan.num_microbatches, plan.num_stages
@@ -77,10 +84,12 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     model = build_model(MODEL + case.get("factory", "stages"), num_stages)
     compiled = CompiledPipeline(plan, {r: p.ops for r, p in enumerate(programs)}, plan.fingerprint)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, timeout=60,
-                            release=case.get("release", "b"), note=lambda text: None)
+                            release=case.get("release", "b"), group=group,
+                            note=lambda text: None)
     optimizer = torch.optim.SGD(runner.parameters(), lr=LR)
     steps = case.get("steps", 3)
-    out: dict = {"case": case["id"], "rank": rank, "stages": sorted(runner.stages)}
+    out: dict = {"case": case["id"], "rank": rank, "stages": sorted(runner.stages),
+                 "pipeline": dist.get_rank() // world}
 
     def data(step: int):
         if not (runner.is_first or runner.is_last):  # only the ranks that use it build it
@@ -91,7 +100,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     loss = runner.step(*data(0), measure_memory=True)
     loss_t = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,
                           device=DEVICE)
-    dist.all_reduce(loss_t)
+    dist.all_reduce(loss_t, group=group)
     engine = runner.engine
     out["measured_peak"] = str(engine.meter.peak_units)
     out["measured_peak_bytes"] = engine.meter.peak_bytes
