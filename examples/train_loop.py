@@ -42,8 +42,9 @@ def main() -> int:
     args = parser.parse_args()
 
     cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -53,8 +54,7 @@ def main() -> int:
     # The schedule, compiled and checked for this many ranks and microbatches.
     schedule = load_schedule(args.schedule, {"d": world, "m": args.microbatches})
     model = tiny_gpt.stages(schedule.num_stages)
-    runner = PipelineRunner(schedule, stages=model.stage, loss_fn=tiny_gpt.loss,
-                            device="cuda" if cuda else "cpu")
+    runner = PipelineRunner(schedule, stages=model.stage, loss_fn=tiny_gpt.loss, device=device)
 
     # Your optimizer, your LR schedule (a warm-up, then cosine), ppdsl's step.
     optimizer = torch.optim.AdamW(runner.parameters(), lr=args.lr, weight_decay=0.01)
