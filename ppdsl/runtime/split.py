@@ -724,14 +724,17 @@ def backward_input(
     like a linear layer's; W keeps the norm's input, mean and rstd)."""
     if norms not in ("b", "w"):
         raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
-    pairs: list[tuple[torch.Tensor, torch.Tensor | None]]
-    if isinstance(output, torch.Tensor):
-        pairs = [(output, grad_output)]  # type: ignore[list-item]
+    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    given: list[torch.Tensor | None]
+    if grad_output is None:
+        given = [None] * len(outputs)
+    elif isinstance(grad_output, torch.Tensor):
+        given = [grad_output]
     else:
-        given: list[torch.Tensor | None] = (
-            [None] * len(output) if grad_output is None else list(grad_output)  # type: ignore[arg-type]
-        )
-        pairs = list(zip(output, given, strict=True))
+        given = list(grad_output)
+    if len(given) != len(outputs):
+        raise ValueError(f"backward_input: {len(outputs)} outputs but {len(given)} gradients")
+    pairs = list(zip(outputs, given, strict=True))
     many = input is not None and not isinstance(input, torch.Tensor)
     wanted: list[torch.Tensor] = (
         [] if input is None else [input] if isinstance(input, torch.Tensor) else list(input)
