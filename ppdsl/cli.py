@@ -28,6 +28,7 @@ _COMMANDS = [
     ("compile", "compile"),
     ("run", "run"),
     ("search", "search"),
+    ("bound", "bound"),
     ("export", "export"),
     ("import", "import_csv"),
 ]

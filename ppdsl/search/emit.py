@@ -131,8 +131,10 @@ def emit_pp(
     makespan: float,
     peak: Fraction,
     beats: str | None = None,
+    notes: tuple[str, ...] = (),
 ) -> str:
-    """The `.pp` text of `orders` (per device, in execution order)."""
+    """The `.pp` text of `orders` (per device, in execution order); `notes` are
+    more comment lines for the header."""
     pl = problem.placement
     v = problem.chunks_per_device
     chunk_of = {}
@@ -151,6 +153,7 @@ def emit_pp(
     ]
     if beats:
         head.append(f"# {beats}")
+    head += list(notes)
     body = [
         f"param d = {pl.num_devices}",
         f"param m = {problem.num_microbatches}",
