@@ -561,7 +561,7 @@ def solve(
         bound_z = int(round(solver.objective_value))
     else:
         bound_z = int(math.ceil(solver.best_objective_bound - 1e-9))
-    det = float(solver.deterministic_time)
+    det = float(solver.response_proto.deterministic_time)
     capped = (
         options.time_cap is not None
         and name not in ("OPTIMAL", "INFEASIBLE")
