@@ -3,6 +3,8 @@ space, found files that compile, the command line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -172,3 +174,68 @@ def test_d8_vshape_beats_v_half_at_its_memory():
     assert result.best.metrics.bubble <= ref.bubble + 1e-12
     assert max(result.peak_memory()) <= ref.peak
     assert np.all(result.best.metrics.peak <= result.arrays.limit)
+
+
+def _run_search(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ppdsl", "search", *args], capture_output=True, text=True
+    )
+
+
+def test_same_arguments_and_seed_write_the_same_file_in_two_processes(tmp_path):
+    """Budgets are work, not seconds: two processes running the same search
+    (heuristics, then CP-SAT stopped by its deterministic budget before its
+    proof) write byte-identical .pp files."""
+    args = ["-d", "4", "-m", "8", "--memory", "3", "--placement", "vshape",
+            "--weight-memory", "1", "--evaluations", "3000", "--effort", "1", "--seed", "3"]
+    first, second = tmp_path / "a.pp", tmp_path / "b.pp"
+    for out in (first, second):
+        done = _run_search([*args, "-o", str(out)])
+        assert done.returncode == 0, done.stderr
+    text = first.read_text()
+    assert "Exact engine (CP-SAT" in text
+    assert text.replace(str(first), "X") == second.read_text().replace(str(second), "X")
+
+
+def test_heuristic_search_is_deterministic_in_its_seed():
+    """The refinement and the local search draw every choice from the seed."""
+    problem = _problem(d=4, m=8, place="vshape", memory="0.5x1f1b", costs="F=3,B=4,W=2,comm=0.3")
+    a = search(problem, evaluations=3000, seed=5)
+    b = search(problem, evaluations=3000, seed=5)
+    assert a.best.orders() == b.best.orders() and a.tried == b.tried
+    assert not a.capped
+
+
+def test_exact_search_proves_zb_h1_optimal_and_says_so(tmp_path, capsys):
+    """--exact at p=4, m=8, p M_B: the summary and the file say the bubble is
+    optimal; the file compiles with its expects."""
+    out = tmp_path / "found.pp"
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "1p", "--exact",
+                 "--evaluations", "1000", "-o", str(out)])
+    assert code == 0
+    summary = capsys.readouterr().out
+    assert "bubble 0.111111 is optimal" in summary
+    assert "is optimal (lower bound reached)" in out.read_text()
+    assert main(["check", str(out)]) == 0
+
+
+def test_makespan_objective_and_time_cap_are_reported(tmp_path, capsys):
+    """--objective makespan bounds the makespan; a --time cap that bites says
+    the result depends on the machine."""
+    out = tmp_path / "found.pp"
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "1p", "--objective", "makespan",
+                 "--exact", "--evaluations", "1000", "-o", str(out)])
+    assert code == 0
+    assert "makespan 27 (cost units) is optimal" in capsys.readouterr().out
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "1p", "--time", "0",
+                 "--evaluations", "100000", "-o", str(out)])
+    assert code == 0
+    assert "depends on the machine" in capsys.readouterr().out
+    assert "depends on the machine" in out.read_text()
+
+
+def test_bad_budgets_are_clear_errors(capsys):
+    """Negative --evaluations, --effort or --time exit 1 with a message."""
+    for flag, value in (("--evaluations", "-1"), ("--effort", "-2"), ("--time", "-1")):
+        assert main(["search", "-d", "4", "-m", "8", "--memory", "1p", flag, value]) == 1
+        assert f"{flag} {value}" in capsys.readouterr().err

@@ -36,7 +36,7 @@ AUTO_EXACT_PASSES = 1200
 """Without --exact, CP-SAT runs after the heuristics up to this many passes
 (d=8, m=24 on a parallel placement has 576; a V-shape at d=8, m=32, 1536)."""
 
-AUTO_EFFORT = 5.0
+AUTO_EFFORT = 10.0
 """CP-SAT deterministic time after the heuristics when not asked for --exact."""
 
 EXACT_EFFORT = 60.0

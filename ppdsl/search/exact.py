@@ -343,6 +343,7 @@ class _Model:
                 edges.append((prev, k, 0))
                 est[k] = max(est[k], est[prev] + duration[prev])
         first_pass = [self.index[(_F, 0, p.placement.chunks(x)[0])] for x in range(d)]
+        self._first_pass = first_pass
         last_passes = [[self.index[(last_kind, m - 1, s)] for s in p.placement.chunks(x)] for x in range(d)]
         self.lcm, weight = _weights(p, scaled, objective)
         if upper is not None:
@@ -390,9 +391,17 @@ class _Model:
                 model.add_reservoir_constraint(times, changes, 0, cap)
             self._implied_memory(p, x, cap, mscale, start, duration)
         self.first = [start[k] for k in first_pass]
-        self.z = model.new_int_var(0, (upper if upper is not None else horizon * max(weight)), "z")
+        self.last_passes = last_passes
+        self.weight = weight
+        self.last = []
+        # with an incumbent, only strictly better schedules are asked for (the
+        # caller keeps the incumbent; infeasible then means it is optimal)
+        self.z = model.new_int_var(
+            0, (upper - 1 if upper is not None else horizon * max(weight)), "z"
+        )
         for x in range(d):
             last = model.new_int_var(0, horizon, f"last{x}")
+            self.last.append(last)
             for k in last_passes[x]:
                 model.add(last >= start[k] + int(duration[k]))
             model.add(last - self.first[x] >= self.busy[x])
@@ -442,8 +451,17 @@ class _Model:
                         break
 
     def hint(self, times: dict[tuple[PassKind, int, int], int]) -> None:
+        """A complete hint (every start, every device's last end, the
+        objective), which CP-SAT takes as its first solution."""
         for key, t in times.items():
             self.model.add_hint(self.start[self.index[key]], t)
+        z = 0
+        for x, last in enumerate(self.last):
+            end = max(times[self.passes[k].key] + int(self.duration[k]) for k in self.last_passes[x])
+            self.model.add_hint(last, end)
+            first = times[self.passes[self._first_pass[x]].key]
+            z = max(z, self.weight[x] * (end - first) if self.objective == "bubble" else end)
+        self.model.add_hint(self.z, z)
 
     def orders(self, value) -> tuple[tuple[Pass, ...], ...]:
         d = self.problem.num_devices
@@ -452,12 +470,6 @@ class _Model:
         for k, pp in enumerate(self.passes):
             per[sd[pp.stage]].append((int(value(self.start[k])), k, pp))
         return tuple(tuple(pp for _, _, pp in sorted(x)) for x in per)
-
-    def to_value(self, z: int, scale: int) -> Fraction:
-        """The objective value z in the problem's terms."""
-        if self.objective == "bubble":
-            return Fraction(max(z - self.lcm, 0), z) if z > 0 else Fraction(0)
-        return Fraction(z, scale)
 
 
 def _fifo_times(problem: ExactProblem, orders, scaled: Costs) -> dict | None:
@@ -478,6 +490,200 @@ def _fifo_times(problem: ExactProblem, orders, scaled: Costs) -> dict | None:
     return out
 
 
+def _fifo_orders(problem: ExactProblem, times: dict) -> tuple[tuple[Pass, ...], ...]:
+    """Per device, the passes in the order of `times` (ties: F, B, W, BW)."""
+    rank = {_F: 0, _B: 1, _W: 2, _BW: 3}
+    sd = problem.placement.stage_device
+    per: list[list[tuple[int, int, int, int, Pass]]] = [[] for _ in range(problem.num_devices)]
+    for (kind, j, s), t in times.items():
+        per[sd[s]].append((t, rank[kind], j, s, Pass(kind, j, s)))
+    return tuple(tuple(x[-1] for x in sorted(dev)) for dev in per)
+
+
+class _Run:
+    """One solve: the incumbent, the best bound, the budget spent, progress."""
+
+    def __init__(self, problem, options, scaled, scale, weight, progress, begin):
+        self.problem, self.options = problem, options
+        self.scaled, self.scale, self.weight = scaled, scale, weight
+        self.progress, self.begin = progress, begin
+        self.orders: tuple[tuple[Pass, ...], ...] | None = None
+        self.best: _Measure | None = None
+        self.from_hint = True
+        self.bound_z = 0
+        self.spent = 0.0
+        self.capped = False
+        self.infeasible = False
+        self.lcm = _weights(problem, scaled, options.objective)[0]
+
+    # the objective variable z and the problem's terms
+    def value_of(self, z: int) -> Fraction:
+        if self.options.objective == "bubble":
+            return Fraction(max(z - self.lcm, 0), z) if z > 0 else Fraction(0)
+        return Fraction(z, self.scale)
+
+    @property
+    def upper(self) -> int | None:
+        return None if self.best is None else _z_of(self.options.objective, self.weight, self.best)
+
+    def report(self, fraction: float | None = None) -> None:
+        if self.progress is None:
+            return
+        if fraction is None:
+            fraction = self.spent / max(self.options.effort, 1e-9)
+        upper = self.upper
+        self.progress(
+            None if upper is None else self.value_of(upper),
+            self.value_of(self.bound_z),
+            min(1.0, fraction),
+        )
+
+    def offer(self, orders) -> bool:
+        """Keep `orders` if they run, fit the budgets and beat the incumbent."""
+        measured = _measure(self.problem, orders, self.scaled, self.options.objective)
+        if measured is None or not _peaks_fit(self.problem, orders, _memory_scale(self.problem)):
+            return False
+        if self.best is not None and measured.value >= self.best.value:
+            return False
+        self.best, self.orders = measured, tuple(tuple(o) for o in orders)
+        return True
+
+    def remaining_time(self) -> float | None:
+        if self.options.time_cap is None:
+            return None
+        return self.options.time_cap - (time.monotonic() - self.begin)
+
+    def run_solver(self, model: _Model, effort: float, callback: bool):
+        """Solve `model` within `effort` (and the wall-clock cap); returns
+        (status name, solver)."""
+        from ortools.sat.python import cp_model
+
+        solver = cp_model.CpSolver()
+        params = solver.parameters
+        params.num_workers = max(1, self.options.workers)
+        if self.options.workers > 1:
+            params.interleave_search = True
+        params.max_deterministic_time = max(effort, 1e-3)
+        params.random_seed = self.options.seed
+        left = self.remaining_time()
+        if left is not None:
+            params.max_time_in_seconds = max(left, 1e-3)
+        run = self
+        spent_before = self.spent
+
+        class _Callback(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                if run.progress is not None:
+                    done = (spent_before + self.deterministic_time) / max(run.options.effort, 1e-9)
+                    run.progress(
+                        run.value_of(int(round(self.objective_value))),
+                        run.value_of(run.bound_z),
+                        min(1.0, done),
+                    )
+
+        def on_bound(value: float) -> None:
+            # a bound of the model asking for better than the incumbent: with the
+            # incumbent, min(upper, bound) bounds the problem
+            lower = int(math.ceil(value - 1e-9))
+            upper = run.upper
+            run.bound_z = max(run.bound_z, lower if upper is None else min(lower, upper))
+            run.report()
+
+        use_callbacks = callback and self.progress is not None
+        if use_callbacks:
+            solver.best_bound_callback = on_bound
+        status = solver.solve(model.model, _Callback() if use_callbacks else None)
+        det = float(solver.response_proto.deterministic_time)
+        self.spent += det
+        name = solver.status_name(status)
+        if left is not None and name not in ("OPTIMAL", "INFEASIBLE") and det < 0.99 * effort:
+            self.capped = True
+        return name, solver
+
+    def absorb(self, model: _Model, name: str, solver, full: bool) -> None:
+        """Take a solve's solution and, from the full model, its bound."""
+        upper = self.upper
+        if name in ("OPTIMAL", "FEASIBLE"):
+            if self.offer(model.orders(solver.value)):
+                self.from_hint = False
+        if not full:
+            return
+        if name == "INFEASIBLE":
+            if upper is None:
+                self.infeasible = True
+            else:  # nothing strictly better than the incumbent exists
+                self.bound_z = max(self.bound_z, upper)
+        elif name == "OPTIMAL":
+            z = int(round(solver.objective_value))
+            self.bound_z = max(self.bound_z, z if upper is None else min(z, upper))
+        else:
+            lower = int(math.ceil(solver.best_objective_bound - 1e-9))
+            self.bound_z = max(self.bound_z, lower if upper is None else min(lower, upper))
+
+    def proven(self) -> bool:
+        upper = self.upper
+        return self.infeasible or (upper is not None and self.bound_z >= upper)
+
+    def out_of_time(self) -> bool:
+        left = self.remaining_time()
+        if left is not None and left <= 0:
+            self.capped = True
+        return self.capped
+
+
+_LNS_WINDOWS = 7
+"""Large-neighbourhood steps slide a window of a quarter of the timeline by an
+eighth: seven windows cover it."""
+
+
+def _full(run: _Run, effort: float) -> None:
+    """The whole model (bound, proof, and better schedules if any)."""
+    model = _Model(run.problem, run.options.objective, run.scaled, run.upper)
+    if run.orders is not None:
+        times = _fifo_times(run.problem, run.orders, run.scaled)
+        if times is not None:
+            model.hint(times)
+    name, solver = run.run_solver(model, effort, callback=True)
+    run.absorb(model, name, solver, full=True)
+    run.report()
+
+
+def _neighbourhoods(run: _Run, effort: float) -> None:
+    """Large-neighbourhood search: keep every device's order outside one time
+    window of the incumbent, let the solver rearrange the passes inside it for
+    a strictly better objective; slide the window until a whole sweep finds
+    nothing or the effort is spent. Deterministic: the windows, the order of
+    steps and each step's budget depend on the incumbent alone."""
+    step = max(0.25, min(2.0, effort / (2 * _LNS_WINDOWS)))
+    stop_at = run.spent + effort
+    idle = 0
+    window = 0
+    while idle < _LNS_WINDOWS and run.spent + step <= stop_at + 1e-9 and not run.out_of_time():
+        times = _fifo_times(run.problem, run.orders, run.scaled)
+        if times is None:  # pragma: no cover - the incumbent always runs
+            return
+        orders = _fifo_orders(run.problem, times)
+        run.offer(orders)  # the FIFO relabelling, kept if it happens to be better
+        model = _Model(run.problem, run.options.objective, run.scaled, run.upper)
+        times = _fifo_times(run.problem, run.orders, run.scaled)
+        assert times is not None
+        model.hint(times)
+        horizon = max(t + int(model.duration[model.index[k]]) for k, t in times.items())
+        low = horizon * window // 8
+        high = horizon * (window + 2) // 8 + 1
+        for order in _fifo_orders(run.problem, times):
+            kept = [q for q in order if not low <= times[q.key] < high]
+            for a, b in zip(kept, kept[1:], strict=False):
+                ia, ib = model.index[a.key], model.index[b.key]
+                model.model.add(model.start[ib] >= model.start[ia] + int(model.duration[ia]))
+        name, solver = run.run_solver(model, step, callback=False)
+        before = run.best
+        run.absorb(model, name, solver, full=False)
+        idle = 0 if run.best is not before else idle + 1
+        window = (window + 1) % _LNS_WINDOWS
+        run.report()
+
+
 def solve(
     problem: ExactProblem,
     options: ExactOptions,
@@ -486,108 +692,51 @@ def solve(
     progress: Progress | None = None,
 ) -> ExactResult:
     """Solve `problem` under `options`, starting from the orders `hint` (kept
-    as the answer when the solver finds nothing better)."""
-    from ortools.sat.python import cp_model
+    as the answer when the solver finds nothing better).
 
+    Three steps share the effort: the whole model for a quarter (the lower
+    bound, and often the proof); if the gap is open and there is an
+    incumbent, large-neighbourhood steps for up to half; the whole model again
+    for the rest, from the improved incumbent."""
     if options.objective not in OBJECTIVES:
         raise ValueError(f"objective {options.objective!r}: use bubble or makespan")
     begin = time.monotonic()
     scale, exact = time_scale(problem)
     scaled = _scaled_costs(problem, scale)
-    mscale = _memory_scale(problem)
-    incumbent: tuple[tuple[Pass, ...], ...] | None = None
-    best: _Measure | None = None
-    upper = None
-    if hint is not None and _peaks_fit(problem, hint, mscale):
-        best = _measure(problem, hint, scaled, options.objective)
-        if best is not None:
-            incumbent = tuple(tuple(o) for o in hint)
     lcm, weight = _weights(problem, scaled, options.objective)
-    if best is not None:
-        upper = _z_of(options.objective, weight, best)
     _check_range(problem, scaled, options.objective, lcm, weight)
-    model = _Model(problem, options.objective, scaled, upper)
-    if incumbent is not None:
-        times = _fifo_times(problem, incumbent, scaled)
-        if times is not None:
-            model.hint(times)
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.num_workers = max(1, options.workers)
-    if options.workers > 1:
-        params.interleave_search = True
-    params.max_deterministic_time = float(options.effort)
-    params.random_seed = options.seed
-    if options.time_cap is not None:
-        params.max_time_in_seconds = float(options.time_cap)
-    state: dict = {
-        "incumbent": None if upper is None else model.to_value(upper, scale),
-        "bound": None,
-        "fraction": 0.0,
-    }
-
-    def report(fraction: float | None) -> None:
-        if fraction is not None:
-            state["fraction"] = fraction
-        if progress is not None:
-            progress(state["incumbent"], state["bound"], state["fraction"])
-
-    class _Callback(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            state["incumbent"] = model.to_value(int(round(self.objective_value)), scale)
-            report(min(1.0, self.deterministic_time / max(options.effort, 1e-9)))
-
-    def on_bound(value: float) -> None:
-        state["bound"] = model.to_value(int(math.ceil(value - 1e-9)), scale)
-        report(None)
-
-    if progress is not None:
-        solver.best_bound_callback = on_bound
-    status = solver.solve(model.model, _Callback() if progress is not None else None)
+    run = _Run(problem, options, scaled, scale, weight, progress, begin)
+    if hint is not None:
+        run.offer(hint)
+    run.report(0.0)
+    effort = float(options.effort)
+    _full(run, effort / 4 if run.best is not None else effort)
+    if not run.proven() and run.best is not None and not run.out_of_time():
+        _neighbourhoods(run, effort / 2)
+        rest = effort - run.spent
+        if rest > 0 and not run.proven() and not run.out_of_time():
+            _full(run, rest)
     wall = time.monotonic() - begin
-    name = solver.status_name(status)
-    found_orders = incumbent
-    from_hint = incumbent is not None
-    if name in ("OPTIMAL", "FEASIBLE"):
-        orders = model.orders(solver.value)
-        measured = _measure(problem, orders, scaled, options.objective)
-        if measured is not None and _peaks_fit(problem, orders, mscale) and (
-            best is None or measured.value < best.value
-        ):
-            best, found_orders, from_hint = measured, orders, False
-    if name == "INFEASIBLE" and best is None:
-        bound_z = None
-    elif name == "OPTIMAL":
-        bound_z = int(round(solver.objective_value))
-    else:
-        bound_z = int(math.ceil(solver.best_objective_bound - 1e-9))
-    det = float(solver.response_proto.deterministic_time)
-    capped = (
-        options.time_cap is not None
-        and name not in ("OPTIMAL", "INFEASIBLE")
-        and det < 0.99 * options.effort
-    )
-    if bound_z is None:
+    if run.infeasible:
         return ExactResult(
-            None, None, Fraction(0), False, "infeasible", options.objective, det, wall, capped,
-            scale, exact, False,
+            None, None, Fraction(0), False, "infeasible", options.objective, run.spent, wall,
+            run.capped, scale, exact, False,
         )
-    bound = model.to_value(max(bound_z, 0), scale)
     value = None
-    if best is not None:
-        value = best.value if options.objective == "bubble" else best.value / scale
+    if run.best is not None:
+        value = run.best.value if options.objective == "bubble" else run.best.value / scale
+    bound = run.value_of(run.bound_z)
     if value is not None and value < bound:  # pragma: no cover - a wrong model
         raise AssertionError(
             f"the exact model's bound {bound} is above a valid schedule's {value}: a bug in ppdsl"
         )
     optimal = value is not None and value <= bound
-    status_text = "optimal" if optimal else ("feasible" if value is not None else "unknown")
+    status = "optimal" if optimal else ("feasible" if value is not None else "unknown")
     if progress is not None:
-        state["incumbent"], state["bound"] = value, bound
-        report(1.0)
+        progress(value, bound, 1.0)
     return ExactResult(
-        found_orders, value, bound, optimal, status_text, options.objective, det, wall, capped,
-        scale, exact, from_hint,
+        run.orders, value, bound, optimal, status, options.objective, run.spent, wall,
+        run.capped, scale, exact, run.from_hint,
     )
 
 
