@@ -239,3 +239,23 @@ def test_bad_budgets_are_clear_errors(capsys):
     for flag, value in (("--evaluations", "-1"), ("--effort", "-2"), ("--time", "-1")):
         assert main(["search", "-d", "4", "-m", "8", "--memory", "1p", flag, value]) == 1
         assert f"{flag} {value}" in capsys.readouterr().err
+
+
+def test_search_reaches_the_authors_v_half_at_its_memory():
+    """V-shape, unit costs, M_W = M_B, (p+2)//2: the search reaches the authors'
+    V-Half (0.0649 at p=4, m=12; their zbv_greedy.py)."""
+    problem = _problem(d=4, m=12, place="vshape", memory="3", wf="1")
+    result = search(problem, evaluations=500)
+    assert round(result.best.metrics.bubble, 4) <= 0.0649
+    assert max(result.peak_memory()) <= 3
+
+
+@pytest.mark.slow
+def test_search_reaches_the_authors_adaptive_v_min_at_its_memory():
+    """p=8, m=16, V-Min's memory (p+4)//3 = 4: the two-offset blocks with the
+    warm-up/cool-down step reach the authors' adaptive V-Min (0.1933,
+    v_auto_schedule.py); the plain V-Min block gives 0.2195."""
+    problem = _problem(d=8, m=16, place="vshape", memory="4", wf="1")
+    result = search(problem, evaluations=500)
+    assert round(result.best.metrics.bubble, 4) <= 0.1933
+    assert max(result.peak_memory()) <= 4
