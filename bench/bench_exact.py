@@ -89,10 +89,13 @@ def _rows(quick: bool) -> list[Row]:
     for p in (4,) if quick else (4, 8):
         for m in (2 * p, 3 * p):
             vmin, vhalf = AUTHORS_V_MIN[p, m], AUTHORS_V_HALF[p, m]
+            # at p=8 the solver finds no proof within any effort we tried (docs/exact.md):
+            # a smaller effort keeps the table's time reasonable
+            effort = None if p == 4 else 20.0
             rows.append(Row("unit, V-shape, V-Min's", p, m, "vshape", None, str((p + 4) // 3),
-                            "1", f"V-Min (authors) {vmin:.4f}", vmin))
+                            "1", f"V-Min (authors) {vmin:.4f}", vmin, effort=effort))
             rows.append(Row("unit, V-shape, V-Half's", p, m, "vshape", None, str((p + 2) // 2),
-                            "1", f"V-Half (authors) {vhalf:.4f}", vhalf))
+                            "1", f"V-Half (authors) {vhalf:.4f}", vhalf, effort=effort))
             rows.append(Row("unit, V-shape, V-ZB's", p, m, "vshape", None, str(p), "1",
                             "V-ZB 0", 0.0))
     if not quick:
@@ -131,7 +134,9 @@ def _run(row: Row) -> tuple[str, bool]:
     spent = "-" if exact is None else f"{exact.deterministic_time:.1f}"
     # the papers print 4 decimals: compare at that precision
     meets = round(bubble, 4) <= row.figure + 1e-12
-    mode = "--exact" if row.exact else "default"
+    mode = "default" if not row.exact else (
+        "--exact" if row.effort is None else f"--exact --effort {row.effort:g}"
+    )
     memory = f"{float(problem.budget):g}"
     line = (
         f"| {row.label} | {row.d} | {row.m} | {memory} | {mode} | {bubble:.4f} | {bound} | "

@@ -404,7 +404,7 @@ class _Model:
             self.last.append(last)
             for k in last_passes[x]:
                 model.add(last >= start[k] + int(duration[k]))
-            model.add(last - self.first[x] >= self.busy[x])
+            model.add(last - self.first[x] >= self.busy[x] + self._idle(x, est, duration, mscale))
             if objective == "bubble":
                 model.add(self.z >= weight[x] * (last - self.first[x]))
             else:
@@ -423,6 +423,54 @@ class _Model:
             if p.split_backward:
                 out += [(_W, j, s) for s in range(S)]
         return out
+
+    def _idle(self, device: int, est, duration, mscale: int) -> int:
+        """Idle time device `device` cannot avoid in its warm-up and cool-down.
+
+        Warm-up: from its first pass, F(0, s*) of its lowest stage, to its first
+        backward, B(0, s) of one of its stages (FIFO), lies at least microbatch
+        0's chain between them; meanwhile it can run only forwards, and every
+        forward started then still holds its activation (nothing is freed before
+        a backward ends), so at most a budget's worth of them.
+
+        Cool-down: from the end of its last forward, F(m-1, s^) of its highest
+        stage, to its last W (BW) lies at least microbatch m-1's chain; meanwhile
+        it runs only backwards and W of activations it holds when that forward
+        ends, so at most a budget's worth of them (M_B for a pending B and its
+        W, M_W for a pending W).
+
+        The two idle times add up when the budget cannot hold every forward of
+        the device at once (then some forward runs after the first backward, so
+        the two intervals do not meet); otherwise the larger counts."""
+        p = self.problem
+        m = p.num_microbatches
+        split = p.split_backward
+        back = _B if split else _BW
+        stages = p.placement.chunks(device)
+        t = {key: int(est[k]) for key, k in self.index.items() if key[1] == 0}
+        dur = {key: int(duration[k]) for key, k in self.index.items() if key[1] == 0}
+        first = t[(_F, 0, stages[0])]
+        warm_wait = min(t[(back, 0, s)] - first for s in stages)
+        last_f = t[(_F, 0, stages[-1])] + dur[(_F, 0, stages[-1])]
+        end_kind = _W if split else _BW
+        cool_wait = max(t[(end_kind, 0, s)] + dur[(end_kind, 0, s)] - last_f for s in stages)
+        forward = [dur[(_F, 0, s)] for s in stages]
+        budget = p.budgets[device]
+        if budget is None:
+            return 0
+        capacity = int(math.floor(budget * mscale))
+        size_f = [int(p.memory.activation[s] * mscale) for s in stages]
+        warm = max(0, warm_wait - _most_work(forward, size_f, capacity, m))
+        if split:
+            works = [dur[(_B, 0, s)] + dur[(_W, 0, s)] for s in stages]
+            works += [dur[(_W, 0, s)] for s in stages]
+            sizes = size_f + [int(p.memory.weight_retained[s] * mscale) for s in stages]
+        else:
+            works, sizes = [dur[(_BW, 0, s)] for s in stages], size_f
+        cool = max(0, cool_wait - _most_work(works, sizes, capacity, m))
+        if m * sum(size_f) > capacity:
+            return warm + cool
+        return max(warm, cool)
 
     def _implied_memory(self, p, device, cap, mscale, start, duration) -> None:
         """Precedences the budget implies for one stage alone (they help the
@@ -470,6 +518,27 @@ class _Model:
         for k, pp in enumerate(self.passes):
             per[sd[pp.stage]].append((int(value(self.start[k])), k, pp))
         return tuple(tuple(pp for _, _, pp in sorted(x)) for x in per)
+
+
+def _most_work(durations: list[int], sizes: list[int], capacity: int, count: int) -> int:
+    """The most total duration of items (at most `count` of each kind) whose
+    sizes fit `capacity` (a bounded knapsack; exact for small capacities, the
+    fractional relaxation above, which only loosens the bound)."""
+    if any(size <= 0 for size in sizes):
+        return count * sum(durations)
+    if capacity <= 100_000 and len(durations) * capacity * min(count, capacity) <= 10**7:
+        best = [0] * (capacity + 1)
+        for dur, size in zip(durations, sizes, strict=True):
+            for _ in range(min(count, capacity // size)):
+                for c in range(capacity, size - 1, -1):
+                    best[c] = max(best[c], best[c - size] + dur)
+        return best[capacity]
+    left, total = capacity, 0.0
+    for dur, size in sorted(zip(durations, sizes, strict=True), key=lambda x: -x[0] / x[1]):
+        take = min(count, left / size)
+        total += take * dur
+        left -= take * size
+    return int(math.ceil(total))
 
 
 def _fifo_times(problem: ExactProblem, orders, scaled: Costs) -> dict | None:
