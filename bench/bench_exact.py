@@ -133,7 +133,7 @@ def _run(row: Row) -> tuple[str, bool]:
     proven = "-" if exact is None else ("yes" if exact.optimal else "no")
     spent = "-" if exact is None else f"{exact.deterministic_time:.1f}"
     # the papers print 4 decimals: compare at that precision
-    meets = round(bubble, 4) <= row.figure + 1e-12
+    meets = round(bubble, 4) <= round(row.figure, 4) + 1e-12
     mode = "default" if not row.exact else (
         "--exact" if row.effort is None else f"--exact --effort {row.effort:g}"
     )

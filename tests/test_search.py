@@ -259,3 +259,25 @@ def test_search_reaches_the_authors_adaptive_v_min_at_its_memory():
     result = search(problem, evaluations=500)
     assert round(result.best.metrics.bubble, 4) <= 0.1933
     assert max(result.peak_memory()) <= 4
+
+
+def test_progress_bar_shows_the_exact_engines_incumbent_and_bound():
+    """The bar's solver line names the best value found and the proven bound."""
+    import io
+
+    from ppdsl.search.progress import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(True, stream)
+    bar.solver(Fraction(1, 9), Fraction(1, 10), 0.5)
+    bar.close()
+    assert "exact: best 0.11111, bound 0.1" in stream.getvalue()
+
+
+def test_cli_progress_draws_the_solver_line(tmp_path, capsys):
+    """--progress: the exact engine's incumbent and bound appear on stderr."""
+    out = tmp_path / "found.pp"
+    code = main(["search", "-d", "4", "-m", "8", "--memory", "1p", "--exact",
+                 "--evaluations", "500", "--progress", "-o", str(out)])
+    assert code == 0
+    assert "exact: best 0.11111, bound 0.11111" in capsys.readouterr().err

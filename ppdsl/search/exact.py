@@ -307,7 +307,6 @@ class _Model:
     def __init__(self, problem: ExactProblem, objective: str, scaled: Costs, upper: int | None):
         from ortools.sat.python import cp_model
 
-        self.cp = cp_model
         self.problem = problem
         self.objective = objective
         p = problem
@@ -317,7 +316,6 @@ class _Model:
         flat = flatten(canonical)
         deps = dependencies(canonical, flat)
         n = flat.size
-        kinds = flat.kind
         duration = np.array(
             [int(scaled.duration(pp.kind, pp.stage)) for pp in flat.passes], dtype=np.int64
         )
@@ -411,7 +409,6 @@ class _Model:
                 model.add(self.z >= last)
         model.minimize(self.z)
         self.duration = duration
-        self.kinds = kinds
 
     @staticmethod
     def _topological(p: ExactProblem, S: int, m: int) -> list[tuple[PassKind, int, int]]:
@@ -533,7 +530,8 @@ def _most_work(durations: list[int], sizes: list[int], capacity: int, count: int
                 for c in range(capacity, size - 1, -1):
                     best[c] = max(best[c], best[c - size] + dur)
         return best[capacity]
-    left, total = capacity, 0.0
+    left: float = capacity
+    total = 0.0
     for dur, size in sorted(zip(durations, sizes, strict=True), key=lambda x: -x[0] / x[1]):
         take = min(count, left / size)
         total += take * dur
