@@ -47,7 +47,7 @@ def _ppdsl_schedule(stem: str):
 
 
 def _ppdsl_time(schedule, programs, timeline) -> float:
-    from ppdsl.codegen import generate, write
+    from ppdsl.backend.codegen import generate, write
 
     with tempfile.TemporaryDirectory() as tmp:
         write(generate(schedule, programs, timeline), tmp)

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from fractions import Fraction
 
 import numba
 import numpy as np
 
-from ppdsl.checks import check_schedule, deadlock, expectations
-from ppdsl.checks._flat import _flat_cache, dependencies, flatten, run_orders
+from ppdsl.analysis.checks import check_schedule, deadlock, expectations
+from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.simulate import simulate, simulate_reference
 from ppdsl.diagnostics import Span
+from ppdsl.ir import flat as flat_ir
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
-from ppdsl.lower import lower
-from ppdsl.simulate import simulate, simulate_reference
+from ppdsl.lowering.lower import lower
 
 _F, _B, _W = PassKind.F, PassKind.B, PassKind.W
 _SPAN = Span("bench.pp", 1, 1, 1, 1)
@@ -31,8 +32,8 @@ def _schedule(placement: Placement, m: int, orders: list[list[Pass]]) -> Schedul
         num_microbatches=m,
         placement=placement,
         split_backward=True,
-        costs=Costs((1.0,) * S, (1.0,) * S, (1.0,) * S, (2.0,) * S, 0.1),
-        memory=MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
+        costs=Costs.of((1.0,) * S, (1.0,) * S, (1.0,) * S, (2.0,) * S, 0.1),
+        memory=MemoryModel.default(S),
         orders=tuple(tuple(o) for o in orders),
         span=_SPAN,
     )
@@ -84,10 +85,10 @@ def _numba_compile_seconds() -> float:
     fresh = numba.njit(run_orders.py_func)
     small = zb_h1_like(2, 2)
     flat = flatten(small)
-    deps = dependencies(small, flat)
-    z = np.zeros(flat.size)
+    needs = dependencies(flat).index
     t0 = time.perf_counter()
-    fresh(flat.offsets, deps.dep0, deps.dep1, z, z, z)
+    no_time = np.zeros((4, flat.num_stages))
+    fresh(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
     return time.perf_counter() - t0
 
 
@@ -100,7 +101,7 @@ def main() -> None:
     simulate(s)  # warm: load the cached kernel
 
     def cold() -> object:
-        _flat_cache.clear()  # include flattening the IR into arrays
+        flat_ir._flat_cache.clear()  # include flattening the IR into arrays
         return simulate(s)
 
     fast = _time(cold)

@@ -1,8 +1,9 @@
 """The `ppdsl` command line.
 
 Each subcommand is one module in `ppdsl.commands` with `add_arguments(parser)`
-and `run(args) -> int`. Exit codes: 0 success, 1 invalid input (a located
-diagnostic was printed), 2 usage error, 3 internal error (a bug in ppdsl).
+and `run(args) -> ExitCode`. Exit codes (`ppdsl.commands.common.ExitCode`): 0
+success, 1 invalid input (a located diagnostic was printed), 2 usage error, 3
+internal error (a bug in ppdsl).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import sys
 import traceback
 
 from ppdsl import __version__
+from ppdsl.commands.common import ExitCode, UsageError
 from ppdsl.diagnostics import CompileError, render_all
 
-__all__ = ["main", "EXIT_OK", "EXIT_INVALID", "EXIT_USAGE", "EXIT_INTERNAL"]
-
-EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+__all__ = ["main", "ExitCode", "UsageError"]
 
 # (subcommand, module in ppdsl.commands): the order is the order of `ppdsl --help`.
 _COMMANDS = [
@@ -27,15 +27,12 @@ _COMMANDS = [
     ("compare", "compare"),
     ("compile", "compile"),
     ("run", "run"),
+    ("profile", "profile"),
     ("search", "search"),
     ("bound", "bound"),
     ("export", "export"),
     ("import", "import_csv"),
 ]
-
-
-class UsageError(Exception):
-    """Bad command-line use that argparse cannot see (exit 2)."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -60,20 +57,20 @@ def main(argv: list[str] | None = None) -> int:
         parser = _build_parser()
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
-        return int(exc.code or 0)
+        return int(exc.code or ExitCode.OK)
     try:
-        return int(args._run(args))
+        return int(ExitCode(args._run(args)))
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     except UsageError as err:
         print(f"ppdsl {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt:
         print("ppdsl: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except BrokenPipeError:
-        return EXIT_OK
+        return ExitCode.OK
     except Exception:
         traceback.print_exc()
         print(
@@ -81,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             "please report it with the traceback above and the command you ran",
             file=sys.stderr,
         )
-        return EXIT_INTERNAL
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":

@@ -1,29 +1,42 @@
 """The compiler driver: a straight list of named passes.
 
-    .pp text -> parse -> elaborate -> check -> lower -> check deadlock
-             -> simulate -> check expectations
+    .pp text -> parse -> elaborate -> check -> lower -> early receives
+             -> check deadlock -> simulate -> check expectations -> codegen
 
-`compile_source` returns everything a command needs (the schedule IR, the rank
-programs, the timeline and all diagnostics); it raises `CompileError` when the
-input is wrong, carrying every finding of the pass that failed.
+`compile_source` / `compile_file` run the passes up to the checked timeline and
+return everything a command needs (the schedule IR, the rank programs, the
+timeline and all warnings); they raise `CompileError` when the input is wrong,
+carrying every finding of the pass that failed. `generate` is the last pass:
+per-rank torch programs, a launcher and a manifest, as text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ppdsl import checks
-from ppdsl.checks import deadlock, expectations, memory
+from ppdsl.analysis import checks
+from ppdsl.analysis.checks import deadlock, expectations, memory
+from ppdsl.analysis.simulate import Timeline, simulate
+from ppdsl.backend import codegen
+from ppdsl.backend.codegen import GeneratedFiles
+from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
-from ppdsl.elaborate import elaborate
+from ppdsl.frontend.elaborate import elaborate
+from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import RankProgram
 from ppdsl.ir.schedule import Schedule
-from ppdsl.lower import lower
-from ppdsl.parse import parse
-from ppdsl.simulate import Timeline, simulate
+from ppdsl.lowering.early_receives import pull_receives_forward
+from ppdsl.lowering.lower import lower
 
-__all__ = ["Compiled", "compile_source", "compile_file", "compile_schedule"]
+__all__ = [
+    "Compiled",
+    "compile_source",
+    "compile_file",
+    "compile_schedule",
+    "generate",
+    "GeneratedFiles",
+]
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,8 @@ class Compiled:
     programs: tuple[RankProgram, ...]
     timeline: Timeline
     warnings: tuple[Diagnostic, ...]
+    costs_from: str | None = None
+    """The `--costs-from` file whose costs and memory model replaced the schedule's."""
 
 
 def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -58,7 +73,7 @@ def compile_schedule(
     found = _raise_errors(checks.check_schedule(schedule))
     programs = lower(schedule)
     if early_receives:
-        programs = deadlock.pull_receives_forward(programs)
+        programs = pull_receives_forward(programs)
     found += _raise_errors(deadlock.check(schedule, programs))
     timeline = simulate(schedule)
     found += _raise_errors(expectations.check(schedule, timeline))
@@ -73,12 +88,20 @@ def compile_source(
     overrides: dict[str, str] | None = None,
     *,
     early_receives: bool = True,
+    costs: CostsFile | None = None,
 ) -> Compiled:
-    """Compile `.pp` text. `overrides` are the command line's `-D name=value`."""
+    """Compile `.pp` text. `overrides` are the command line's `-D name=value`;
+    `costs` (`--costs-from`) replaces the file's cost and memory statements."""
     register_source(file, text)
     module = parse(text, file)
-    schedule = elaborate(module, overrides or {})
-    return compile_schedule(schedule, early_receives=early_receives)
+    if costs is None:
+        schedule = elaborate(module, overrides or {})
+        return compile_schedule(schedule, early_receives=early_receives)
+    schedule, expects = schedule_with_costs(module, overrides or {}, costs)
+    bounded = any(e.metric == "peak_memory" for e in expects)
+    compiled = compile_schedule(schedule, early_receives=early_receives, warn_unbounded=not bounded)
+    late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
+    return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
 
 
 def compile_file(
@@ -86,6 +109,7 @@ def compile_file(
     overrides: dict[str, str] | None = None,
     *,
     early_receives: bool = True,
+    costs: CostsFile | None = None,
 ) -> Compiled:
     """Compile a `.pp` file; a missing, unreadable or empty file is a located error."""
     path = Path(path)
@@ -103,4 +127,12 @@ def compile_file(
         raise CompileError(
             [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
         )
-    return compile_source(text, file, overrides, early_receives=early_receives)
+    return compile_source(text, file, overrides, early_receives=early_receives, costs=costs)
+
+
+def generate(compiled: Compiled) -> GeneratedFiles:
+    """Codegen, the last pass: one torch program per rank, the launcher and the
+    manifest of a compiled schedule (`ppdsl.backend.codegen`)."""
+    return codegen.generate(
+        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
+    )

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ppdsl.commands.common import ExitCode
     from ppdsl.commands.run import launch
 
     example = ROOT / "examples" / "zb_v.pp"
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled = compile_file(example, {"d": "4", "m": "8"})
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
-        return 1
+        return ExitCode.INVALID
     # stages_long: 128-token sequences with unfused attention, the zero-bubble paper's
     # memory regime (B frees most of a microbatch's activations).
     return launch(

@@ -28,8 +28,9 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.checks.memory import bound_text, peak_memory
+from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
+from ppdsl.frontend import ast
 from ppdsl.ir.schedule import (
     Costs,
     MemoryModel,
@@ -39,6 +40,7 @@ from ppdsl.ir.schedule import (
     Schedule,
     torch_action,
 )
+from ppdsl.semantics import KINDS, read_placement
 
 __all__ = [
     "to_torch_actions",
@@ -49,7 +51,7 @@ __all__ = [
     "to_pp",
 ]
 
-_LETTER_KIND = {"F": PassKind.F, "I": PassKind.B, "W": PassKind.W, "B": PassKind.BW}
+_LETTER_KIND = {k.torch_letter: k for k in KINDS}
 _ACTION = re.compile(r"(\d+)([FIWB])(\d+)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
@@ -70,43 +72,22 @@ def to_torch_csv(schedule: Schedule) -> str:
 
 
 def make_placement(kind: str, num_devices: int, num_stages: int | None = None) -> Placement:
-    """A placement named as in the language: parallel, looped(v), vshape, wave(v)."""
-    d = num_devices
-    m = re.fullmatch(r"\s*(parallel|vshape|looped|wave)\s*(?:\(\s*(\d+)\s*\))?\s*", kind)
-    if not m:
-        raise ValueError(f"unknown placement {kind!r}: use parallel, looped(v), vshape or wave(v)")
-    name, v_text = m.group(1), m.group(2)
-    if name == "parallel":
-        return Placement("parallel", d, tuple(range(d)))
-    if name == "vshape":
-        v = 2
-    elif v_text is not None:
-        v = int(v_text)
-    elif num_stages is not None and num_stages % d == 0:
-        v = num_stages // d
-    else:
-        raise ValueError(f"{name} needs its chunk count: {name}(v)")
-    if name == "looped":
-        return Placement("looped", d, tuple(s % d for s in range(v * d)))
-    devices = []
-    for s in range(v * d):
-        chunk, k = divmod(s, d)
-        devices.append(k if chunk % 2 == 0 else d - 1 - k)
-    return Placement("vshape" if v == 2 else "wave", d, tuple(devices))
+    """A placement named as in the language: parallel, looped(v), vshape, wave(v)
+    (`num_stages` gives v where the name leaves it out)."""
+    name, v = read_placement(kind)
+    if v is None and name in ("looped", "wave"):
+        if num_stages is None or num_stages % num_devices:
+            raise ValueError(f"{name} needs its chunk count: {name}(v)")
+        v = num_stages // num_devices
+    placement = Placement.named(name, num_devices, v)
+    if name == "wave" and v == 2:  # wave(2) is the V-shape
+        placement = Placement("vshape", num_devices, placement.stage_device)
+    return placement
 
 
 def placement_text(placement: Placement) -> str:
     """The `place` statement's argument that gives this exact stage -> device map."""
-    d, S = placement.num_devices, placement.num_stages
-    if S % d == 0:
-        v = S // d
-        for text in ("parallel", "vshape", f"looped({v})", f"wave({v})"):
-            try:
-                if make_placement(text, d, S).stage_device == placement.stage_device:
-                    return text
-            except ValueError:
-                continue
-    return "[" + ", ".join(map(str, placement.stage_device)) + "]"
+    return placement.spelling()
 
 
 def _cells(line: str) -> list[tuple[int, str]]:
@@ -280,7 +261,6 @@ def from_torch_csv(
     orders = tuple(
         tuple(Pass(kind, mb, stage, span) for kind, mb, stage, span in row) for row in rows
     )
-    one = (1.0,) * S
     return Schedule(
         name=name or _identifier(Path(file).stem),
         file=file,
@@ -288,8 +268,8 @@ def from_torch_csv(
         num_microbatches=m,
         placement=place,
         split_backward=not fused,
-        costs=Costs(one, one, one, (2.0,) * S, 0.0),
-        memory=MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
+        costs=Costs.unit(S),
+        memory=MemoryModel.default(S),
         orders=orders,
         span=whole,
     )
@@ -305,55 +285,45 @@ def _identifier(stem: str) -> str:
     return name if name and not name[0].isdigit() else f"s_{name}"
 
 
-def _pass_text(p: Pass, chunk: int) -> str:
-    return (
-        f"{p.kind.value}({p.microbatch})"
-        if chunk == 0
-        else f"{p.kind.value}({p.microbatch}, {chunk})"
-    )
+def _device_order(order: tuple[Pass, ...], chunk_of: dict[int, int]) -> tuple[ast.PassCall, ...]:
+    """A device's passes as pass calls: `F(j)` on chunk 0, `F(j, c)` on chunk c."""
+    calls = []
+    for p in order:
+        c = chunk_of[p.stage]
+        args = (ast.number(p.microbatch),) + ((ast.number(c),) if c else ())
+        calls.append(ast.PassCall(p.kind.value, args, ast.GENERATED))
+    return tuple(calls)
 
 
-def _bound_lines(s: Schedule) -> list[str]:
-    """The schedule's own peak as its `expect`, so a later edit that raises it is
-    caught (the CSV carries no memory bound)."""
-    if any(e.metric == "peak_memory" for e in s.expects):
-        return []
-    highest = max(peak_memory(s), default=Fraction(0))
-    return [
-        "    # the imported order's own peak under the default M_B = 1, M_W = 1/2; edit as needed",
-        f"    expect peak_memory <= {bound_text(highest, s)}",
-    ]
-
-
-def to_pp(schedule: Schedule, source: str = "", width: int = 100) -> str:
+def to_pp(schedule: Schedule, source: str = "") -> str:
     """The schedule as an order-form `.pp` file: one `if i == k { ... }` block per
-    device listing its passes (`F(j)` for chunk 0, `F(j, c)` for chunk c)."""
+    device listing its passes (`F(j)` for chunk 0, `F(j, c)` for chunk c), and
+    the order's own peak as its memory bound (the CSV carries none), so a later
+    edit that raises it is caught."""
     s = schedule
-    lines = []
+    header = []
     if source:
-        lines.append(f"# imported from {source} (torch.distributed.pipelining action CSV)")
-        lines.append("# by `ppdsl import`: the order is written out for these d and m only")
-    lines += [
-        f"schedule {s.name} {{",
-        f"    param d = {s.num_devices}",
-        f"    param m = {s.num_microbatches}",
-        f"    place {placement_text(s.placement)}",
-        f"    backward {'split' if s.split_backward else 'fused'}",
-        *_bound_lines(s),
-        "    order {",
+        header.append(f"# imported from {source} (torch.distributed.pipelining action CSV)")
+        header.append("# by `ppdsl import`: the order is written out for these d and m only")
+    stmts: list[ast.Stmt] = [
+        ast.Param("d", ast.number(s.num_devices), ast.GENERATED),
+        ast.Param("m", ast.number(s.num_microbatches), ast.GENERATED),
+        ast.place(s.placement.stage_device, s.num_devices),
+        ast.Backward("split" if s.split_backward else "fused", ast.GENERATED, ast.GENERATED),
     ]
+    if not any(e.metric == "peak_memory" for e in s.expects):
+        header.append(
+            "# its memory bound is the imported order's own peak under the default "
+            "M_B = 1, M_W = 1/2; edit as needed"
+        )
+        highest = max(peak_memory(s), default=Fraction(0))
+        unit = s.memory.activation[0] if s.memory.activation else Fraction(0)
+        stmts.append(ast.expect("peak_memory", "<=", ast.peak_bound(highest, unit)))
+    branches = []
     for dev, order in enumerate(s.orders):
         chunk_of = {stage: c for c, stage in enumerate(s.placement.chunks(dev))}
-        lines.append(f"        if i == {dev} {{")
-        current = "           "
-        for p in order:
-            item = " " + _pass_text(p, chunk_of[p.stage]) + ";"
-            if len(current) + len(item) > width:
-                lines.append(current.rstrip(";"))
-                current = "           "
-            current += item
-        if current.strip():
-            lines.append(current.rstrip(";"))
-        lines.append("        }")
-    lines += ["    }", "}"]
-    return "\n".join(lines) + "\n"
+        test = ast.binary("==", ast.name("i"), ast.number(dev))
+        branches.append(ast.If(test, _device_order(order, chunk_of), (), ast.GENERATED))
+    stmts.append(ast.OrderDecl(tuple(branches), ast.GENERATED))
+    module = ast.Module(s.name, tuple(stmts), s.file, ast.GENERATED)
+    return "".join(line + "\n" for line in header) + ast.format_module(module)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
+from ppdsl.analysis.simulate import Timeline
 from ppdsl.ir.schedule import PassKind, Schedule
-from ppdsl.simulate import Timeline
 
 __all__ = ["TimelineStyle", "render_timeline", "render_svg"]
 
@@ -23,6 +23,8 @@ __all__ = ["TimelineStyle", "render_timeline", "render_svg"]
 _BG = {PassKind.F: 33, PassKind.B: 44, PassKind.W: 34, PassKind.BW: 37}
 # A device's second and later chunks are drawn in a lighter shade of the same colour.
 _BG_LATER_CHUNK = {PassKind.F: 75, PassKind.B: 87, PassKind.W: 78, PassKind.BW: 80}
+# A pass kind the papers do not draw is grey until it gets its own colour.
+_BG_OTHER = 245
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
         for p, s, e in zip(order, timeline.start[dev], timeline.end[dev], strict=True):
             a, b = col(float(s)), max(col(float(e)), col(float(s)) + 1)
             later = len(chunks) > 1 and p.stage != chunks[0]
-            colour: int | None = (_BG_LATER_CHUNK if later else _BG)[p.kind]
+            colour: int | None = (_BG_LATER_CHUNK if later else _BG).get(p.kind, _BG_OTHER)
             text = _label(p.kind, p.microbatch)
             if later and not style.color:
                 text = text.lower()  # without colour, a later chunk shows in lower case
@@ -122,6 +124,7 @@ _SVG_FILL = {PassKind.F: "#4a7fd4", PassKind.B: "#3fb8c9", PassKind.W: "#5cb85c"
              PassKind.BW: "#2a9d8f"}
 _SVG_FILL_LATER = {PassKind.F: "#9dbdf0", PassKind.B: "#a3e3ec", PassKind.W: "#a8dca8",
                    PassKind.BW: "#8fd3ca"}
+_SVG_FILL_OTHER = "#aaaaaa"
 
 
 def render_svg(schedule: Schedule, timeline: Timeline, *, unit_px: float = 24.0) -> str:
@@ -150,7 +153,7 @@ def render_svg(schedule: Schedule, timeline: Timeline, *, unit_px: float = 24.0)
         chunks = schedule.placement.chunks(dev)
         for p, s, e in zip(order, timeline.start[dev], timeline.end[dev], strict=True):
             later = len(chunks) > 1 and p.stage != chunks[0]
-            fill = (_SVG_FILL_LATER if later else _SVG_FILL)[p.kind]
+            fill = (_SVG_FILL_LATER if later else _SVG_FILL).get(p.kind, _SVG_FILL_OTHER)
             x, w = left + float(s) * scale, float(e - s) * scale
             label = _label(p.kind, p.microbatch)
             out.append(

@@ -6,11 +6,12 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
-from ppdsl.lower import receive_buffers_peak
-from ppdsl.simulate import memory_over_time
+from ppdsl.lowering.lower import receive_buffers_peak
+from ppdsl.semantics import format_decimal, format_exact
 
 __all__ = ["memory_bounds", "stats_table", "schedule_json", "diagnostic_json"]
 
@@ -28,14 +29,6 @@ def memory_bounds(compiled: Compiled) -> list[Fraction | None]:
     return bounds
 
 
-def _num(x: Any) -> str:
-    if isinstance(x, Fraction):
-        return str(x.numerator) if x.denominator == 1 else f"{x} ({float(x):.4g})"
-    if isinstance(x, float):
-        return f"{x:.6g}"
-    return str(x)
-
-
 def stats_table(compiled: Compiled) -> str:
     """Schedule-wide figures, then one row per device."""
     s, t = compiled.schedule, compiled.timeline
@@ -43,9 +36,9 @@ def stats_table(compiled: Compiled) -> str:
         f"schedule {s.name}: {s.num_devices} devices, {s.num_stages} stages, "
         f"{s.num_microbatches} microbatches, placement {s.placement.kind}, "
         f"{'split' if s.split_backward else 'fused'} backward",
-        f"  makespan          {_num(float(t.makespan))}",
+        f"  makespan          {format_decimal(t.makespan)}",
         f"  bubble ratio      {float(t.bubble_ratio):.4f}   (zero-bubble paper: (span - busy) / span of the longest-span device)",
-        f"  bubble time       {_num(float(t.bubble_time))}",
+        f"  bubble time       {format_decimal(t.bubble_time)}",
         f"  idle fraction     {float(t.idle_fraction):.4f}   (1 - busy / (devices x makespan))",
         "",
     ]
@@ -63,20 +56,25 @@ def stats_table(compiled: Compiled) -> str:
         rows.append([
             str(dev),
             str(len(s.orders[dev])),
-            _num(busy),
-            _num(span),
+            format_decimal(busy),
+            format_decimal(span),
             f"{(span - busy) / span:.4f}" if span > 0 else "-",
-            _num(peak),
-            _num(bound) if bound is not None else "-",
-            _num(bound - peak) if bound is not None else "-",
+            format_exact(peak),
+            format_exact(bound) if bound is not None else "-",
+            format_exact(bound - peak) if bound is not None else "-",
             str(receive_buffers_peak(compiled.programs[dev])),
         ])
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    where = getattr(compiled, "costs_from", None)
+    units = (
+        f"costs and memory from {where}, in its units"
+        if where else "memory in units of the file's M_B/M_W declarations"
+    )
     lines.append(
-        "memory in units of the file's M_B/M_W declarations; recv buffers: the most received "
+        f"{units}; recv buffers: the most received "
         "tensors a rank holds before the passes that use them (transfer buffers, outside the "
         "memory model)"
     )

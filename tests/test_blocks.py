@@ -1,4 +1,4 @@
-"""Repeating building blocks (ppdsl.blocks.repeat_block): the order of a
+"""Repeating building blocks (ppdsl.frontend.blocks.repeat_block): the order of a
 repeated block, spans, ties, W fill, and the papers' blocks built in Python."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from fractions import Fraction
 import pytest
 from factories import ZB_H1, make_schedule, placement
 
-from ppdsl import checks
-from ppdsl.blocks import _fill_w, repeat_block
+from ppdsl.analysis import checks
+from ppdsl.analysis.simulate import simulate
 from ppdsl.diagnostics import Span
+from ppdsl.frontend.blocks import _fill_w, repeat_block
 from ppdsl.ir.schedule import (
     Block,
     BlockSlot,
@@ -21,7 +22,6 @@ from ppdsl.ir.schedule import (
     Placement,
     format_pass,
 )
-from ppdsl.simulate import simulate
 
 F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 
@@ -304,7 +304,7 @@ def test_warm_up_and_cool_down_never_break_a_schedule(times, comm):
         for d in (2, 4):
             place, block = build(d)
             n = place.num_stages
-            costs = Costs((t_f,) * n, (t_b,) * n, (t_w,) * n, (t_b + t_w,) * n, comm)
+            costs = Costs.of((t_f,) * n, (t_b,) * n, (t_w,) * n, (t_b + t_w,) * n, comm)
             m = 2 * d
             orders = repeat_block(block, place, m, split_backward=True, w_fill=w_fill, costs=costs)
             memory = MemoryModel((Fraction(1),) * n, (Fraction(1),) * n)

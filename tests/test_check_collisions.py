@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from factories import BW, B, F, W, block_slot, make_schedule, one_f_one_b_orders, placement
 
-from ppdsl.checks import collisions
+from ppdsl.analysis.checks import collisions
 from ppdsl.ir.schedule import Block
 
 

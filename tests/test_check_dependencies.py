@@ -9,7 +9,7 @@ import time
 import pytest
 from factories import BW, B, F, W, make_schedule, one_f_one_b_orders, placement, random_valid_orders
 
-from ppdsl.checks import dependencies
+from ppdsl.analysis.checks import dependencies
 
 
 def test_one_f_one_b_is_valid():

@@ -6,10 +6,10 @@ from fractions import Fraction
 
 from factories import FILE, make_schedule, one_f_one_b_orders, placement
 
-from ppdsl.checks import expectations
+from ppdsl.analysis.checks import expectations
+from ppdsl.analysis.simulate import simulate
 from ppdsl.diagnostics import Span
 from ppdsl.ir.schedule import Expect
-from ppdsl.simulate import simulate
 
 SPAN = Span(FILE, 30, 5, 30, 40)
 

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 from factories import BW, FILE, F, make_schedule, one_f_one_b_orders, placement
 
-from ppdsl.checks import memory
+from ppdsl.analysis.checks import memory
 from ppdsl.diagnostics import Span
 from ppdsl.ir.schedule import Expect, MemoryModel
 

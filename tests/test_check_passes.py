@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from factories import BW, B, F, W, make_schedule, one_f_one_b_orders, placement, with_spans
 
-from ppdsl.checks import check_schedule, passes
+from ppdsl.analysis.checks import check_schedule, passes
 from ppdsl.ir.schedule import Pass, PassKind
 
 

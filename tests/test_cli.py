@@ -283,3 +283,23 @@ def test_console_script_runs() -> None:
         [sys.executable, "-m", "ppdsl", "check", ZB_H1], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_usage_error_from_a_command_is_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that raises UsageError exits 2 with `ppdsl COMMAND: error: ...`;
+    one that returns a code outside ExitCode is an internal error (3)."""
+    from ppdsl.commands import check
+    from ppdsl.commands.common import ExitCode, UsageError
+
+    def misused(args):
+        raise UsageError("--frobnicate needs a value")
+
+    monkeypatch.setattr(check, "run", misused)
+    code, _, err = _run(capsys, "check", ZB_H1)
+    assert code == ExitCode.USAGE == 2
+    assert "ppdsl check: error: --frobnicate needs a value" in err
+    monkeypatch.setattr(check, "run", lambda args: 7)
+    code, _, err = _run(capsys, "check", ZB_H1)
+    assert code == ExitCode.INTERNAL and "internal error" in err

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from ppdsl import __version__
-from ppdsl.codegen import generate, write
+from ppdsl.backend.codegen import generate, write
 from ppdsl.diagnostics import Span
 from ppdsl.ir.schedule import Pass
-from ppdsl.lower import lower
+from ppdsl.lowering.lower import lower
 from tests.dist.orders import python_schedules
 
 

@@ -7,9 +7,9 @@ from fractions import Fraction
 import pytest
 
 from ppdsl.diagnostics import CompileError
-from ppdsl.elaborate import elaborate
+from ppdsl.frontend.elaborate import elaborate
+from ppdsl.frontend.parse import parse
 from ppdsl.ir.schedule import PassKind, format_schedule
-from ppdsl.parse import parse
 
 ONE_F_ONE_B = """\
 schedule one_f_one_b {
@@ -362,25 +362,25 @@ _ENV_NAMES = ("a", "b", "z", "r")
 
 
 def _fast_and_exact_agree(expr, env):
-    from ppdsl.elaborate import _compile, _compile_exact, _Error, _Scope
+    from ppdsl.frontend.expressions import ElaborationError, Scope, compile_exact, compile_expr
 
-    scope = _Scope(_ENV_NAMES)
+    scope = Scope(_ENV_NAMES)
 
     def outcome(fn):
         try:
             value = fn(expr, scope)(dict(env))
-        except _Error as exc:
+        except ElaborationError as exc:
             return ("error", exc.diagnostic.message)
         return (type(value), value)
 
-    assert outcome(_compile) == outcome(_compile_exact)
+    assert outcome(compile_expr) == outcome(compile_exact)
 
 
 def _expressions():
     from hypothesis import strategies as st
 
-    from ppdsl import ast as A
     from ppdsl.diagnostics import Span
+    from ppdsl.frontend import ast as A
 
     span = Span("p", 1, 1, 1, 1)
     leaves = st.one_of(

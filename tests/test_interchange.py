@@ -20,7 +20,8 @@ from factories import (
 )
 from hypothesis import given, settings
 
-from ppdsl.checks import check_schedule, deadlock
+from ppdsl.analysis.checks import check_schedule, deadlock
+from ppdsl.analysis.simulate import simulate
 from ppdsl.diagnostics import CompileError
 from ppdsl.interchange import (
     from_torch_csv,
@@ -29,8 +30,8 @@ from ppdsl.interchange import (
     to_pp,
     to_torch_csv,
 )
-from ppdsl.lower import lower
-from ppdsl.simulate import simulate
+from ppdsl.lowering.early_receives import pull_receives_forward
+from ppdsl.lowering.lower import lower
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
@@ -163,7 +164,7 @@ def test_torch_generated_schedules_read_and_check(name, v):
     # torch's runtime waits for receives only; under that semantics any valid order runs
     assert deadlock.check(s, lower(s), sends_block=False) == []
     # and with receives pulled forward, also when every op of an exchange blocks
-    assert deadlock.check(s, deadlock.pull_receives_forward(lower(s))) == []
+    assert deadlock.check(s, pull_receives_forward(lower(s))) == []
     t = simulate(s)
     assert t.makespan > 0
     if name == "ScheduleZBVZeroBubble":
@@ -252,8 +253,7 @@ def test_to_pp_writes_order_form():
 def test_to_pp_elaborates_back():
     """What `ppdsl import` writes parses and elaborates to the same orders and
     placement (torch's ZB-V: two chunks per device, chunk syntax F(j, c))."""
-    parse = pytest.importorskip("ppdsl.parse")
-    elaborate = pytest.importorskip("ppdsl.elaborate")
+    from ppdsl.frontend import elaborate, parse
 
     cls = torch_schedules.ScheduleZBVZeroBubble
     s = from_torch_csv(_torch_dump(_torch_order(cls, 4, 8, 2)), "zbv.csv")
@@ -265,8 +265,6 @@ def test_to_pp_elaborates_back():
 
 def test_to_pp_compiles_back(tmp_path: Path):
     """A V-shape order written by to_pp compiles (all checks) to the same orders."""
-    pytest.importorskip("ppdsl.parse")
-    pytest.importorskip("ppdsl.elaborate")
     from ppdsl.compiler import compile_file
 
     place = placement("vshape", 3)
@@ -277,8 +275,6 @@ def test_to_pp_compiles_back(tmp_path: Path):
 
 
 def _cli():
-    pytest.importorskip("ppdsl.parse")
-    pytest.importorskip("ppdsl.elaborate")
     from ppdsl.cli import main
 
     return main

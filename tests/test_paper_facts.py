@@ -11,10 +11,10 @@ from fractions import Fraction
 import pytest
 from conftest import EXAMPLES
 
-from ppdsl.elaborate import elaborate
+from ppdsl.analysis.simulate import simulate
+from ppdsl.frontend.elaborate import elaborate
+from ppdsl.frontend.parse import parse
 from ppdsl.ir.schedule import Costs, PassKind, Schedule, format_pass, format_schedule
-from ppdsl.parse import parse
-from ppdsl.simulate import simulate
 
 ONE_F_ONE_B = """\
 rank 0: F0 F1 F2 F3 BW0 F4 BW1 F5 BW2 F6 BW3 F7 BW4 BW5 BW6 BW7
@@ -43,7 +43,7 @@ def example(name: str, **params) -> Schedule:
 
 def with_costs(schedule: Schedule, t_f, t_b, t_w, comm=0.0) -> Schedule:
     n = schedule.num_stages
-    costs = Costs((t_f,) * n, (t_b,) * n, (t_w,) * n, (t_b + t_w,) * n, comm)
+    costs = Costs.of((t_f,) * n, (t_b,) * n, (t_w,) * n, (t_b + t_w,) * n, comm)
     return replace(schedule, costs=costs)
 
 

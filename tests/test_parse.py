@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppdsl import ast
 from ppdsl.diagnostics import CompileError, Span
-from ppdsl.parse import parse
+from ppdsl.frontend import ast
+from ppdsl.frontend.parse import parse
 
 EVERYTHING = """\
 # every construct of the language
@@ -296,7 +296,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.
 def test_examples_round_trip_through_the_printer(path: Path):
     """Every example printed canonically parses back to the same AST and elaborates
     to the same schedule."""
-    from ppdsl.elaborate import elaborate
+    from ppdsl.frontend.elaborate import elaborate
     from ppdsl.ir.schedule import format_schedule
 
     module = parse(path.read_text(encoding="utf-8"), path.name)

@@ -30,6 +30,7 @@ TOL = 1e-5
 
 CASES = [(d, p.stem) for d in (2, 4) for p in example_files()]
 V_FILES = {"1f1b": "1f1b", "half": "v_half", "min": "v_min"}
+FROZEN_FILES = ["1f1b", "zb_h1", "zb_v"]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +44,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
             cases = build_cases(d, work)
             if d == 2:  # memory only, with the long-sequence model (M_W/M_B about 0.18)
                 cases += build_cases(d, work, check_grads=False, factory="stages_long")
+                # LoRA-style: frozen weights, split and fused backward schedules
+                cases += build_cases(d, work, only=FROZEN_FILES, factory="stages_frozen")
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
                                      release="w")
@@ -159,8 +162,8 @@ def test_v_shape_memory_ratios(dist_results, tmp_path: Path, d: int) -> None:
 
 
 def _compiled_dir(tmp: Path, name: str, d: int = 2, m: int = 4) -> Path:
-    from ppdsl.codegen import generate, write
-    from ppdsl.lower import lower
+    from ppdsl.backend.codegen import generate, write
+    from ppdsl.lowering.lower import lower
 
     schedule = next(s for s in python_schedules(d, m) if s.name == name)
     out = tmp / f"{name}-d{d}"
@@ -278,6 +281,18 @@ def test_bad_input_clear_message_before_training(tmp_path: Path, args, message: 
     assert text.count(message) == 1, text
 
 
+def test_uncovered_parameters_named_before_training(tmp_path: Path) -> None:
+    """Under a split schedule (ZB-H1-like), parameters the B/W split does not cover are
+    named by each rank before the first step, and the run trains."""
+    out = _compiled_dir(tmp_path, "zb_h1_like")
+    results = harness.run([str(out / "launch.py"), "--model", f"{BAD}:uncovered", "--steps", "2",
+                           "--timeout", "60"], 2, timeout=120)
+    text = _all_text(results)
+    assert all(r.returncode == 0 for r in results), text
+    assert "rank 0: note: these parameters get their gradient during B" in text
+    assert "stage 0: scale" in text and "stage 1: 0.scale" in text
+
+
 def test_ppdsl_run_trains(tmp_path: Path) -> None:
     """`ppdsl run` on an example at d=2: per-step lines, loss going down, the table."""
     import subprocess
@@ -293,3 +308,19 @@ def test_ppdsl_run_trains(tmp_path: Path) -> None:
               if line.startswith("step ")]
     assert len(losses) == 8 and losses[-1] < losses[0], proc.stdout
     assert "peak predicted" in proc.stdout
+
+
+@pytest.mark.parametrize("name", FROZEN_FILES)
+def test_frozen_parameters_under_split_schedules(dist_results, name: str) -> None:
+    """LoRA-style fine-tuning (issue 10): with tiny_gpt's attention, MLP and token
+    embedding weights frozen, no frozen parameter gets a gradient on any rank under
+    a split (ZB-H1, ZB-V) or fused (1F1B) schedule, and loss, the trainable
+    gradients and all parameters after three SGD steps equal a single-process run
+    with the same parameters frozen."""
+    per_rank = dist_results(2)[f"{name}-d2-stages_frozen"]
+    errors = [r["error"] + "\n" + r.get("traceback", "") for r in per_rank if "error" in r]
+    assert not errors, errors[0]
+    assert sum(r["frozen_parameters"] for r in per_rank) > 0
+    for r in per_rank:
+        assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
+        assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r

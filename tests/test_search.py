@@ -1,26 +1,35 @@
-"""`ppdsl search`: budgets, the evaluator against ppdsl.simulate, the block
+"""`ppdsl search`: budgets, the evaluator against ppdsl.analysis.simulate, the block
 space, found files that compile, the command line."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ppdsl.checks import deadlock
+from ppdsl.analysis.checks import deadlock, dependencies
+from ppdsl.analysis.simulate import SimulationError, simulate
 from ppdsl.cli import main
 from ppdsl.compiler import compile_file
+from ppdsl.ir.flat import flat_arrays
 from ppdsl.ir.schedule import Schedule
-from ppdsl.lower import lower
+from ppdsl.lowering.early_receives import pull_receives_forward
+from ppdsl.lowering.lower import lower
 from ppdsl.search import SearchInputError, emit_pp, references, search
 from ppdsl.search.blockspace import block_orders, v_half, v_min
 from ppdsl.search.driver import arrays_for, evaluate_passes
+from ppdsl.search.evaluate import evaluate_orders
 from ppdsl.search.problem import build_problem, parse_budget, parse_costs
-from ppdsl.simulate import simulate
-from tests.factories import make_schedule, one_f_one_b_orders
+from ppdsl.semantics import delta_table
+from tests.factories import _needs as oracle_needs
+from tests.factories import make_schedule, one_f_one_b_orders, schedules
 
 
 def _problem(d=4, m=8, place="parallel", memory="1p", costs=None, wf="1/2"):
@@ -68,8 +77,69 @@ def test_budget_below_floor_names_the_smallest_feasible_budget():
         _problem(wf="2")
 
 
+@settings(max_examples=80, deadline=None)
+@given(schedules())
+def test_evaluator_equals_simulate_on_random_schedules(s):
+    """The search's metrics (its evaluator over flat arrays) equal ppdsl.simulate
+    on any valid schedule: random placements, split or fused backward, random
+    costs and transfer times, random topological orders."""
+    offsets, kind, mb, st = flat_arrays(s.orders)
+    mem, scale = delta_table(s.memory.activation, s.memory.weight_retained)
+    metrics = evaluate_orders(
+        offsets,
+        kind,
+        mb,
+        st,
+        np.asarray(s.placement.stage_device, dtype=np.int64),
+        np.asarray(s.costs.durations),
+        s.costs.comm,
+        mem,
+        s.num_microbatches,
+    )
+    t = simulate(s)
+    assert metrics.ok
+    assert metrics.makespan == t.makespan
+    assert metrics.bubble == pytest.approx(t.bubble_ratio, rel=1e-12, abs=1e-12)
+    assert metrics.idle == pytest.approx(t.idle_fraction, rel=1e-12, abs=1e-12)
+    assert tuple(Fraction(int(x), scale) for x in metrics.peak) == t.peak_memory
+
+
+@settings(max_examples=80, deadline=None)
+@given(schedules(), st.integers(0, 2**32 - 1))
+def test_evaluator_refuses_a_pass_before_one_it_needs(s, seed):
+    """Moving a pass right before a pass it needs on its own device (W before
+    its B, B before its F, ...; the needs written in the test's oracle) makes
+    the orders wait on each other: the evaluator says not ok, the simulator
+    refuses them and the dependency check reports a cycle."""
+    rng = random.Random(seed)
+    moves = []
+    for dev, order in enumerate(s.orders):
+        where = {p.key: k for k, p in enumerate(order)}
+        for k, p in enumerate(order):
+            for q in oracle_needs(p.kind, p.microbatch, p.stage, s.num_stages, s.split_backward):
+                if q in where:
+                    moves.append((dev, k, where[q]))
+    if not moves:  # d = 1 and m = 1 with S = 1 still has F before its backward
+        return
+    dev, k, before = rng.choice(moves)
+    order = list(s.orders[dev])
+    order.insert(before, order.pop(k))
+    bad = replace(s, orders=s.orders[:dev] + (tuple(order),) + s.orders[dev + 1 :])
+    offsets, kind, mb, stage = flat_arrays(bad.orders)
+    mem, _ = delta_table(s.memory.activation, s.memory.weight_retained)
+    stage_device = np.asarray(s.placement.stage_device, dtype=np.int64)
+    durations = np.asarray(s.costs.durations)
+    metrics = evaluate_orders(
+        offsets, kind, mb, stage, stage_device, durations, s.costs.comm, mem, s.num_microbatches
+    )
+    assert not metrics.ok
+    with pytest.raises(SimulationError):
+        simulate(bad)
+    assert dependencies.check(bad)
+
+
 def test_evaluator_matches_ppdsl_simulate():
-    """The search's numba evaluator gives ppdsl.simulate's bubble, makespan, peak."""
+    """The search's numba evaluator gives ppdsl.analysis.simulate's bubble, makespan, peak."""
     problem = _problem(d=4, m=8, costs="F=3,B=4,W=2,comm=0.5")
     orders = one_f_one_b_orders(4, 8, split=True)
     schedule = _schedule(problem, orders)
@@ -118,7 +188,7 @@ def test_found_orders_compile_deadlock_free_and_within_budget():
         problem = _problem(d=4, m=8, place=place, memory=memory, costs="F=3,B=4,W=2,comm=0.3")
         result = search(problem, evaluations=2000)
         schedule = _schedule(problem, result.best.orders())
-        assert deadlock.check(schedule, deadlock.pull_receives_forward(lower(schedule))) == []
+        assert deadlock.check(schedule, pull_receives_forward(lower(schedule))) == []
         assert max(result.peak_memory()) <= problem.budget
 
 

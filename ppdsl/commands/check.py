@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, render_all
 from ppdsl.ir.rank import format_rank_programs
 from ppdsl.ir.schedule import format_schedule
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     if not args.json:
         compiled = compile_from_args(args)
         if compiled.warnings:
@@ -51,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
             print(format_schedule(s), end="")
         if args.programs:
             print(format_rank_programs(compiled.programs), end="")
-        return 0
+        return ExitCode.OK
     try:
         compiled = compile_from_args(args)
     except CompileError as err:
         result = {"valid": False, "diagnostics": [diagnostic_json(d) for d in err.diagnostics]}
         print(json.dumps(result, indent=2))
-        return 1
+        return ExitCode.INVALID
     result = {
         "valid": True,
         "diagnostics": [diagnostic_json(d) for d in compiled.warnings],
@@ -68,4 +68,4 @@ def run(args: argparse.Namespace) -> int:
     if args.programs:
         result["programs"] = format_rank_programs(compiled.programs)
     print(json.dumps(result, indent=2))
-    return 0
+    return ExitCode.OK

@@ -1,19 +1,63 @@
-"""What several subcommands share: the schedule file argument and `-D` overrides."""
+"""What several subcommands share: exit codes, the usage error, the schedule
+file argument and `-D` overrides."""
 
 from __future__ import annotations
 
 import argparse
+from enum import IntEnum
 
 from ppdsl.compiler import Compiled, compile_file
+from ppdsl.costs_file import CostsFile, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 
-__all__ = ["add_schedule_arguments", "add_defines_argument", "parse_defines", "compile_from_args"]
+__all__ = [
+    "ExitCode",
+    "UsageError",
+    "add_schedule_arguments",
+    "add_defines_argument",
+    "add_costs_from_argument",
+    "parse_defines",
+    "compile_from_args",
+    "costs_from_args",
+]
+
+
+class ExitCode(IntEnum):
+    """What `ppdsl` exits with; every command returns one (or raises, and the
+    CLI maps the exception to one)."""
+
+    OK = 0
+    """Done; the schedule is valid."""
+    INVALID = 1
+    """Invalid input (a located diagnostic was printed), or the work it asked for
+    failed (the ranks of `ppdsl run`)."""
+    USAGE = 2
+    """Bad command-line use (argparse's, or a `UsageError`)."""
+    INTERNAL = 3
+    """A bug in ppdsl (the traceback was printed)."""
+    INTERRUPTED = 130
+    """Stopped with Ctrl-C."""
+
+
+class UsageError(Exception):
+    """Bad command-line use that argparse cannot see: the CLI prints
+    `ppdsl COMMAND: error: ...` and exits `ExitCode.USAGE`."""
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """FILE and repeated `-D name=value`."""
+    """FILE, repeated `-D name=value` and `--costs-from`."""
     parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
     add_defines_argument(parser, "override a parameter's default")
+    add_costs_from_argument(parser)
+
+
+def add_costs_from_argument(parser: argparse.ArgumentParser) -> None:
+    """`--costs-from COSTS.pp` (read by `costs_from_args`)."""
+    parser.add_argument(
+        "--costs-from", metavar="COSTS.pp", default=None,
+        help="take the costs and memory model from this file (what `ppdsl profile -o` "
+        "writes) instead of the schedule's own; the schedule's expectations become warnings",
+    )
 
 
 def add_defines_argument(parser: argparse.ArgumentParser, what: str) -> None:
@@ -48,8 +92,16 @@ def parse_defines(defines: list[str]) -> dict[str, str]:
     return found
 
 
+def costs_from_args(args: argparse.Namespace) -> CostsFile | None:
+    """The `--costs-from` file, parsed (None without the option)."""
+    path = getattr(args, "costs_from", None)
+    return load_costs_file(path) if path else None
+
+
 def compile_from_args(args: argparse.Namespace) -> Compiled:
     """Compile FILE with the -D overrides of the command line (and, where the
-    command has it, `--no-early-receives`)."""
+    command has them, `--no-early-receives` and `--costs-from`)."""
     early = not getattr(args, "no_early_receives", False)
-    return compile_file(args.file, parse_defines(args.defines), early_receives=early)
+    return compile_file(
+        args.file, parse_defines(args.defines), early_receives=early, costs=costs_from_args(args)
+    )

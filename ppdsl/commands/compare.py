@@ -14,10 +14,17 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from ppdsl.commands.common import add_defines_argument, parse_defines
+from ppdsl.commands.common import (
+    ExitCode,
+    add_costs_from_argument,
+    add_defines_argument,
+    costs_from_args,
+    parse_defines,
+)
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
-from ppdsl.lower import receive_buffers_peak
+from ppdsl.lowering.lower import receive_buffers_peak
+from ppdsl.semantics import format_short
 
 HELP = "compare several schedules side by side (makespan, bubble, memory)"
 
@@ -25,6 +32,7 @@ HELP = "compare several schedules side by side (makespan, bubble, memory)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="the .pp schedule files")
     add_defines_argument(parser, "override a parameter in every file")
+    add_costs_from_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
 
 
@@ -73,10 +81,6 @@ def _row(file: str, c: Compiled) -> dict[str, Any]:
     }
 
 
-def _frac(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):.4g}"
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     best = min(r["makespan_in_1f1b_stages"] for r in rows)
     header = [
@@ -94,8 +98,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['makespan_in_1f1b_stages'] / best:.3f}" if best > 0 else "-",
             f"{r['bubble_ratio']:.4f}",
             f"{r['idle_fraction']:.4f}",
-            _frac(r["peak_memory"]),
-            _frac(r["peak_memory_per_1f1b_stage"]),
+            format_short(r["peak_memory"], 4),
+            format_short(r["peak_memory_per_1f1b_stage"], 4),
             str(r["receive_buffers_peak"]),
         ]
         for r in rows
@@ -131,13 +135,14 @@ def _differences(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     defines = parse_defines(args.defines)
+    costs = costs_from_args(args)
     compiled: list[tuple[str, Compiled]] = []
     errors: list[Diagnostic] = []
     for file in args.files:
         try:
-            compiled.append((file, compile_file(file, defines)))
+            compiled.append((file, compile_file(file, defines, costs=costs)))
         except CompileError as err:
             errors.extend(err.diagnostics)
     if errors:  # every file's findings, not just the first file's
@@ -157,4 +162,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(_table(rows))
         for note in notes:
             print(note, file=sys.stderr)
-    return 0
+    return ExitCode.OK

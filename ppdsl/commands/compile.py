@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import render_all
 
 HELP = "generate per-rank torch programs (run them with torchrun)"
@@ -30,8 +30,9 @@ def default_output(file: str) -> Path:
     return Path("build") / stem
 
 
-def run(args: argparse.Namespace) -> int:
-    from ppdsl.codegen import generate, write
+def run(args: argparse.Namespace) -> ExitCode:
+    from ppdsl.backend.codegen import write
+    from ppdsl.compiler import generate
 
     compiled = compile_from_args(args)
     if compiled.warnings:
@@ -46,4 +47,4 @@ def run(args: argparse.Namespace) -> int:
         f"run it: torchrun --nproc-per-node {d} {out}/launch.py "
         "--model examples/models/tiny_gpt.py:stages --steps 20"
     )
-    return 0
+    return ExitCode.OK

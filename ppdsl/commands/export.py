@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import render_all
 from ppdsl.interchange import to_torch_csv
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -39,4 +39,4 @@ def run(args: argparse.Namespace) -> int:
             out.write(text)
     else:
         sys.stdout.write(text)
-    return 0
+    return ExitCode.OK

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ppdsl.commands.common import ExitCode
 from ppdsl.compiler import compile_schedule
 from ppdsl.diagnostics import CompileError, Diagnostic, register_source, render_all
 from ppdsl.interchange import from_torch_csv, to_pp
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     path = Path(args.file)
     try:
         text = path.read_text(encoding="utf-8")
@@ -64,4 +65,4 @@ def run(args: argparse.Namespace) -> int:
         Path(args.output).write_text(pp, encoding="utf-8")
     else:
         sys.stdout.write(pp)
-    return 0
+    return ExitCode.OK

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments, compile_from_args
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
 
@@ -32,13 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds before a dead or hung rank stops the others (default 60)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="auto (default): CUDA when there is a GPU per rank, else CPU with a note; "
+        "cuda with fewer GPUs than ranks is an error (exit 2)",
+    )
     parser.add_argument("--release", choices=["b", "w"], default="b",
                         help="when a split backward frees activations: b (default) frees at B what W does "
                         "not need; w keeps the autograd graph until W (M_W = M_B, the "
                         "controllable-memory paper's accounting)")
     parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
                         help="write each rank's measurements to DIR/rank<N>.json")
+    parser.add_argument("--trace", metavar="OUT.json", default=None,
+                        help="write every rank's passes as one Chrome/Perfetto trace")
     parser.add_argument("-o", "--output", metavar="DIR", default=None,
                         help="keep the generated programs in DIR (default: a temporary folder)")
 
@@ -84,23 +90,34 @@ def _filter_torchrun(stream, out) -> None:
         out.flush()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", args.device,
+    from ppdsl.runtime.devices import choose_device  # imports torch: only when running
+
+    # Every rank runs on this machine: decide the device once, before torchrun starts.
+    choice = choose_device(args.device, compiled.schedule.num_devices)
+    if choice.error is not None:
+        raise UsageError(choice.error)
+    if choice.note is not None:
+        print(choice.note, file=sys.stderr)
+    assert choice.kind is not None
+    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", choice.kind,
                  "--release", args.release]
     for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
-                        ("--timeout", args.timeout), ("--json", args.json_out)):
+                        ("--timeout", args.timeout), ("--json", args.json_out),
+                        ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:
             rank_args += [flag, str(value)]
     return launch(compiled, rank_args, args.output)
 
 
-def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> int:
+def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
-    torchrun on this machine; returns 0 when every rank succeeded, else 1."""
-    from ppdsl.codegen import generate, write
+    torchrun on this machine; OK when every rank succeeded, else INVALID."""
+    from ppdsl.backend.codegen import write
+    from ppdsl.compiler import generate
 
     tmp = None
     if output:
@@ -123,5 +140,5 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) 
             tmp.cleanup()
     if code != 0:
         print(f"ppdsl run: the ranks failed (torchrun exit status {code})", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.INVALID
+    return ExitCode.OK

@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl.commands.common import ExitCode, UsageError
 from ppdsl.compiler import compile_source
+from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
+from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.search import SearchInputError, emit_pp, references
 from ppdsl.search.combined import (
     AUTO_EFFORT,
@@ -32,8 +36,9 @@ from ppdsl.search.combined import (
 )
 from ppdsl.search.driver import DEFAULT_EVALUATIONS
 from ppdsl.search.exact import OBJECTIVES
-from ppdsl.search.problem import build_problem
+from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
+from ppdsl.semantics import format_short, placement_spelling
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
 
@@ -59,8 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pass durations and transfer cost (default 1, 1, 1, 0); per stage: F=1:1:2:2",
     )
     parser.add_argument(
+        "--costs-from",
+        metavar="COSTS.pp",
+        default=None,
+        help="pass costs and per-stage memory from this file (what `ppdsl profile -o` writes) "
+        "instead of --costs and --weight-memory; budgets stay in 1F1B stages (the model's "
+        "activation is d of them) and the .pp is written in the file's units",
+    )
+    parser.add_argument(
         "--weight-memory",
-        default="1/2",
+        default=None,
         metavar="FRACTION",
         help="M_W / M_B: the part of an F's activation held from B until W "
         "(default 1/2; 1 counts it held until W, as the controllable-memory paper does)",
@@ -120,8 +133,19 @@ def _command_line(argv: list[str]) -> str:
     return "ppdsl search " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
+def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
+    """`--costs-from`: the file's costs and memory for this placement."""
+    if args.costs_from is None:
+        return None
+    if args.costs is not None or args.weight_memory is not None:
+        given = "--costs" if args.costs is not None else "--weight-memory"
+        raise UsageError(f"--costs-from gives the costs and memory model; drop {given}")
+    try:
+        placement = parse_placement(args.placement, max(args.devices, 1))
+    except SearchInputError as err:
+        raise CompileError([Diagnostic("error", str(err))]) from None
+    spelling = placement_spelling(placement.stage_device, placement.num_devices)
+    return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), spelling)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -170,7 +194,8 @@ def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
     return summary, header
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
+    measured = _measured(args)
     try:
         problem = build_problem(
             devices=args.devices,
@@ -178,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
             placement=args.placement,
             costs=args.costs,
             memory=args.memory,
-            weight_fraction=args.weight_memory,
+            weight_fraction=args.weight_memory or "1/2",
+            measured=measured,
         )
     except SearchInputError as err:
         raise CompileError([Diagnostic("error", str(err))]) from None
@@ -209,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         if m.bubble > ref.bubble + 1e-9:
             verb = "is worse than"
         beats = (
-            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {_fmt(ref.peak)} M_B) "
+            f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {format_short(ref.peak)} M_B) "
             "under the same costs"
         )
     exact_summary, exact_header = _exact_lines(outcome)
@@ -221,16 +247,25 @@ def run(args: argparse.Namespace) -> int:
         )
         exact_header.append("# " + capped_line + ".")
     argv = getattr(args, "argv", None) or sys.argv[2:]
+    written, unit, note = problem, Fraction(1), None
+    if measured is not None:
+        # The .pp states the costs file's own memory values, so that `ppdsl check
+        # --costs-from` the same file reads the same model; the budget follows.
+        unit = measured_unit(measured[1], problem.num_devices)
+        written = replace(problem, memory=measured[1], budget=problem.budget * unit)
+        note = (f"Costs and memory from {args.costs_from} (memory in its units; one 1F1B "
+                f"stage = {format_short(unit)} of them).")
     text = emit_pp(
-        problem,
+        written,
         outcome.orders,
         name=args.name,
         command=_command_line(list(argv)),
         method=outcome.method,
         bubble=m.bubble,
         makespan=m.makespan,
-        peak=max(peaks),
+        peak=max(peaks) * unit,
         beats=("Found schedule " + beats) if beats else None,
+        memory_note=note,
         notes=tuple(exact_header),
     )
     _recheck(text, args.output or "<search>", m.bubble)
@@ -252,8 +287,8 @@ def run(args: argparse.Namespace) -> int:
         f"best: {outcome.method}",
         f"bubble {m.bubble:.4f}, makespan {m.makespan:g}, idle {m.idle:.4f}",
         "peak memory per device (M_B): "
-        + " ".join(_fmt(p) for p in peaks)
-        + f"  (budget {_fmt(problem.budget)})",
+        + " ".join(format_short(p) for p in peaks)
+        + f"  (budget {format_short(problem.budget)})",
         *exact_summary,
     ]
     if capped_line:
@@ -263,13 +298,13 @@ def run(args: argparse.Namespace) -> int:
     elif refs:
         lines.append(
             "no hand-made schedule fits this budget (smallest: "
-            + ", ".join(f"{r.name} {_fmt(r.peak)} M_B" for r in refs)
+            + ", ".join(f"{r.name} {format_short(r.peak)} M_B" for r in refs)
             + ")"
         )
     if args.output:
         lines.append(f"wrote {args.output}; check it with: ppdsl check {args.output}")
     print("\n".join(lines), file=summary)
-    return 0
+    return ExitCode.OK
 
 
 def _recheck(text: str, name: str, bubble: float) -> None:

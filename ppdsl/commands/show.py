@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.render import TimelineStyle, render_svg, render_timeline
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -49,4 +49,4 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CompileError([Diagnostic("error", f"cannot write '{args.svg}': {exc}")]) from None
         print(f"wrote {args.svg}", file=sys.stderr)
-    return 0
+    return ExitCode.OK

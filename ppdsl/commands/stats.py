@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import render_all
 from ppdsl.report import schedule_json, stats_table
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -30,4 +30,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(schedule_json(compiled, memory_profile=True), indent=2))
     else:
         sys.stdout.write(stats_table(compiled))
-    return 0
+    return ExitCode.OK

@@ -1,7 +1,7 @@
 """The rank-program IR: per rank, the compute passes plus the transfers they
 need, in the order the rank performs them.
 
-Lowering (`ppdsl.lower`) builds it from the schedule IR; the deadlock check,
+Lowering (`ppdsl.lowering.lower`) builds it from the schedule IR; the deadlock check,
 codegen and the runtime consume it. Communication is grouped: an `Exchange` is
 one batch of point-to-point operations that the rank posts together and waits
 for together (torch.distributed.batch_isend_irecv), the way Megatron's
@@ -12,9 +12,9 @@ block on each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from ppdsl.ir.schedule import Pass, format_pass
+from ppdsl.semantics import TransferKind
 
 __all__ = [
     "TransferKind",
@@ -25,14 +25,6 @@ __all__ = [
     "RankProgram",
     "format_rank_programs",
 ]
-
-
-class TransferKind(str, Enum):
-    """ACT: a forward activation from stage s to s+1. GRAD: the gradient of a
-    stage's input from stage s+1 back to s."""
-
-    ACT = "act"
-    GRAD = "grad"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,13 @@ canonical text form; golden tests compare that text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from fractions import Fraction
 
+from ppdsl import semantics
 from ppdsl.diagnostics import Span
+from ppdsl.semantics import KINDS, PassKind, format_number
 
 __all__ = [
     "PassKind",
@@ -28,25 +30,6 @@ __all__ = [
     "format_schedule",
     "torch_action",
 ]
-
-
-class PassKind(str, Enum):
-    """F: forward. B: input-gradient backward. W: weight-gradient backward.
-    BW: fused backward (input and weight gradients in one pass)."""
-
-    F = "F"
-    B = "B"
-    W = "W"
-    BW = "BW"
-
-    @property
-    def torch_letter(self) -> str:
-        """torch.distributed.pipelining's action letter: I is its input-gradient
-        pass and B its full (fused) backward."""
-        return _TORCH_LETTER[self]
-
-
-_TORCH_LETTER = {PassKind.F: "F", PassKind.B: "I", PassKind.W: "W", PassKind.BW: "B"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,50 +63,105 @@ class Placement:
         """Stages on `device` in model order: chunk c of the device is the c-th."""
         return tuple(s for s, dev in enumerate(self.stage_device) if dev == device)
 
+    @staticmethod
+    def named(name: str, num_devices: int, chunks: int | None = None) -> Placement:
+        """The placement `name` (`semantics.PLACEMENTS`) with `chunks` stages per
+        device where it takes a count; raises ValueError for an unknown name."""
+        return Placement(name, num_devices, semantics.placement_devices(name, num_devices, chunks))
+
+    def spelling(self) -> str:
+        """The `place` argument that gives exactly this map (`looped(2)`, `[0, 1, 1]`)."""
+        return semantics.placement_spelling(self.stage_device, self.num_devices)
+
 
 @dataclass(frozen=True)
 class Costs:
     """Duration of each pass kind per stage, and of one cross-device transfer.
-    `fused_backward[s]` is the BW pass (defaults to B + W)."""
+    `durations[kind.code][stage]`; build one with `Costs.of`."""
 
-    forward: tuple[float, ...]
-    backward_input: tuple[float, ...]
-    backward_weight: tuple[float, ...]
-    fused_backward: tuple[float, ...]
+    durations: tuple[tuple[float, ...], ...]
     comm: float
 
-    def duration(self, kind: PassKind, stage: int) -> float:
-        if kind is PassKind.F:
-            return self.forward[stage]
-        if kind is PassKind.B:
-            return self.backward_input[stage]
-        if kind is PassKind.W:
-            return self.backward_weight[stage]
-        return self.fused_backward[stage]
+    @staticmethod
+    def of(
+        forward: Sequence[float],
+        backward_input: Sequence[float],
+        backward_weight: Sequence[float],
+        fused_backward: Sequence[float] | None = None,
+        comm: float = semantics.DEFAULT_COMM,
+    ) -> Costs:
+        """F, B, W (and BW, by default B + W) per stage, and the transfer cost."""
+        given = {PassKind.F: forward, PassKind.B: backward_input, PassKind.W: backward_weight}
+        if fused_backward is not None:
+            given[PassKind.BW] = fused_backward
+        return Costs.by_kind(given, comm)
+
+    @staticmethod
+    def by_kind(
+        durations: Mapping[PassKind, Sequence[float]], comm: float, num_stages: int | None = None
+    ) -> Costs:
+        """Per-stage durations of the kinds given, the others by default
+        (`semantics.DEFAULT_DURATION`), and the transfer cost. `num_stages` is
+        needed only when no kind is given."""
+        if num_stages is None:
+            num_stages = len(next(iter(durations.values())))
+        every = semantics.with_default_durations(durations, num_stages)
+        return Costs(tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm))
 
     @staticmethod
     def unit(num_stages: int) -> Costs:
-        one = (1.0,) * num_stages
-        return Costs(one, one, one, (2.0,) * num_stages, 0.0)
+        """The default costs (`semantics.DEFAULT_DURATION`: unit passes, BW = B + W)
+        and the default transfer cost (none)."""
+        every = semantics.with_default_durations({}, num_stages)
+        return Costs.by_kind(every, semantics.DEFAULT_COMM)
+
+    def per_stage(self, kind: PassKind) -> tuple[float, ...]:
+        """The duration of `kind` on every stage."""
+        return self.durations[kind.code]
+
+    def duration(self, kind: PassKind, stage: int) -> float:
+        """How long a pass of `kind` on `stage` takes."""
+        return self.durations[kind.code][stage]
+
+    @property
+    def forward(self) -> tuple[float, ...]:
+        """F per stage."""
+        return self.durations[PassKind.F.code]
+
+    @property
+    def backward_input(self) -> tuple[float, ...]:
+        """B per stage."""
+        return self.durations[PassKind.B.code]
+
+    @property
+    def backward_weight(self) -> tuple[float, ...]:
+        """W per stage."""
+        return self.durations[PassKind.W.code]
+
+    @property
+    def fused_backward(self) -> tuple[float, ...]:
+        """BW per stage."""
+        return self.durations[PassKind.BW.code]
 
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Activation memory, §2 of the zero-bubble paper: an F leaves
-    `activation[s]` (M_B) on its device; B frees M_B - M_W; W frees the last
-    `weight_retained[s]` (M_W); a fused backward frees all of M_B."""
+    """Activation memory, §2 of the zero-bubble paper: M_B (`activation[s]`) and
+    M_W (`weight_retained[s]`) per stage; what each pass kind allocates or frees
+    is `semantics.MEMORY_COEFFICIENTS`."""
 
     activation: tuple[Fraction, ...]
     weight_retained: tuple[Fraction, ...]
 
+    @staticmethod
+    def default(num_stages: int) -> MemoryModel:
+        """M_B = 1 and M_W = M_B / 2 on every stage (`semantics`' defaults)."""
+        a = Fraction(semantics.DEFAULT_ACTIVATION)
+        return MemoryModel((a,) * num_stages, (a * semantics.DEFAULT_WEIGHT_FRACTION,) * num_stages)
+
     def delta(self, kind: PassKind, stage: int) -> Fraction:
-        if kind is PassKind.F:
-            return self.activation[stage]
-        if kind is PassKind.B:
-            return self.weight_retained[stage] - self.activation[stage]
-        if kind is PassKind.W:
-            return -self.weight_retained[stage]
-        return -self.activation[stage]
+        """The memory a pass of `kind` on `stage` leaves (> 0) or frees (< 0)."""
+        return semantics.memory_delta(kind, self.activation[stage], self.weight_retained[stage])
 
 
 @dataclass(frozen=True)
@@ -192,7 +230,12 @@ class Schedule:
 
     @property
     def backward_kinds(self) -> tuple[PassKind, ...]:
-        return (PassKind.B, PassKind.W) if self.split_backward else (PassKind.BW,)
+        return semantics.backward_kinds(self.split_backward)
+
+    @property
+    def pass_kinds(self) -> tuple[PassKind, ...]:
+        """The kinds of pass every (microbatch, stage) runs once."""
+        return semantics.pass_kinds(self.split_backward)
 
 
 def torch_action(p: Pass) -> str:
@@ -207,22 +250,16 @@ def format_pass(p: Pass, show_stage: bool) -> str:
     return f"{text}:s{p.stage}" if show_stage else text
 
 
-def _fmt_num(x: object) -> str:
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x)
-
-
 def _fmt_per_stage(values: tuple) -> str:
     if len(set(values)) == 1:
-        return _fmt_num(values[0])
-    return "[" + " ".join(_fmt_num(v) for v in values) + "]"
+        return format_number(values[0])
+    return "[" + " ".join(format_number(v) for v in values) + "]"
 
 
 def format_schedule(schedule: Schedule) -> str:
     """The canonical text form of a schedule (what golden tests compare)."""
     s = schedule
-    params = " ".join(f"{k}={_fmt_num(v)}" for k, v in s.params)
+    params = " ".join(f"{k}={format_number(v)}" for k, v in s.params)
     c, mem = s.costs, s.memory
     backward = "split" if s.split_backward else "fused"
     lines = [
@@ -231,9 +268,9 @@ def format_schedule(schedule: Schedule) -> str:
         f"  devices {s.num_devices} stages {s.num_stages} microbatches {s.num_microbatches}",
         f"  placement {s.placement.kind} [{' '.join(map(str, s.placement.stage_device))}]",
         f"  backward {backward}",
-        f"  costs F={_fmt_per_stage(c.forward)} B={_fmt_per_stage(c.backward_input)}"
-        f" W={_fmt_per_stage(c.backward_weight)} BW={_fmt_per_stage(c.fused_backward)}"
-        f" comm={_fmt_num(c.comm)}",
+        "  costs "
+        + " ".join(f"{k.value}={_fmt_per_stage(c.per_stage(k))}" for k in KINDS)
+        + f" comm={format_number(c.comm)}",
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}",
     ]
     for device, order in enumerate(s.orders):

@@ -3,8 +3,8 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over)
   activation; on the last stage also the loss, scaled by 1/m so that gradients
   summed over microbatches are those of the batch's mean loss.
-- B(mb, s): autograd backward of the stage with split-aware layers deferring
-  weight gradients into a W stash (`ppdsl.runtime.split`); the graph is freed.
+- B(mb, s): the stage's input gradient; the split layers' weight-gradient work
+  goes into a W stash (`ppdsl.runtime.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
 - BW(mb, s): one backward computing both.
 - Exchange: posts its sends (isend) and receives (irecv), and on gloo also the
@@ -32,7 +32,8 @@ import torch.distributed as dist
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime.memory import MemoryMeter
-from ppdsl.runtime.split import WStash, prepare_stage, stash_scope
+from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
+from ppdsl.runtime.trace import Tracer
 
 __all__ = ["Engine", "PeerError", "StepResult", "probe_shapes"]
 
@@ -95,17 +96,12 @@ class Engine:
         self.timeout = timedelta(seconds=timeout)
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         self.stages: dict[int, torch.nn.Module] = {}
-        self.unsplit: dict[int, list[str]] = {}
-        # Without W passes (a fused backward everywhere) plain autograd is the whole
-        # story; the split-aware layers cost Python overhead only worth paying for a split.
         self.split = any(
             isinstance(op, Compute) and op.pass_.kind is PassKind.W for op in self.ops
         )
         for s, dev in enumerate(self.stage_device):
             if dev == rank:
-                module = model.stage(s).to(device)
-                self.unsplit[s] = prepare_stage(module) if self.split else []
-                self.stages[s] = module
+                self.stages[s] = model.stage(s).to(device)
         self.params = [p for m in self.stages.values() for p in m.parameters()]
         # For each exchange, the next one: its receives are posted a pass ahead.
         self._next_exchange: dict[int, Exchange | None] = {}
@@ -119,6 +115,8 @@ class Engine:
         self.optimizer = opt_class(self.params, lr=lr) if self.params else None
         self.meter = MemoryMeter(self.params)
         self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
+        self.tracer: Tracer | None = None
+        """When set, every pass, exchange and optimizer step is recorded in it."""
 
     # -- one step ------------------------------------------------------------
 
@@ -146,20 +144,41 @@ class Engine:
         compute = 0.0
         start = time.perf_counter()
         self._posted: dict[Transfer, tuple[Any, torch.Tensor]] = {}
+        tracer = self.tracer
         for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
+                if tracer is None or not (op.sends or op.recvs):
+                    self._exchange(op, self._next_exchange[index])
+                    continue
+                tracer.begin()
                 self._exchange(op, self._next_exchange[index])
+                tracer.end("exchange", "exchange",
+                           {"sends": [str(t) for t in op.sends], "recvs": [str(t) for t in op.recvs]},
+                           None)
             else:
+                if tracer is not None:
+                    tracer.begin()
                 t0 = time.perf_counter()
                 self._compute(op)
                 dt = time.perf_counter() - t0
                 compute += dt
                 self.compute_time[op.pass_.kind] += dt
+                if tracer is not None:
+                    done = op.pass_
+                    tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
+                               {"stage": done.stage, "microbatch": done.microbatch},
+                               (done.kind.value, done.stage))
         for work, _, transfer in self._sends:
             self._wait(work, transfer)
         self._sends.clear()
         if optimizer_step and self.optimizer is not None:
+            if tracer is not None:
+                tracer.begin()
             self.optimizer.step()
+            if tracer is not None:
+                tracer.end("optimizer", "optimizer", {}, None)
+        if tracer is not None:
+            tracer.flush()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -202,21 +221,24 @@ class Engine:
     def _backward(self, mb: int, s: int, fused: bool) -> None:
         x, out = self._state.pop((mb, s))
         grad = None if s == self.num_stages - 1 else self._take(TransferKind.GRAD, mb, s)
-        stash = None if fused else WStash()
-        hold = stash is not None and self.release == "w"
-        with stash_scope(stash):
-            torch.autograd.backward(out, grad, retain_graph=hold)
-        if hold:
-            assert stash is not None
-            stash.graph = out  # the graph and its saved activations live until W
+        stash = None
+        if fused:
+            torch.autograd.backward(out, grad)
+            grad_x = x.grad if x is not None else None
+        else:
+            stash = WStash()
+            hold = self.release == "w"
+            grad_x = backward_input(out, grad, x, stash, retain_graph=hold)
+            if hold:
+                stash.graph = out  # the graph and its saved activations live until W
         del out, grad
         if stash is not None:
             self._stash[(mb, s)] = stash
             if self._measure:
                 self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
         if s > 0:
-            assert x is not None and x.grad is not None
-            self._give(TransferKind.GRAD, mb, s, s - 1, x.grad)
+            assert grad_x is not None
+            self._give(TransferKind.GRAD, mb, s, s - 1, grad_x)
 
     # -- hand-over and transfers ---------------------------------------------
 
@@ -296,6 +318,23 @@ class Engine:
                 first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
                 why = f"rank {peer} failed ({first[:200]})"
             raise PeerError(f"{what} {t}: {why}") from exc
+
+    def uncovered(self, batch_size: int) -> dict[int, list[str]]:
+        """Per stage of this rank: the parameters whose gradient B computes because
+        the split does not cover them (found from one probe forward each; needs
+        `shapes`). Empty for a schedule without W passes."""
+        if not self.split:
+            return {s: [] for s in self.stages}
+        found: dict[int, list[str]] = {}
+        for s, module in self.stages.items():
+            if s == 0:
+                inputs, _ = self.model.batch(0, batch_size)
+                x = torch.tensor_split(inputs, self.num_microbatches)[0].to(self.device)
+            else:
+                shape, dtype = self.shapes[s - 1]
+                x = torch.zeros(shape, dtype=dtype, device=self.device)
+            found[s] = uncovered_parameters(module, x)
+        return found
 
     # -- results ---------------------------------------------------------------
 

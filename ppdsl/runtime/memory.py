@@ -24,9 +24,9 @@ from fractions import Fraction
 
 import torch
 
-from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.ir.schedule import PassKind
 
-__all__ = ["MemoryMeter", "predicted_peak", "storage_bytes"]
+__all__ = ["MemoryMeter", "storage_bytes"]
 
 
 class _Box:
@@ -128,15 +128,3 @@ class MemoryMeter:
         self.peak_bytes = 0
         self.peak_units = Fraction(0)
         self.peak_gradient_bytes = 0
-
-
-def predicted_peak(
-    order: Iterable[tuple[PassKind, int]], memory: MemoryModel
-) -> Fraction:
-    """The memory model's peak for one device: the largest prefix sum of the
-    deltas of its passes (kind, stage) in order."""
-    level, peak = Fraction(0), Fraction(0)
-    for kind, stage in order:
-        level += memory.delta(kind, stage)
-        peak = max(peak, level)
-    return peak

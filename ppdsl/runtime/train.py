@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -28,16 +30,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
-from ppdsl.ir.schedule import MemoryModel
+from ppdsl.ir.schedule import Costs, MemoryModel
+from ppdsl.runtime.cpu import keep_freed_memory
+from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
 from ppdsl.runtime.model import ModelError, build_model
-from ppdsl.runtime.plan import Plan
+from ppdsl.runtime.trace import (
+    Tracer,
+    chrome_trace,
+    median_costs,
+    simulated_makespan,
+    write_chrome_trace,
+)
 from ppdsl.runtime.watchdog import Watchdog, fail
+from ppdsl.semantics import format_ratio
 
-__all__ = ["main", "parse_options", "memory_table"]
+__all__ = ["main", "parse_options", "memory_table", "timing_summary"]
 
 EXIT_INVALID = 1
+EXIT_USAGE = 2
 
 
 def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argparse.Namespace:
@@ -58,7 +71,11 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
         "--timeout", type=float, default=60.0,
         help="seconds before a dead or hung rank makes the others stop (default 60)",
     )
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto",
+        help="auto (default): CUDA when the node has a GPU per local rank, else CPU; "
+        "cuda with fewer GPUs than local ranks is an error (exit 2)",
+    )
     parser.add_argument(
         "--release", choices=["b", "w"], default="b",
         help="when a split backward frees activations: b (default) frees at B what W does "
@@ -68,6 +85,10 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
     parser.add_argument(
         "--json", dest="json_out", metavar="DIR", default=None,
         help="write each rank's measurements to DIR/rank<N>.json",
+    )
+    parser.add_argument(
+        "--trace", metavar="OUT.json", default=None,
+        help="write every rank's passes as one Chrome/Perfetto trace (ui.perfetto.dev)",
     )
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -99,7 +120,8 @@ def main(
     manifest: str | Path,
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Run this rank's program; returns the exit code (0, or 1 for invalid input)."""
+    """Run this rank's program; returns the exit code (0, 1 for invalid input, 2 for
+    a device request the node cannot meet)."""
     opts = parse_options(argv)
     plan = Plan.from_json(json.loads(Path(manifest).read_text()))
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -127,18 +149,24 @@ def main(
             file=sys.stderr,
         )
         return EXIT_INVALID
-    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        _say(rank, "ppdsl: --device cuda but CUDA is not available")
-        return EXIT_INVALID
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    choice = choose_device(opts.device, local_ranks)
+    if choice.error is not None:
+        if local_rank == 0:
+            print(f"ppdsl: error: {choice.error}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    if choice.note is not None and rank == 0:
+        print(choice.note, file=sys.stderr, flush=True)
+    use_cuda = choice.kind == "cuda"
     if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
+        keep_freed_memory()
     try:
         if use_cuda:
             dist.init_process_group(
@@ -244,7 +272,9 @@ def _run(
             print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
         return EXIT_INVALID
     assert engine is not None
-    unsplit = [f"stage {s}: {', '.join(names)}" for s, names in engine.unsplit.items() if names]
+    unsplit = [
+        f"stage {s}: {', '.join(names)}" for s, names in engine.uncovered(batch_size).items() if names
+    ]
     if unsplit and plan.split_backward:
         print(
             f"ppdsl: rank {rank}: note: these parameters get their gradient during B (no "
@@ -260,6 +290,10 @@ def _run(
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    tracer = Tracer(rank, device)
+    engine.tracer = tracer
+    dist.barrier()  # the ranks' trace epochs line up here
+    tracer.start()
     step_times, shares = [], []
     peak_bytes, peak_units = 0, Fraction(0)
     cuda_peak = None
@@ -269,6 +303,8 @@ def _run(
             torch.cuda.reset_peak_memory_stats(device)
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
+        tracer.step = step
+        tracer.timed = step > 0 or opts.steps == 1  # step 0 runs the memory meter's hooks
         result = engine.step(step, batch_size, measure=step == 0)
         if device.type == "cuda":
             cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
@@ -305,6 +341,22 @@ def _run(
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
     }
+    durations: list[Any] = [None] * world
+    dist.all_gather_object(durations, tracer.durations)
+    mine.update(_predictions(plan, durations, step_times))
+    if opts.trace:
+        events: list[Any] = [None] * world
+        dist.all_gather_object(events, tracer.events)
+        if rank == 0:
+            stages: list[Any] = [None] * world
+            for r in range(world):
+                stages[r] = f"rank {r} (stage{'s' if len(plan.orders[r]) else ''} " + ", ".join(
+                    str(st) for st in sorted({st for _, _, st in plan.orders[r]})) + ")"
+            write_chrome_trace(opts.trace, chrome_trace(events, stages, {
+                "schedule": plan.name, "file": plan.file, "device": device.type,
+                "time": "CUDA events" if device.type == "cuda" else "perf_counter",
+                "steps": opts.steps,
+            }))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     if opts.json_out:
@@ -313,7 +365,69 @@ def _run(
         (out / f"rank{rank}.json").write_text(json.dumps(mine, indent=1))
     if rank == 0:
         print(memory_table(plan, everyone), flush=True)
+        print(timing_summary(plan, mine), flush=True)
+        if opts.trace:
+            print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev)",
+                  flush=True)
     return 0
+
+
+def _predictions(
+    plan: Plan, durations: list[dict[tuple[str, int], list[float]]], step_times: list[float]
+) -> dict[str, Any]:
+    """Measured step time (median, ms) against the simulator's makespan: under the
+    costs in use (when they are a profile's, in ms) and under this run's own median
+    pass times."""
+    merged: dict[tuple[str, int], list[float]] = {}
+    for d in durations:
+        for key, values in d.items():
+            merged.setdefault(key, []).extend(values)
+    measured = statistics.median(step_times) * 1e3 if step_times else None
+    costs = plan.costs or {}
+    in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
+                      costs.get("BW", ()), float(costs.get("comm", 0.0)))
+    comm = in_use.comm if plan.costs_from else 0.0
+    fallback = replace(in_use, comm=comm)
+    resimulated = None
+    if merged and len(in_use.forward) == plan.num_stages:
+        run_costs = median_costs(merged, plan.num_stages, fallback)
+        resimulated = simulated_makespan(plan.orders, plan.stage_device, plan.num_microbatches,
+                                         plan.split_backward, run_costs, plan.memory)
+    return {
+        "median_step_time_ms": measured,
+        "predicted_step_time_ms": plan.predicted_makespan if plan.costs_from else None,
+        "predicted_makespan": plan.predicted_makespan,
+        "costs_from": plan.costs_from,
+        "resimulated_step_time_ms": resimulated,
+        "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())},
+    }
+
+
+def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
+    """The closing lines on time: measured step time against the simulator."""
+    measured = mine.get("median_step_time_ms")
+    if measured is None:
+        return ""
+    lines = ["", f"measured step time {measured:.1f} ms (median over steps 2.., slowest rank)"]
+    predicted = mine.get("predicted_step_time_ms")
+    if predicted:
+        lines.append(
+            f"  predicted {predicted:.1f} ms: the simulated makespan under the costs from "
+            f"{plan.costs_from}; measured/predicted {measured / predicted:.3f}"
+        )
+    elif plan.predicted_makespan is not None:
+        lines.append(
+            f"  predicted makespan {plan.predicted_makespan:g} in {plan.file}'s cost units; "
+            "to predict milliseconds, give --costs-from the output of `ppdsl profile -o`"
+        )
+    again = mine.get("resimulated_step_time_ms")
+    if again:
+        lines.append(
+            f"  predicted {again:.1f} ms: simulated under this run's median pass times"
+            + (" and the file's transfer cost" if plan.costs_from else " (no transfer cost)")
+            + f"; measured/predicted {measured / again:.3f}"
+        )
+    return "\n".join(lines)
 
 
 def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryModel:
@@ -325,11 +439,6 @@ def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryMod
             for s, (a, w) in enumerate(zip(memory.activation, memory.weight_retained, strict=True))
         ),
     )
-
-
-def _fmt_frac(text: str) -> str:
-    x = Fraction(text)
-    return str(x) if x.denominator <= 12 else f"{float(x):.3f}"
 
 
 def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
@@ -347,13 +456,13 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
         head,
     ]
     for r in ranks:
-        ratio = sorted({_fmt_frac(v) for v in r["mw_ratio"].values()})
+        ratio = sorted({format_ratio(v) for v in r["mw_ratio"].values()})
         busy_p = r["predicted_busy_share"]
         busy_m = r["measured_busy_share"]
         lines.append(
-            f"{r['rank']:>4}  {','.join(map(str, r['stages'])):<8} {_fmt_frac(r['predicted_peak']):>14}"
-            f" {_fmt_frac(r['measured_peak']):>9} {r['measured_peak_bytes']:>10}"
-            f"  {'/'.join(ratio) if ratio else '-':>12} {_fmt_frac(r['predicted_peak_real_mw']):>16}"
+            f"{r['rank']:>4}  {','.join(map(str, r['stages'])):<8} {format_ratio(r['predicted_peak']):>14}"
+            f" {format_ratio(r['measured_peak']):>9} {r['measured_peak_bytes']:>10}"
+            f"  {'/'.join(ratio) if ratio else '-':>12} {format_ratio(r['predicted_peak_real_mw']):>16}"
             f"  {f'{busy_p:.2f}' if busy_p is not None else '-':>10}"
             f" {f'{busy_m:.2f}' if busy_m is not None else '-':>9}"
             + (f"  cuda peak {r['cuda_peak_bytes']} B" if r.get("cuda_peak_bytes") else "")
@@ -364,7 +473,7 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
         if real and any(Fraction(v) not in {Fraction(x) for x in mw_file} for v in real):
             lines.append(
                 f"note: the file's memory model has M_W/M_B = {file_ratio}; this model keeps "
-                f"{', '.join(_fmt_frac(v) for v in real)} of a microbatch's activation from B to W "
+                f"{', '.join(format_ratio(v) for v in real)} of a microbatch's activation from B to W "
                 "(measured), so the 'pred. (real M_W)' column is the one to compare."
             )
     return "\n".join(lines)

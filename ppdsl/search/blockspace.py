@@ -25,6 +25,9 @@ import numba
 import numpy as np
 
 from ppdsl.ir.schedule import Placement
+from ppdsl.semantics import PassKind
+
+_F, _B, _W = PassKind.F.code, PassKind.B.code, PassKind.W.code
 
 __all__ = [
     "BlockShape",
@@ -159,20 +162,20 @@ def _fill_w(slot, kind, stage, mb):  # pragma: no cover - numba
                 out_stage[n] = stage[dev, k]
                 out_mb[n] = mb[dev, k]
                 n += 1
-                if kind[dev, k] == 1:
+                if kind[dev, k] == _B:
                     pend_stage[tail] = stage[dev, k]
                     pend_mb[tail] = mb[dev, k]
                     tail += 1
                 k += 1
             elif head < tail:
-                out_kind[n] = 2
+                out_kind[n] = _W
                 out_stage[n] = pend_stage[head]
                 out_mb[n] = pend_mb[head]
                 n += 1
                 head += 1
             t += 1
         while head < tail:
-            out_kind[n] = 2
+            out_kind[n] = _W
             out_stage[n] = pend_stage[head]
             out_mb[n] = pend_mb[head]
             n += 1
@@ -200,7 +203,7 @@ def block_fb_orders(
     for dev in range(d):
         times, kinds, stages, mbs = [], [], [], []
         for s in placement.chunks(dev):
-            for k, start in ((0, f[s]), (1, b[s])):
+            for k, start in ((_F, f[s]), (_B, b[s])):
                 times.append(start + j * shape.period)
                 kinds.append(np.full(m, k))
                 stages.append(np.full(m, s))

@@ -27,13 +27,15 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.blocks import tighten_warm_up_and_cool_down
-from ppdsl.ir.schedule import Pass, PassKind
+from ppdsl.frontend.blocks import tighten_warm_up_and_cool_down
+from ppdsl.ir.flat import flat_arrays
+from ppdsl.ir.schedule import Pass
 from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks, named_blocks
 from ppdsl.search.evaluate import Metrics, evaluate_orders
 from ppdsl.search.listsched import list_schedule
 from ppdsl.search.localsearch import polish
 from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
+from ppdsl.semantics import KINDS, NEED_KIND, NEED_STAGE_OFFSET, NEED_TRANSFER, delta_table
 
 __all__ = [
     "Arrays",
@@ -49,14 +51,11 @@ DEFAULT_EVALUATIONS = 20_000
 """Refinement and local-search evaluations of `ppdsl search` (half each): a
 few seconds on one core at d=8, m=24."""
 
-_KINDS = (PassKind.F, PassKind.B, PassKind.W)
-_CODE = {PassKind.F: 0, PassKind.B: 1, PassKind.W: 2}
-
-
 @dataclass(frozen=True, eq=False)
 class Arrays:
-    """The problem as the kernels want it. Memory is scaled to integers:
-    `mem[kind, stage] / scale` is the delta in M_B."""
+    """The problem as the kernels want it, indexed by `PassKind.code`: `dur[kind,
+    stage]` the costs, `mem[kind, stage] / scale` the memory delta in M_B
+    (`semantics.delta_table`), `limit` the budget in the same scale."""
 
     dev_stages: np.ndarray
     stage_device: np.ndarray
@@ -72,17 +71,8 @@ def arrays_for(problem: SearchProblem) -> Arrays:
     d = pl.num_devices
     dev_stages = np.array([pl.chunks(dev) for dev in range(d)], dtype=np.int64)
     stage_device = np.array(pl.stage_device, dtype=np.int64)
-    dur = np.array([c.forward, c.backward_input, c.backward_weight], dtype=np.float64)
-    values = [Fraction(x) for x in (*mm.activation, *mm.weight_retained, problem.budget)]
-    scale = math.lcm(*(x.denominator for x in values))
-    mem = np.array(
-        [
-            [int(a * scale) for a in mm.activation],
-            [int((w - a) * scale) for a, w in zip(mm.activation, mm.weight_retained, strict=True)],
-            [int(-w * scale) for w in mm.weight_retained],
-        ],
-        dtype=np.int64,
-    )
+    dur = np.array(c.durations, dtype=np.float64)
+    mem, scale = delta_table(mm.activation, mm.weight_retained, also=(problem.budget,))
     return Arrays(
         dev_stages, stage_device, dur, float(c.comm), mem, scale, int(problem.budget * scale)
     )
@@ -107,7 +97,7 @@ class Candidate:
             a, b = self.offsets[dev], self.offsets[dev + 1]
             out.append(
                 tuple(
-                    Pass(_KINDS[k], int(j), int(s))
+                    Pass(KINDS[k], int(j), int(s))
                     for k, j, s in zip(
                         self.kind[a:b], self.microbatch[a:b], self.stage[a:b], strict=True
                     )
@@ -137,7 +127,7 @@ class SearchResult:
 
 def evaluate_passes(problem: SearchProblem, arrays: Arrays, orders) -> Metrics:
     """Metrics of orders given as Pass tuples (for references and tests)."""
-    offsets, kind, mb, st = _flatten(orders)
+    offsets, kind, mb, st = flat_arrays(orders)
     return evaluate_orders(
         offsets,
         kind,
@@ -217,7 +207,7 @@ class _Search:
     def blocks(self) -> None:
         """Every block of the swept space and the placement's hand-made blocks,
         repeated with W in the free slots; then, on the best of them, the
-        controllable-memory paper's last step (ppdsl.blocks: early forwards in the
+        controllable-memory paper's last step (ppdsl.frontend.blocks: early forwards in the
         warm-up, B before W in the cool-down; never above the block's peak)."""
         p = self.problem
         named = named_blocks(p.placement)
@@ -242,7 +232,7 @@ class _Search:
             plain = Candidate(*orders, None, text).orders()  # type: ignore[arg-type]
             tight = tighten_warm_up_and_cool_down(plain, p.placement, p.costs)
             if tight != plain:
-                flat = _flatten(tight)
+                flat = flat_arrays(tight)
                 self.consider(*flat, True, text + ", warm-up and cool-down tightened", shape)
         self.progress("building blocks", 1.0)
 
@@ -294,6 +284,9 @@ class _Search:
                 caps,
                 params,
                 self.no_noise,
+                NEED_KIND,
+                NEED_STAGE_OFFSET,
+                NEED_TRANSFER,
             )
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
@@ -332,6 +325,9 @@ class _Search:
                 caps,
                 params,
                 noise,
+                NEED_KIND,
+                NEED_STAGE_OFFSET,
+                NEED_TRANSFER,
             )
             self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")  # type: ignore[call-arg]
             n += 1
@@ -380,15 +376,6 @@ _TIGHTENED = 32
 Under a tight budget few blocks fit and all of them get it: the best after the
 step can be far down the list before it (V-Min's memory at d=8: 26 fit, and the
 best, 0.1933 at m=16, is 0.3725 before)."""
-
-
-def _flatten(orders) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    flat = [q for order in orders for q in order]
-    offsets = np.cumsum([0] + [len(o) for o in orders]).astype(np.int64)
-    kind = np.array([_CODE[q.kind] for q in flat], dtype=np.int64)
-    mb = np.array([q.microbatch for q in flat], dtype=np.int64)
-    st = np.array([q.stage for q in flat], dtype=np.int64)
-    return offsets, kind, mb, st
 
 
 def _shape_text(shape: BlockShape) -> str:

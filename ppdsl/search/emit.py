@@ -1,11 +1,13 @@
 """Write found orders as an ordinary `.pp` file in the order form.
 
-Each device's order becomes one `if i == k { ... }` branch. Runs that repeat
-with the microbatch index going up by one become loops, so a steady state reads
-as `for j in 4..20 { F(j + 4); B(j); W(j) }`; what is left is written a line of
-passes at a time. The file states its costs, memory model and the metrics the
-search measured as `expect` clauses (rounded up, so `ppdsl check` passes), and
-opens with the command that produced it.
+The file is built as an AST and printed by the front end's one printer
+(`ppdsl.frontend.ast.format_module`). Each device's order becomes one branch of
+an `if i == k { ... } else if ...` chain. Runs that repeat with the microbatch
+index going up by one become loops, so a steady state reads as
+`for j in 4..20 { F(j + 4); B(j); W(j) }`; the other passes are listed as they
+come. The file states its costs, memory model and the metrics the search
+measured as `expect` clauses (rounded up, so `ppdsl check` passes), and opens
+with the command that produced it.
 """
 
 from __future__ import annotations
@@ -14,26 +16,32 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
+from ppdsl.frontend import ast
 from ppdsl.ir.schedule import Costs, Pass
 from ppdsl.search.problem import SearchProblem
+from ppdsl.semantics import PassKind, format_number
 
 __all__ = ["emit_pp", "compress"]
 
 _MAX_GROUP = 8
-_LINE_PASSES = 10
 
 # (kind letter, microbatch, chunk)
 Item = tuple[str, int, int]
 
 
-def _item_text(item: Item, offset_from: int | None, v: int) -> str:
+def _call(item: Item, offset_from: int | None, v: int) -> ast.PassCall:
+    """`F(3)`, or `F(j + 2)` inside a loop over j; the chunk too when v > 1."""
     kind, mb, chunk = item
+    index: ast.Expr
     if offset_from is None:
-        index = str(mb)
+        index = ast.number(mb)
     else:
         delta = mb - offset_from
-        index = "j" if delta == 0 else (f"j + {delta}" if delta > 0 else f"j - {-delta}")
-    return f"{kind}({index})" if v == 1 else f"{kind}({index}, {chunk})"
+        index = ast.name("j")
+        if delta:
+            index = ast.binary("+" if delta > 0 else "-", index, ast.number(abs(delta)))
+    args = (index,) if v == 1 else (index, ast.number(chunk))
+    return ast.PassCall(kind, args, ast.GENERATED)
 
 
 def compress(items: Sequence[Item]) -> list[tuple[int, int, int]]:
@@ -60,56 +68,51 @@ def compress(items: Sequence[Item]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _device_lines(items: Sequence[Item], v: int, indent: str) -> list[str]:
-    lines: list[str] = []
-    singles: list[str] = []
-
-    def flush() -> None:
-        for k in range(0, len(singles), _LINE_PASSES):
-            lines.append(indent + "; ".join(singles[k : k + _LINE_PASSES]))
-        singles.clear()
-
+def _device_order(items: Sequence[Item], v: int) -> tuple[ast.OrderStmt, ...]:
+    """A device's passes, repeated runs as loops over j."""
+    body: list[ast.OrderStmt] = []
     for start, group, repeats in compress(items):
         if repeats == 1:
-            singles.append(_item_text(items[start], None, v))
+            body.append(_call(items[start], None, v))
             continue
-        flush()
         head = items[start : start + group]
         base = min(mb for _, mb, _ in head)
-        body = "; ".join(_item_text(x, base, v) for x in head)
-        lines.append(f"{indent}for j in {base}..{base + repeats} {{ {body} }}")
-    flush()
-    return lines
+        span = ast.SpanRange(ast.number(base), ast.number(base + repeats), ast.GENERATED)
+        loop = tuple(_call(x, base, v) for x in head)
+        body.append(ast.For("j", span, loop, ast.GENERATED))
+    return tuple(body)
 
 
-def _num(x: float | Fraction) -> str:
-    if isinstance(x, Fraction):
-        return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
-    if float(x).is_integer():
-        return str(int(x))
-    return repr(float(x))
+def _branches(bodies: list[tuple[ast.OrderStmt, ...]]) -> tuple[ast.OrderStmt, ...]:
+    """`if i == 0 { ... } else if i == 1 { ... } else { ... }`."""
+    if len(bodies) == 1:
+        test = ast.binary("==", ast.name("i"), ast.number(0))
+        return (ast.If(test, bodies[0], (), ast.GENERATED),)
+    rest: tuple[ast.OrderStmt, ...] = bodies[-1]
+    for dev in range(len(bodies) - 2, -1, -1):
+        test = ast.binary("==", ast.name("i"), ast.number(dev))
+        rest = (ast.If(test, bodies[dev], rest, ast.GENERATED),)
+    return rest
 
 
-def _per_stage(values: Sequence) -> str:
-    if len(set(values)) == 1:
-        return _num(values[0])
-    text = _num(values[-1])
-    for s in range(len(values) - 2, -1, -1):
-        text = f"s == {s} ? {_num(values[s])} : {text}"
-    return text
+def _costs(costs: Costs) -> list[ast.Stmt]:
+    stmts: list[ast.Stmt] = []
+    for kind in (PassKind.F, PassKind.B, PassKind.W):
+        values = costs.per_stage(kind)
+        index = "s" if len(set(values)) > 1 else None
+        value = ast.per_stage(values)
+        stmts.append(ast.Cost(kind.value, index, value, ast.GENERATED, ast.GENERATED))
+    stmts.append(ast.Cost("comm", None, ast.number(costs.comm), ast.GENERATED, ast.GENERATED))
+    return stmts
 
 
-def _cost_lines(costs: Costs) -> list[str]:
-    lines = []
-    for key, values in (
-        ("F", costs.forward),
-        ("B", costs.backward_input),
-        ("W", costs.backward_weight),
-    ):
-        per = len(set(values)) > 1
-        lines.append(f"cost {key}{'[s]' if per else ''} = {_per_stage(values)}")
-    lines.append(f"cost comm = {_num(costs.comm)}")
-    return lines
+def _memory(activation: Sequence[Fraction], retained: Sequence[Fraction]) -> list[ast.Stmt]:
+    """`memory M_B` and `memory M_W`, per stage where the stages differ."""
+    stmts: list[ast.Stmt] = []
+    for name, values in (("M_B", activation), ("M_W", retained)):
+        index = "s" if len(set(values)) > 1 else None
+        stmts.append(ast.Memory(name, index, ast.per_stage(tuple(values)), ast.GENERATED, ast.GENERATED))
+    return stmts
 
 
 def _round_up(x: float, digits: int) -> str:
@@ -131,55 +134,45 @@ def emit_pp(
     makespan: float,
     peak: Fraction,
     beats: str | None = None,
+    memory_note: str | None = None,
     notes: tuple[str, ...] = (),
 ) -> str:
-    """The `.pp` text of `orders` (per device, in execution order); `notes` are
-    more comment lines for the header."""
+    """The `.pp` text of `orders` (per device, in execution order). `memory_note`
+    replaces the header's line on memory units; `notes` are more comment lines
+    for the header (the exact engine's bound)."""
     pl = problem.placement
     v = problem.chunks_per_device
     chunk_of = {}
     for dev in range(pl.num_devices):
         for c, s in enumerate(pl.chunks(dev)):
             chunk_of[s] = c
-    place = {"parallel": "parallel", "vshape": "vshape"}.get(pl.kind, f"looped({v})")
-    mb = problem.memory.activation[0]
-    mw = problem.memory.weight_retained[0]
     head = [
         f"# Found by: {command}",
         f"# Method: {method}.",
-        f"# Measured: bubble {bubble:.4f}, makespan {makespan:g}, peak memory {_num(peak)} M_B"
-        f" per device (budget {_num(problem.budget)}).",
-        "# Memory is in units of one 1F1B stage's activation (M_B = 1/v for v chunks per device).",
+        f"# Measured: bubble {bubble:.4f}, makespan {makespan:g}, peak memory "
+        f"{format_number(peak)} M_B per device (budget {format_number(problem.budget)}).",
+        "# " + (memory_note or "Memory is in units of one 1F1B stage's activation "
+                "(M_B = 1/v for v chunks per device)."),
     ]
     if beats:
         head.append(f"# {beats}")
     head += list(notes)
-    body = [
-        f"param d = {pl.num_devices}",
-        f"param m = {problem.num_microbatches}",
-        f"place {place}",
-        "backward split",
-        *_cost_lines(problem.costs),
-        f"memory M_B = {_num(mb)}",
-        f"memory M_W = {_num(mw)}",
-        "order {",
+    bodies = [
+        _device_order([(p.kind.value, p.microbatch, chunk_of[p.stage]) for p in order], v)
+        for order in orders
     ]
-    ind = "    "
-    for dev, order in enumerate(orders):
-        items = [(p.kind.value, p.microbatch, chunk_of[p.stage]) for p in order]
-        if dev == 0:
-            body.append(f"{ind}if i == 0 {{")
-        elif dev < len(orders) - 1:
-            body.append(f"{ind}}} else if i == {dev} {{")
-        else:
-            body.append(f"{ind}}} else {{")
-        body += _device_lines(items, v, ind * 2)
-    body.append(f"{ind}}}")
-    body += [
-        "}",
-        f"expect peak_memory <= {_num(problem.budget)}",
-        f"expect bubble <= {_round_up(bubble, 4)}",
-        f"expect makespan <= {_round_up(makespan, 3)}",
+    g = ast.GENERATED
+    stmts: list[ast.Stmt] = [
+        ast.Param("d", ast.number(pl.num_devices), g),
+        ast.Param("m", ast.number(problem.num_microbatches), g),
+        ast.place(pl.stage_device, pl.num_devices),
+        ast.Backward("split", g, g),
+        *_costs(problem.costs),
+        *_memory(problem.memory.activation, problem.memory.weight_retained),
+        ast.OrderDecl(_branches(bodies), g),
+        ast.expect("peak_memory", "<=", ast.number(problem.budget)),
+        ast.expect("bubble", "<=", ast.number(Fraction(_round_up(bubble, 4)))),
+        ast.expect("makespan", "<=", ast.number(Fraction(_round_up(makespan, 3)))),
     ]
-    lines = head + [f"schedule {name} {{"] + [ind + x if x else x for x in body] + ["}"]
-    return "\n".join(lines) + "\n"
+    module = ast.Module(name, tuple(stmts), "", g)
+    return "\n".join(head) + "\n" + ast.format_module(module)

@@ -11,12 +11,13 @@ The model, in integer time (costs scaled by `time_scale`):
 
 - one fixed-size interval per pass; one NoOverlap per device;
 - a dependency edge start(q) >= end(p) + lag for every pass p that q needs, lag
-  = the transfer cost when p ran on another device. The edges are the checks'
-  own (`ppdsl.checks._flat.dependencies`), so the model cannot drift from what
-  the compiler proves;
+  = the transfer cost when p ran on another device. The edges are the
+  dependency rule every check uses (`ppdsl.semantics.needs`), so the model
+  cannot drift from what the compiler proves;
 - per device a reservoir of its memory events, bounded by its budget: an F adds
   M_B at its start, a B frees M_B - M_W, a W frees M_W and a fused BW frees M_B
-  at their end (`MemoryModel.delta`, the memory check's deltas);
+  at their end (`MemoryModel.delta` and `semantics.allocates_at_start`, the
+  memory check's deltas);
 - microbatches in order per stage and kind (FIFO). Not a restriction: sorting
   the start times of each (kind, stage) and handing them to microbatches 0, 1,
   ... keeps every device's busy intervals and memory events and every
@@ -46,9 +47,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.checks._flat import dependencies, flatten
+from ppdsl.analysis.simulate import SimulationError, simulate
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
-from ppdsl.simulate import SimulationError, simulate
+from ppdsl.semantics import allocates_at_start, needs, pass_kinds
 
 __all__ = [
     "ExactProblem",
@@ -95,7 +96,7 @@ class ExactProblem:
 
     @property
     def kinds(self) -> tuple[PassKind, ...]:
-        return (_F, _B, _W) if self.split_backward else (_F, _BW)
+        return pass_kinds(self.split_backward)
 
     @property
     def num_passes(self) -> int:
@@ -216,12 +217,8 @@ def time_scale(problem: ExactProblem) -> tuple[int, bool]:
 
 def _scaled_costs(problem: ExactProblem, scale: int) -> Costs:
     c = problem.costs
-
-    def sc(values: tuple[float, ...]) -> tuple[float, ...]:
-        return tuple(float(round(Fraction(x) * scale)) for x in values)
-
     return Costs(
-        sc(c.forward), sc(c.backward_input), sc(c.backward_weight), sc(c.fused_backward),
+        tuple(tuple(float(round(Fraction(x) * scale)) for x in row) for row in c.durations),
         float(round(Fraction(c.comm) * scale)),
     )
 
@@ -312,16 +309,16 @@ class _Model:
         p = problem
         S, m, d = p.placement.num_stages, p.num_microbatches, p.num_devices
         sd = p.placement.stage_device
-        canonical = p.schedule(p.all_passes())
-        flat = flatten(canonical)
-        deps = dependencies(canonical, flat)
-        n = flat.size
+        # every pass, device by device: device x owns passes offsets[x]:offsets[x+1]
+        self.passes = tuple(pp for order in p.all_passes() for pp in order)
+        offsets = np.cumsum([0] + [len(o) for o in p.all_passes()])
+        n = len(self.passes)
+        device = np.array([sd[pp.stage] for pp in self.passes], dtype=np.int64)
         duration = np.array(
-            [int(scaled.duration(pp.kind, pp.stage)) for pp in flat.passes], dtype=np.int64
+            [int(scaled.duration(pp.kind, pp.stage)) for pp in self.passes], dtype=np.int64
         )
         comm = int(scaled.comm)
-        self.passes = flat.passes
-        self.index = {pp.key: k for k, pp in enumerate(flat.passes)}
+        self.index = {pp.key: k for k, pp in enumerate(self.passes)}
         last_kind = _W if p.split_backward else _BW
         self.busy = _busy(p, scaled)
         # earliest start of each pass: its dependencies and the FIFO chain
@@ -330,12 +327,13 @@ class _Model:
         edges: list[tuple[int, int, int]] = []  # (before, after, lag from before's end)
         for key in order:
             k = self.index[key]
-            for need in (int(deps.dep0[k]), int(deps.dep1[k])):
-                if need >= 0:
-                    lag = comm if flat.device[need] != flat.device[k] else 0
-                    edges.append((need, k, lag))
-                    est[k] = max(est[k], est[need] + duration[need] + lag)
             kind, j, s = key
+            # the dependency relation and the transfer rule: ppdsl.semantics
+            for need_key in needs(kind, j, s, S):
+                need = self.index[need_key]
+                lag = comm if device[need] != device[k] else 0
+                edges.append((need, k, lag))
+                est[k] = max(est[k], est[need] + duration[need] + lag)
             if j > 0:
                 prev = self.index[(kind, j - 1, s)]
                 edges.append((prev, k, 0))
@@ -370,7 +368,7 @@ class _Model:
         mscale = _memory_scale(p)
         self.mscale = mscale
         for x in range(d):
-            lo, hi = int(flat.offsets[x]), int(flat.offsets[x + 1])
+            lo, hi = int(offsets[x]), int(offsets[x + 1])
             model.add_no_overlap(intervals[lo:hi])
             budget = p.budgets[x]
             if budget is None:
@@ -378,11 +376,11 @@ class _Model:
             cap = int(math.floor(budget * mscale))
             times, changes = [], []
             for k in range(lo, hi):
-                pp = flat.passes[k]
+                pp = self.passes[k]
                 delta = int(p.memory.delta(pp.kind, pp.stage) * mscale)
                 if delta == 0:
                     continue
-                at = start[k] if pp.kind is _F else start[k] + int(duration[k])
+                at = start[k] if allocates_at_start(pp.kind) else start[k] + int(duration[k])
                 times.append(at)
                 changes.append(delta)
             if times:

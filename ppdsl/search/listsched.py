@@ -21,9 +21,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ppdsl.semantics import PassKind
+
 __all__ = ["list_schedule", "PARAM_NAMES"]
 
-F, B, W = 0, 1, 2
+F, B, W = PassKind.F.code, PassKind.B.code, PassKind.W.code
 INF = np.inf
 EPS = 1e-9
 
@@ -41,33 +43,39 @@ PARAM_NAMES = (
 
 
 @numba.njit(cache=True)
-def _consumer(kd, s, stage_device, num_stages):  # pragma: no cover - numba
-    if kd == F and s < num_stages - 1 and stage_device[s + 1] != stage_device[s]:
-        return F, s + 1
-    if kd == B and s > 0 and stage_device[s - 1] != stage_device[s]:
-        return B, s - 1
+def _consumer(kd, s, stage_device, num_stages, need):  # pragma: no cover - numba
+    """The pass on another device that takes what pass (kd, s) hands over
+    (`semantics.sends`: F's activation to F(s+1), B's gradient to B(s-1)), as
+    (kind, stage); (-1, -1) when its output stays on the device."""
+    need_kind, need_offset, need_transfer = need
+    for c in range(need_kind.shape[0]):
+        for slot in range(need_kind.shape[1]):
+            if need_kind[c, slot] != kd or need_transfer[c, slot] < 0:
+                continue
+            cs = s - need_offset[c, slot]
+            if 0 <= cs < num_stages and stage_device[cs] != stage_device[s]:
+                return c, cs
     return -1, -1
 
 
 @numba.njit(cache=True)
-def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages):  # pragma: no cover - numba
-    """When pass (kd, s, j) on dev could start (INF: an input is undecided)."""
+def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need):  # pragma: no cover
+    """When pass (kd, s, j) on dev could start (INF: an input is undecided):
+    the latest end of the passes it needs (`semantics.NEEDS`), plus `comm`
+    for each that ran on another device."""
+    need_kind, need_offset, _ = need
     r = 0.0
-    if kd == F:
-        if s > 0:
-            e = endt[F, s - 1, j]
-            r = INF if e < 0 else e + (comm if stage_device[s - 1] != dev else 0.0)
-    elif kd == B:
-        r = endt[F, s, j]
-        if r < 0:
-            r = INF
-        if s < num_stages - 1:
-            e = endt[B, s + 1, j]
-            r = INF if e < 0 else max(r, e + (comm if stage_device[s + 1] != dev else 0.0))
-    else:
-        r = endt[B, s, j]
-        if r < 0:
-            r = INF
+    for slot in range(need_kind.shape[1]):
+        nk = need_kind[kd, slot]
+        if nk < 0:
+            continue
+        ns = s + need_offset[kd, slot]
+        if ns < 0 or ns >= num_stages:
+            continue
+        e = endt[nk, ns, j]
+        if e < 0:
+            return INF
+        r = max(r, e + (comm if stage_device[ns] != dev else 0.0))
     return r
 
 
@@ -109,11 +117,15 @@ def list_schedule(  # pragma: no cover - numba
     caps,  # int64[S] in-flight cap (F done, B not yet) per stage
     params,  # int64[8]
     noise,  # float[2, S, m] priority noise for F and B (0 for none)
+    need_kind,  # semantics.NEED_KIND
+    need_offset,  # semantics.NEED_STAGE_OFFSET
+    need_transfer,  # semantics.NEED_TRANSFER
 ):
     """Returns (offsets, kind, microbatch, stage, ok): the per-device orders as
     flat arrays, and False when the rules deadlock under the budget."""
     d, v = dev_stages.shape
     S = stage_device.shape[0]
+    need = (need_kind, need_offset, need_transfer)
     b_first, w_mode, admission, f_prio, b_prio = (
         params[0],
         params[1],
@@ -170,7 +182,7 @@ def list_schedule(  # pragma: no cover - numba
             waiting[dev] = False
             pk, s, j = pend_k[dev], pend_s[dev], pend_j[dev]
             owe_k[dev] = -1
-            ck, cs = _consumer(pk, s, stage_device, S)
+            ck, cs = _consumer(pk, s, stage_device, S, need)
             if ck >= 0:
                 owe_k[dev] = ck
                 owe_s[dev] = cs
@@ -215,7 +227,7 @@ def list_schedule(  # pragma: no cover - numba
                         later, limit,
                     )
                     if nxt:
-                        r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S)
+                        r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need)
                         if r <= t + EPS:
                             pick_kind = xk
                             pick_stage = xs
@@ -233,14 +245,14 @@ def list_schedule(  # pragma: no cover - numba
                 lk = out_kind[b, count[b] - 1]
                 ls = out_stage[b, count[b] - 1]
                 lj = out_mb[b, count[b] - 1]
-                ck, cs = _consumer(lk, ls, stage_device, S)
+                ck, cs = _consumer(lk, ls, stage_device, S, need)
                 if ck >= 0 and stage_device[cs] == dev and not committed[ck, cs, lj]:
                     nxt = _may_take(
                         ck, cs, lj, dev, nf, nb, admission, chunk_of, cur, reserved, mem,
                         later, limit,
                     )
                     if nxt:
-                        r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S)
+                        r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S, need)
                         if r <= t + EPS:
                             pick_kind = ck
                             pick_stage = cs
@@ -269,7 +281,7 @@ def list_schedule(  # pragma: no cover - numba
                         later[dev],
                         limit[dev],
                     )
-                if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S) <= t + EPS:
+                if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need) <= t + EPS:
                     pick_kind = xk
                     pick_stage = xs
         if pick_kind < 0:
@@ -281,7 +293,7 @@ def list_schedule(  # pragma: no cover - numba
                 s = dev_stages[dev, c]
                 j = nb[s]
                 if j < nf[s]:
-                    r = _ready(B, s, j, dev, endt, stage_device, comm, S)
+                    r = _ready(B, s, j, dev, endt, stage_device, comm, S, need)
                     if r <= t + EPS:
                         if b_prio == 0:
                             key = j * 4.0 * S - s + noise[1, s, j]
@@ -294,7 +306,7 @@ def list_schedule(  # pragma: no cover - numba
                         next_ready = min(next_ready, r)
                 j = nf[s]
                 if j < m:
-                    r = _ready(F, s, j, dev, endt, stage_device, comm, S)
+                    r = _ready(F, s, j, dev, endt, stage_device, comm, S, need)
                     fits = nf[s] - nb[s] < caps[s]
                     fits = fits and _fits(
                         admission, c, cur[dev], reserved[dev], mem[F, s], later[dev], limit[dev]
@@ -378,7 +390,7 @@ def list_schedule(  # pragma: no cover - numba
             free[dev] = INF
             continue
         owe_k[dev] = -1
-        ck, cs = _consumer(pick_kind, s, stage_device, S)
+        ck, cs = _consumer(pick_kind, s, stage_device, S, need)
         if ck >= 0:
             owe_k[dev] = ck
             owe_s[dev] = cs

@@ -12,21 +12,23 @@ compare bytes across placements.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ppdsl import semantics
 from ppdsl.ir.schedule import Costs, MemoryModel, Placement
+from ppdsl.semantics import PassKind, format_number
 
 __all__ = [
     "SearchProblem",
     "SearchInputError",
-    "make_placement",
     "parse_budget",
     "parse_costs",
     "one_f_one_b_memory",
     "build_problem",
     "smallest_budget",
+    "measured_memory",
+    "measured_unit",
 ]
 
 
@@ -51,7 +53,7 @@ class SearchProblem:
     """M_B and M_W per stage, in 1F1B-stage units (a chunk's M_B is 1/v)."""
     budget: Fraction
     """Peak activation memory allowed on every device, same units."""
-    weight_fraction: Fraction = Fraction(1, 2)
+    weight_fraction: Fraction = semantics.DEFAULT_WEIGHT_FRACTION
     """M_W / M_B (1/2 is ppdsl's default; 1 counts a microbatch as held until
     its W ends, as the controllable-memory paper does)."""
 
@@ -64,30 +66,32 @@ class SearchProblem:
         return self.placement.num_stages // self.placement.num_devices
 
 
-def make_placement(kind: str, num_devices: int, v: int = 2) -> Placement:
-    """parallel, vshape, looped(v) as Placement objects (the language's rules)."""
-    d = num_devices
-    if kind == "parallel":
-        return Placement("parallel", d, tuple(range(d)))
-    if kind == "vshape":
-        return Placement("vshape", d, tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d)))
-    if kind == "looped":
-        return Placement("looped", d, tuple(s % d for s in range(v * d)))
-    raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
+_PLACEMENTS = ("parallel", "vshape", "looped")
+"""The placements the search knows blocks and heuristics for."""
+
+
+def _named(kind: str, num_devices: int, v: int | None = None) -> Placement:
+    if kind not in _PLACEMENTS:
+        raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
+    return Placement.named(kind, num_devices, v)
 
 
 def parse_placement(text: str, num_devices: int) -> Placement:
     """`parallel`, `vshape`, `looped(3)` or `looped3`."""
-    text = text.strip().lower()
-    match = re.fullmatch(r"looped\(?\s*(\d+)\s*\)?", text)
-    if match:
-        v = int(match.group(1))
+    words = text.strip().lower()
+    try:
+        name, v = semantics.read_placement(words)
+    except ValueError:
+        name, v = words, None
+    if name != "looped" and v is not None:
+        name = words  # an unknown placement, named as written
+    if name == "looped":
+        if v is None:
+            raise SearchInputError("looped needs its chunk count: --placement 'looped(2)'")
         if v < 1:
             raise SearchInputError(f"looped({v}): v must be at least 1")
-        return make_placement("looped", num_devices, v)
-    if text == "looped":
-        raise SearchInputError("looped needs its chunk count: --placement 'looped(2)'")
-    return make_placement(text, num_devices)
+        return _named("looped", num_devices, v)
+    return _named(name, num_devices)
 
 
 _COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm"}
@@ -95,7 +99,8 @@ _COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "co
 
 def parse_costs(text: str | None, num_stages: int) -> Costs:
     """`F=18.5,B=18.1,W=9.3,comm=0.6`; a per-stage cost is a colon list with one
-    value per stage (`F=1:1:2:2`). Unnamed kinds cost 1, comm 0."""
+    value per stage (`F=1:1:2:2`). Unnamed kinds and comm cost their defaults
+    (`semantics.DEFAULT_DURATION`: 1; comm 0)."""
     values: dict[str, tuple[float, ...] | float] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -127,14 +132,10 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
         if any(x <= 0 for x in numbers):
             raise SearchInputError(f"--costs {key}=: a pass must take some time (> 0)")
         values[key] = numbers
-    one = (1.0,) * num_stages
-    f = values.get("F", one)
-    b = values.get("B", one)
-    w = values.get("W", one)
-    assert isinstance(f, tuple) and isinstance(b, tuple) and isinstance(w, tuple)
-    comm = values.get("comm", 0.0)
+    comm = values.pop("comm", float(semantics.DEFAULT_COMM))
     assert isinstance(comm, float)
-    return Costs(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+    given = {PassKind(k): v for k, v in values.items() if isinstance(v, tuple)}
+    return Costs.by_kind(given, comm, num_stages)
 
 
 def one_f_one_b_memory(num_devices: int) -> Fraction:
@@ -185,9 +186,13 @@ def build_problem(
     costs: str | None,
     memory: str,
     weight_fraction: str = "1/2",
+    measured: tuple[Costs, MemoryModel] | None = None,
 ) -> SearchProblem:
     """A SearchProblem from the command line's spelling; every inconsistency is
-    a SearchInputError that says what to do."""
+    a SearchInputError that says what to do. `measured` (`--costs-from`) gives
+    the costs and the per-stage memory model instead of `costs` and
+    `weight_fraction`; its memory is rescaled to 1F1B-stage units (the model's
+    whole activation is d of them), see `measured_memory`."""
     if devices < 1:
         raise SearchInputError(f"--devices {devices}: need at least 1 device")
     if microbatches < 1:
@@ -202,18 +207,42 @@ def build_problem(
             f"--weight-memory {weight_fraction}: M_W is part of M_B, so between 0 and 1"
         )
     mm = make_memory(pl, wf)
+    pass_costs = parse_costs(costs, pl.num_stages)
+    if measured is not None:
+        pass_costs, mm = measured[0], measured_memory(measured[1], devices)
+        if len(mm.activation) != pl.num_stages:
+            raise SearchInputError(
+                f"the measured costs are for {len(mm.activation)} stages; --placement "
+                f"{placement} with {devices} devices has {pl.num_stages}"
+            )
     budget = parse_budget(memory, devices)
     floor = smallest_budget(pl, mm)
     if budget < floor:
         raise SearchInputError(
-            f"--memory {memory} is {_text(budget)} M_B per device, below the smallest feasible "
-            f"budget {_text(floor)} M_B (one microbatch in flight); use --memory {_text(floor)} "
+            f"--memory {memory} is {format_number(budget)} M_B per device, below the smallest feasible "
+            f"budget {format_number(floor)} M_B (one microbatch in flight); use --memory {format_number(floor)} "
             "or more"
         )
-    return SearchProblem(
-        devices, microbatches, pl, parse_costs(costs, pl.num_stages), mm, budget, wf
+    return SearchProblem(devices, microbatches, pl, pass_costs, mm, budget, wf)
+
+
+def measured_unit(memory: MemoryModel, num_devices: int) -> Fraction:
+    """One 1F1B stage's activation in `memory`'s units: the model's whole
+    activation (the sum of its stages' M_B) over d."""
+    total = sum(memory.activation, Fraction(0))
+    return total / num_devices if total > 0 else Fraction(1)
+
+
+def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
+    """`memory` (e.g. a profile's, in its own units) in 1F1B-stage units (exact:
+    every value shares the denominator of the sum)."""
+    unit = measured_unit(memory, num_devices)
+
+    def scale(x: Fraction) -> Fraction:
+        return x / unit
+
+    return MemoryModel(
+        tuple(scale(a) for a in memory.activation), tuple(scale(w) for w in memory.weight_retained)
     )
 
 
-def _text(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"

@@ -16,13 +16,16 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.blocks import tighten_warm_up_and_cool_down
+from ppdsl.frontend.blocks import tighten_warm_up_and_cool_down
 from ppdsl.search.blockspace import block_orders, named_blocks
 from ppdsl.search.driver import Arrays, Candidate, arrays_for, evaluate_passes
 from ppdsl.search.evaluate import Metrics, evaluate_orders
 from ppdsl.search.problem import SearchProblem
+from ppdsl.semantics import PassKind
 
 __all__ = ["Reference", "references"]
+
+_F, _B, _W = PassKind.F.code, PassKind.B.code, PassKind.W.code
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,13 @@ def _one_f_one_b(d: int, m: int) -> list[list[tuple[int, int, int]]]:
     orders = []
     for i in range(d):
         warm = min(d - i - 1, m)
-        order = [(0, j, i) for j in range(warm)]
+        order = [(_F, j, i) for j in range(warm)]
         f = warm
         for b in range(m):
             if f < m:
-                order.append((0, f, i))
+                order.append((_F, f, i))
                 f += 1
-            order += [(1, b, i), (2, b, i)]
+            order += [(_B, b, i), (_W, b, i)]
         orders.append(order)
     return orders
 
@@ -67,7 +70,7 @@ def _zb_block(d: int, m: int, b_at, w_at) -> list[list[tuple[int, int, int]]]:
     for s in range(d):
         slots = []
         for j in range(m):
-            slots += [(s + 3 * j, 0, j), (b_at(s) + 3 * j, 1, j), (w_at(s) + 3 * j, 2, j)]
+            slots += [(s + 3 * j, _F, j), (b_at(s) + 3 * j, _B, j), (w_at(s) + 3 * j, _W, j)]
         slots.sort()
         orders.append([(k, j, s) for _, k, j in slots])
     return orders

@@ -30,3 +30,26 @@ def shape_mismatch(num_stages: int) -> PipelineModel:
         return nn.Linear(8, 6) if i == 0 else nn.Linear(8, 4)
 
     return PipelineModel(num_stages, stage, _loss, _batch)
+
+
+class _Scaled(nn.Module):
+    """A linear layer, then x * scale: `scale` is a parameter no native split covers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+def uncovered(num_stages: int) -> PipelineModel:
+    """Every stage has a parameter the split does not cover (`1.scale`... its name is
+    `scale`): trains correctly, with that parameter's gradient computed during B."""
+
+    def stage(i: int) -> nn.Module:
+        torch.manual_seed(i)
+        return _Scaled() if i < num_stages - 1 else nn.Sequential(_Scaled(), nn.Linear(8, 4))
+
+    return PipelineModel(num_stages, stage, _loss, _batch)

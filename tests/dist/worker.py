@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from ppdsl.runtime.engine import Engine, probe_shapes  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.plan import plan_from_schedule  # noqa: E402
+from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -57,7 +57,8 @@ def _reference(model, num_stages: int, steps: int, batch_size: int):
         if step == 0:
             first = (
                 float(loss.detach()),
-                [{n: p.grad.clone() for n, p in st.named_parameters()} for st in stages],
+                [{n: None if p.grad is None else p.grad.clone() for n, p in st.named_parameters()}
+                 for st in stages],
             )
         opt.step()
     return first, [{n: p.detach().clone() for n, p in st.named_parameters()} for st in stages]
@@ -100,10 +101,17 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     out["loss"] = float(loss_t[0])
     out["ref_loss"] = ref_loss
     grad_err = 0.0
+    frozen = 0
     for s, st in engine.stages.items():
         for n, p in st.named_parameters():
+            if not p.requires_grad:  # frozen: no gradient here nor in the reference
+                assert p.grad is None, f"stage {s} {n}: frozen, but got a gradient"
+                assert ref_grads[s][n] is None, f"stage {s} {n}: the reference has a gradient"
+                frozen += 1
+                continue
             assert p.grad is not None, f"stage {s} {n}: no gradient"
             grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n].to(p.device)))
+    out["frozen_parameters"] = frozen
     out["grad_rel_err"] = grad_err
     engine.optimizer.step()
     for step in range(1, steps):

@@ -1,6 +1,6 @@
 """The AST of a `.pp` file: frozen dataclasses, each with the `span` of its source.
 
-`ppdsl.parse` builds it from the lark tree; `ppdsl.elaborate` turns it into the
+`ppdsl.frontend.parse` builds it from the lark tree; `ppdsl.frontend.elaborate` turns it into the
 schedule IR. Expressions are kept unevaluated: their values depend on `-D`
 overrides and on the loop variables of the order form.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ppdsl.diagnostics import Span
+from ppdsl.semantics import format_literal, identify_placement, takes_chunks
 
 __all__ = [
     "Expr",
@@ -47,6 +48,14 @@ __all__ = [
     "format_expr",
     "format_range",
     "format_module",
+    "GENERATED",
+    "number",
+    "name",
+    "binary",
+    "per_stage",
+    "place",
+    "expect",
+    "peak_bound",
 ]
 
 
@@ -345,21 +354,8 @@ _PREC = {
 }
 _ATOM = 8
 _INDENT = "    "
-
-
-def _format_number(value: Fraction) -> str:
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    if value.denominator == 1:
-        return f"{sign}{value.numerator}"
-    places, scale = 0, 1
-    while (scale * value).denominator != 1 and places < 40:
-        places += 1
-        scale *= 10
-    if (scale * value).denominator == 1:  # a finite decimal, as literals are
-        digits = str((scale * value).numerator).rjust(places + 1, "0")
-        return f"{sign}{digits[:-places]}.{digits[-places:]}"
-    return f"{sign}{value.numerator}/{value.denominator}"
+_WIDTH = 100
+"""Consecutive pass calls share a line up to this many columns."""
 
 
 def _prec(expr: Expr) -> int:
@@ -382,7 +378,7 @@ def _wrap(expr: Expr, at_least: int) -> str:
 def format_expr(expr: Expr) -> str:
     """An expression as source text, with only the parentheses it needs."""
     if isinstance(expr, Number):
-        text = _format_number(expr.value)
+        text = format_literal(expr.value)
         return text if "/" not in text else f"({text})"
     if isinstance(expr, Name):
         return expr.id
@@ -410,21 +406,51 @@ def format_range(rng: Range) -> str:
     return format_expr(rng.expr)
 
 
+def _format_call(call: PassCall) -> str:
+    return f"{call.kind}({', '.join(format_expr(a) for a in call.args)})"
+
+
 def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
+    """Statements one a line, except that consecutive pass calls share lines
+    (`F(0); F(1); B(0)`) up to the width."""
+    pad = _INDENT * depth
     lines: list[str] = []
+    calls: list[str] = []
+
+    def flush() -> None:
+        line = ""
+        for text in calls:
+            if line and len(pad) + len(line) + 2 + len(text) > _WIDTH:
+                lines.append(pad + line)
+                line = ""
+            line = f"{line}; {text}" if line else text
+        if line:
+            lines.append(pad + line)
+        calls.clear()
+
     for stmt in body:
+        if isinstance(stmt, PassCall):
+            calls.append(_format_call(stmt))
+            continue
+        flush()
         lines += _format_order_stmt(stmt, depth)
+    flush()
     return lines
 
 
 def _format_order_stmt(stmt: OrderStmt, depth: int) -> list[str]:
     pad = _INDENT * depth
     if isinstance(stmt, PassCall):
-        return [f"{pad}{stmt.kind}({', '.join(format_expr(a) for a in stmt.args)})"]
+        return [pad + _format_call(stmt)]
     if isinstance(stmt, Let):
         return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
     if isinstance(stmt, For):
         head = f"{pad}for {stmt.var} in {format_range(stmt.range)} {{"
+        if stmt.body and all(isinstance(x, PassCall) for x in stmt.body):
+            # a loop of passes (a steady state) reads best on one line
+            inline = f"{head} {'; '.join(_format_call(x) for x in stmt.body)} }}"  # type: ignore[arg-type]
+            if len(inline) <= _WIDTH:
+                return [inline]
         return [head, *_format_body(stmt.body, depth + 1), f"{pad}}}"]
     if isinstance(stmt, Repeat):
         head = f"{pad}repeat {format_expr(stmt.count)} {{"
@@ -439,8 +465,14 @@ def _format_order_stmt(stmt: OrderStmt, depth: int) -> list[str]:
         ]
     assert isinstance(stmt, If)
     lines = [f"{pad}if {format_expr(stmt.cond)} {{", *_format_body(stmt.then, depth + 1)]
-    if stmt.else_:
-        lines += [f"{pad}}} else {{", *_format_body(stmt.else_, depth + 1)]
+    rest = stmt.else_
+    while len(rest) == 1 and isinstance(rest[0], If):  # else if ...
+        chained = rest[0]
+        lines += [f"{pad}}} else if {format_expr(chained.cond)} {{"]
+        lines += _format_body(chained.then, depth + 1)
+        rest = chained.else_
+    if rest:
+        lines += [f"{pad}}} else {{", *_format_body(rest, depth + 1)]
     return lines + [f"{pad}}}"]
 
 
@@ -486,3 +518,64 @@ def format_module(module: Module) -> str:
     for stmt in module.stmts:
         lines += _format_stmt(stmt)
     return "\n".join(lines + ["}"]) + "\n"
+
+
+# --- building ASTs in code ----------------------------------------------------------
+# ppdsl writes `.pp` files (`ppdsl search`, `ppdsl import`) by building an AST
+# and printing it with `format_module`, so every file it writes is in the
+# printer's one canonical layout.
+
+GENERATED = Span("<generated>", 1, 1, 1, 1)
+"""The span of nodes built in code rather than parsed."""
+
+
+def number(value: int | float | Fraction) -> Number:
+    """A literal; a float by its shortest decimal (18.522, not its binary value)."""
+    exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    return Number(exact, GENERATED)
+
+
+def name(id: str) -> Name:
+    """A use of a name."""
+    return Name(id, GENERATED)
+
+
+def binary(op: str, left: Expr, right: Expr) -> Binary:
+    """`left op right`."""
+    return Binary(op, left, right, GENERATED)
+
+
+def per_stage(values: tuple, index: str = "s") -> Expr:
+    """One value for every stage: the number when all are equal, else
+    `s == 0 ? a : s == 1 ? b : ... : z`."""
+    if len(set(values)) == 1:
+        return number(values[0])
+    expr: Expr = number(values[-1])
+    for s in range(len(values) - 2, -1, -1):
+        test = binary("==", name(index), number(s))
+        expr = Cond(test, number(values[s]), expr, GENERATED)
+    return expr
+
+
+def place(stage_device: tuple[int, ...], num_devices: int) -> Place:
+    """The `place` statement that gives exactly this stage -> device map."""
+    named = identify_placement(stage_device, num_devices)
+    if named is None:
+        devices = tuple(number(d) for d in stage_device)
+        return Place("list", None, devices, GENERATED, GENERATED)
+    kind, v = named
+    arg = number(v) if takes_chunks(kind) else None
+    return Place(kind, arg, (), GENERATED, GENERATED)
+
+
+def expect(metric: str, op: str, bound: Expr) -> ExpectDecl:
+    """`expect metric op bound` (schedule-wide)."""
+    return ExpectDecl(metric, None, op, bound, format_expr(bound), GENERATED, GENERATED)
+
+
+def peak_bound(peak: Fraction, activation: Fraction) -> Expr:
+    """A peak of activation memory as an `expect peak_memory` bound: in
+    multiples of M_B (`activation`, that of stage 0) when it is not 0."""
+    if activation:
+        return binary("*", number(peak / activation), name("M_B"))
+    return number(peak)

@@ -18,9 +18,9 @@ import jinja2
 
 from ppdsl import __version__
 from ppdsl._resources import templates_dir
+from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer, TransferKind
 from ppdsl.ir.schedule import Schedule
-from ppdsl.runtime.plan import Plan, plan_from_schedule
 
 __all__ = ["GeneratedFiles", "generate", "write"]
 
@@ -91,16 +91,15 @@ class GeneratedFiles:
 
 
 def generate(
-    schedule: Schedule | Any,
-    programs: tuple[RankProgram, ...] | None = None,
+    schedule: Schedule,
+    programs: tuple[RankProgram, ...],
     timeline: Any = None,
+    costs_from: str | None = None,
 ) -> GeneratedFiles:
-    """Generate from a `ppdsl.compiler.Compiled` or from (schedule, programs[, timeline])."""
-    if programs is None:  # a Compiled
-        compiled: Any = schedule
-        schedule, programs, timeline = compiled.schedule, compiled.programs, compiled.timeline
-    assert isinstance(schedule, Schedule)
-    plan = plan_from_schedule(schedule, programs, timeline)
+    """The files of `schedule` lowered to `programs` (`timeline`, a
+    `ppdsl.analysis.simulate.Timeline`, adds the predicted busy shares and
+    makespan; `costs_from` names the `--costs-from` file its costs came from)."""
+    plan = plan_from_schedule(schedule, programs, timeline, costs_from)
     env = _environment()
     files: dict[str, str] = {}
     common = {

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdsl.checks._flat import CODE_KIND, KIND_CODE, flatten
 from ppdsl.diagnostics import Diagnostic
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
+from ppdsl.semantics import KINDS, NUM_KINDS
 
 __all__ = ["check", "format_runs"]
 
@@ -66,7 +67,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         )
         return found
     flat = flatten(s)
-    allowed = {KIND_CODE[k] for k in (PassKind.F, *s.backward_kinds)}
+    allowed = {k.code for k in s.pass_kinds}
     kind, mb, st, dev = flat.kind, flat.microbatch, flat.stage, flat.device
     ok_mb = (mb >= 0) & (mb < m)
     ok_stage = (st >= 0) & (st < S)
@@ -111,7 +112,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
 
     valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
-    counts = np.bincount(linear, minlength=4 * m * S) if len(linear) else np.zeros(4 * m * S, int)
+    size = NUM_KINDS * m * S
+    counts = np.bincount(linear, minlength=size) if len(linear) else np.zeros(size, int)
     # duplicates: every occurrence after the first, grouped by the lines of the
     # repeat and of the first run, with a note at the first run
     if np.any(counts > 1):
@@ -146,8 +148,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 )
             )
 
-    expected = sorted(KIND_CODE[k] for k in (PassKind.F, *s.backward_kinds))
-    present = counts.reshape(4, m, S)[expected] > 0
+    expected = sorted(k.code for k in s.pass_kinds)
+    present = counts.reshape(NUM_KINDS, m, S)[expected] > 0
     if not present.all():
         # group by the device that should run them, then by (kind, stage)
         missing = np.argwhere(~present)  # rows: (index into expected, mb, stage)
@@ -160,7 +162,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             show_stage = len(s.placement.chunks(device)) > 1
             count = sum(len(v) for v in groups.values())
             listed = "; ".join(
-                format_runs(CODE_KIND[code], stage, mbs, show_stage)
+                format_runs(KINDS[code], stage, mbs, show_stage)
                 for (code, stage), mbs in sorted(groups.items(), key=lambda x: (x[0][1], x[0][0]))
             )
             found.append(

@@ -11,17 +11,13 @@ from fractions import Fraction
 
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import BlockSlot, Schedule
+from ppdsl.semantics import format_number
 
 __all__ = ["check"]
 
 
 def _slot_name(slot: BlockSlot) -> str:
     return f"{slot.kind.value} of stage {slot.stage}"
-
-
-def _num(x: Fraction) -> str:
-    x = Fraction(x)
-    return str(x.numerator) if x.denominator == 1 else str(x)
 
 
 def _overlap(a: BlockSlot, b: BlockSlot, period: Fraction) -> Fraction:
@@ -48,7 +44,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     if period <= 0:
         return [
             Diagnostic(
-                "error", f"the block's period is {_num(period)}; it must be positive", block.span
+                "error", f"the block's period is {format_number(period)}; it must be positive", block.span
             )
         ]
     by_device: dict[int, list[BlockSlot]] = {}
@@ -57,8 +53,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             found.append(
                 Diagnostic(
                     "error",
-                    f"{_slot_name(slot)} on device {slot.device} lasts {_num(slot.duration)}, "
-                    f"longer than the period {_num(period)}: it would overlap its own next "
+                    f"{_slot_name(slot)} on device {slot.device} lasts {format_number(slot.duration)}, "
+                    f"longer than the period {format_number(period)}: it would overlap its own next "
                     "repetition; raise the period",
                     slot.span or block.span,
                 )
@@ -76,13 +72,13 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 found.append(
                     Diagnostic(
                         "error",
-                        f"on device {device}, {_slot_name(b)} [{_num(b.start)}, {_num(b_end)}) "
-                        f"collides with {_slot_name(a)} [{_num(a.start)}, {_num(a_end)}) modulo "
-                        f"the period {_num(period)} (at {_num(Fraction(b.start) % period)} and "
-                        f"{_num(Fraction(a.start) % period)} mod {_num(period)}, overlapping "
-                        f"{_num(overlap)}); move one of them or raise the period",
+                        f"on device {device}, {_slot_name(b)} [{format_number(b.start)}, {format_number(b_end)}) "
+                        f"collides with {_slot_name(a)} [{format_number(a.start)}, {format_number(a_end)}) modulo "
+                        f"the period {format_number(period)} (at {format_number(Fraction(b.start) % period)} and "
+                        f"{format_number(Fraction(a.start) % period)} mod {format_number(period)}, overlapping "
+                        f"{format_number(overlap)}); move one of them or raise the period",
                         b.span or block.span,
-                        ((a.span, f"{_slot_name(a)} starts at {_num(a.start)} here"),),
+                        ((a.span, f"{_slot_name(a)} starts at {format_number(a.start)} here"),),
                     )
                 )
     return found

@@ -1,9 +1,9 @@
 """Data dependencies: the per-device orders admit one global order that runs
 every pass after the passes it needs.
 
-The needs (§2 of the zero-bubble paper): F(j,s) after F(j,s-1); B(j,s) (or
-BW(j,s)) after F(j,s) and after the backward of (j,s+1); W(j,s) after B(j,s).
-Together with "a device runs its passes in its order" they form a graph; a
+The needs are `semantics.NEEDS` (§2 of the zero-bubble paper: F(j,s) after
+F(j,s-1); B(j,s) (or BW(j,s)) after F(j,s) and after the backward of (j,s+1);
+W(j,s) after B(j,s)). Together with "a device runs its passes in its order" they form a graph; a
 global order exists exactly when that graph has no cycle. We find out by
 running the orders (each device advances while its next pass's needs are done);
 when devices get stuck, each stuck device waits for one unfinished pass on some
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdsl.checks._flat import dependencies, flatten, run_orders
+from ppdsl.analysis.executor import dependencies, run_orders
 from ppdsl.diagnostics import Diagnostic
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, Schedule, format_pass
+from ppdsl.semantics import NUM_KINDS
 
 __all__ = ["check", "stuck_cycles"]
 
@@ -33,16 +35,16 @@ def stuck_cycles(schedule: Schedule) -> list[list[tuple[int, int, int]]]:
     (device, flat index of the pass it waits at, flat index of the pass it waits for).
     Empty when the orders run to the end."""
     flat = flatten(schedule)
-    deps = dependencies(schedule, flat)
-    zero = np.zeros(flat.size)
-    _, _, position = run_orders(flat.offsets, deps.dep0, deps.dep1, zero, zero, zero)
+    needs = dependencies(flat).index
+    no_time = np.zeros((NUM_KINDS, flat.num_stages))
+    _, _, position = run_orders(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
     num_devices = schedule.num_devices
     waits: dict[int, tuple[int, int, int]] = {}  # device -> (head, needed, device of needed)
     for dev in range(num_devices):
         head = int(position[dev])
         if head >= flat.offsets[dev + 1]:
             continue
-        for need in (int(deps.dep0[head]), int(deps.dep1[head])):
+        for need in needs[head].tolist():
             if need >= 0 and need >= position[flat.device[need]]:
                 waits[dev] = (head, need, int(flat.device[need]))
                 break

@@ -41,8 +41,9 @@ scheduler): the block gives F and B slots only. A device runs its F/B passes in
 block order; whenever the next one is not ready yet it runs its oldest pending
 W instead, and the W still pending when its F/B passes are done run at the end.
 "Ready" comes from a timed run of all devices together under the file's costs:
-F(j, s) waits for F(j, s-1), B(j, s) for B(j, s+1) and F(j, s), a W for its B,
-plus the transfer time when the pass it waits for ran on another device.
+a pass waits for the passes it needs (`semantics.NEEDS`: F(j, s) for F(j, s-1),
+B(j, s) for B(j, s+1) and F(j, s), a W for its B), plus the transfer time when
+the pass it waits for ran on another device.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
+from ppdsl.semantics import needs, peak_of_deltas
 
 __all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
 
@@ -158,21 +160,14 @@ def tighten_warm_up_and_cool_down(
     return chosen.orders if chosen is not None else orders
 
 
-def _needs(p: Pass, last_stage: int) -> list[tuple[PassKind, int, int]]:
-    """The passes `p` waits for (§2 of the zero-bubble paper)."""
-    if p.kind is _F:
-        return [(_F, p.microbatch, p.stage - 1)] if p.stage > 0 else []
-    if p.kind in (_B, _BW):
-        needs = [(_F, p.microbatch, p.stage)]
-        if p.stage < last_stage:
-            needs.append((p.kind, p.microbatch, p.stage + 1))
-        return needs
-    return [(_B, p.microbatch, p.stage)]
-
-
-_DELTA = {_F: (1, 1), _B: (0, -1), _W: (-1, 0), _BW: (-1, -1)}
-"""Memory change of a pass in microbatch-stages, counted with W holding all of
-M_B and with W holding none of it (as `_peaks` counts)."""
+_EXTREME_DELTAS = {
+    kind: tuple(
+        int(MemoryModel((Fraction(1),), (Fraction(w),)).delta(kind, 0)) for w in (1, 0)
+    )
+    for kind in PassKind
+}
+"""A pass's memory change in microbatch-stages, counted as `_peaks` counts:
+with W holding all of M_B and with W holding none of it (whole numbers)."""
 
 
 def _compact(
@@ -180,7 +175,7 @@ def _compact(
     placement: Placement,
     costs: Costs,
     ends: dict[tuple[PassKind, int, int], float],
-    peaks: list[tuple[int, int]],
+    peaks: list[tuple[Fraction, Fraction]],
 ) -> tuple[tuple[Pass, ...], ...] | None:
     """Compaction (the paper's reordering, done with the file's costs): every
     pass, in the order the plain repetition starts them, takes the earliest
@@ -188,7 +183,7 @@ def _compact(
     (a gap before passes already placed, or after them) and at which the
     device's activation peak stays within the repetition's. None when some
     pass fits nowhere."""
-    last_stage = placement.num_stages - 1
+    num_stages = placement.num_stages
     stage_device = placement.stage_device
     queue = sorted(
         (ends[p.key] - costs.duration(p.kind, p.stage), dev, k, p)
@@ -199,14 +194,14 @@ def _compact(
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
-        for key in _needs(p, last_stage):
+        for key in needs(p.kind, p.microbatch, p.stage, num_stages):
             if key not in end_of:
                 return None
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
         row = placed[dev]
-        at = _first_fit(row, ready, duration, _DELTA[p.kind], peaks[dev])
+        at = _first_fit(row, ready, duration, _EXTREME_DELTAS[p.kind], tuple(int(x) for x in peaks[dev]))
         if at is None:
             return None
         index, start = at
@@ -219,15 +214,15 @@ def _first_fit(
     row: list[tuple[float, float, Pass]],
     ready: float,
     duration: float,
-    delta: tuple[int, int],
-    limit: tuple[int, int],
+    delta: tuple[int, ...],
+    limit: tuple[int, ...],
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
     n = len(row)
     levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
     for i, (_, _, q) in enumerate(row):
-        dq = _DELTA[q.kind]
+        dq = _EXTREME_DELTAS[q.kind]
         for c in (0, 1):
             levels[c][i + 1] = levels[c][i] + dq[c]
     prefix_max = [[0] * (n + 1), [0] * (n + 1)]
@@ -257,28 +252,17 @@ def _first_fit(
     return None
 
 
-def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[int, int]]:
+def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
     """Per device, the peak number of microbatch-stages holding activations,
-    counting a W as releasing them (M_W = M_B) and a B as releasing them (M_W = 0)."""
-    result = []
-    for order in orders:
-        until_w = until_b = top_w = top_b = 0
-        for p in order:
-            if p.kind is _F:
-                until_w += 1
-                until_b += 1
-            elif p.kind is _B:
-                until_b -= 1
-            elif p.kind is _W:
-                until_w -= 1
-            else:
-                until_w -= 1
-                until_b -= 1
-            top_w, top_b = max(top_w, until_w), max(top_b, until_b)
-        result.append((top_w, top_b))
-    return [(w, b) for w, b in result]
-
-
+    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)."""
+    num_stages = 1 + max((p.stage for order in orders for p in order), default=0)
+    extremes = [
+        MemoryModel((Fraction(1),) * num_stages, (Fraction(w),) * num_stages) for w in (1, 0)
+    ]
+    return [
+        tuple(peak_of_deltas(m.delta(p.kind, p.stage) for p in order) for m in extremes)  # type: ignore[misc]
+        for order in orders
+    ]
 
 
 class _Run:
@@ -296,7 +280,7 @@ class _Run:
         hoist_forwards: bool = True,
     ) -> None:
         self.stage_device = placement.stage_device
-        self.last_stage = placement.num_stages - 1
+        self.num_stages = placement.num_stages
         self.costs = costs
         # how far down its order a device looks for a pass to run early: far enough
         # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
@@ -375,7 +359,7 @@ class _Run:
     def _ready_at(self, p: Pass) -> float | None:
         """When p's inputs are all there; None while one has not run yet."""
         at = 0.0
-        for key in _needs(p, self.last_stage):
+        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages):
             end = self.ends.get(key)
             if end is None:
                 return None

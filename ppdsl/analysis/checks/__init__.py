@@ -6,12 +6,12 @@ exists), collisions (the building block repeats cleanly), memory (every
 `expect peak_memory`). When the passes check fails the others are skipped:
 they assume every pass exists exactly once. The deadlock check needs the
 lowered rank programs and the expectations check the timeline; the driver
-calls them later (`ppdsl.checks.deadlock`, `ppdsl.checks.expectations`).
+calls them later (`ppdsl.analysis.checks.deadlock`, `.expectations`).
 """
 
 from __future__ import annotations
 
-from ppdsl.checks import collisions, dependencies, memory, passes
+from ppdsl.analysis.checks import collisions, dependencies, memory, passes
 from ppdsl.diagnostics import Diagnostic, sorted_diagnostics
 from ppdsl.ir.schedule import Schedule
 

@@ -1,36 +1,30 @@
-"""Parse `.pp` text into the AST (`ppdsl.ast`).
+"""Parse `.pp` text into the AST (`ppdsl.frontend.ast`).
 
 The grammar is grammar/ppdsl.lark (LALR). A post-lexer makes newlines and `;`
 statement separators except inside ( ) and [ ]; a lark Transformer builds the AST
 with a span on every node. Syntax errors become one located `CompileError`, labelled
-for the common mistakes (an unclosed brace, a missing value after `=`, a misspelt
-statement keyword) so a person can act on it.
+for the common mistakes (`ppdsl.frontend.syntax_errors`: an unclosed brace, a
+missing value after `=`, a misspelt statement keyword) so a person can act on it.
+`parse_expression` parses one expression (a `-D` value) with the same grammar.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedInput, VisitError
 
-from ppdsl import ast
 from ppdsl._resources import grammar_text
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
+from ppdsl.frontend import ast
+from ppdsl.frontend.syntax_errors import KEYWORDS, syntax_error, token_span
 
-__all__ = ["parse", "KEYWORDS"]
+__all__ = ["parse", "parse_expression", "KEYWORDS"]
 
-# Words the grammar reserves; they cannot name a param or a loop variable.
-KEYWORDS = (
-    "schedule param let place backward cost memory block period order expect chunk at fill "
-    "for in reversed repeat if else interleave with and or not"
-).split()
-_STATEMENTS = ("param", "let", "place", "backward", "cost", "memory", "block", "order", "expect")
-_ORDER_STATEMENTS = ("let", "for", "repeat", "if", "interleave")
 _OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
 _CLOSERS = {v: k for k, v in _OPENERS.items()}
 _GLUE_BEFORE = ("ELSE", "WITH")  # a newline before these does not end the statement
@@ -84,15 +78,26 @@ def _parser() -> tuple[Lark, _Postlex]:
         postlex=postlex,
         propagate_positions=True,
         maybe_placeholders=False,
+        start=["start", "expr"],
     )
     return lark, postlex
 
 
 def parse(text: str, file: str) -> ast.Module:
     """Parse one `.pp` file's text; `file` names it in spans."""
+    return _parse(text, file, "start")
+
+
+def parse_expression(text: str, file: str) -> ast.Expr:
+    """Parse one expression (a `-D` value), spans in `file`; a syntax error is a
+    CompileError."""
+    return _parse(text, file, "expr")
+
+
+def _parse(text: str, file: str, start: str) -> Any:
     lark, postlex = _parser()
     try:
-        tree = lark.parse(text)
+        tree = lark.parse(text, start=start)
     except UnexpectedInput as exc:
         raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
     try:
@@ -107,6 +112,11 @@ def parse(text: str, file: str) -> ast.Module:
         raise
 
 
+def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Token]) -> Diagnostic:
+    lark, _ = _parser()
+    return syntax_error(exc, text, file, history, lark, lambda t: lark.parse(t, start="start"))
+
+
 def _too_deep(file: str) -> Diagnostic:
     return Diagnostic(
         "error",
@@ -117,10 +127,6 @@ def _too_deep(file: str) -> Diagnostic:
 
 
 # --- the tree -> AST transformer ------------------------------------------------
-
-
-def _tok_span(file: str, tok: Any) -> Span:
-    return Span(file, tok.line, tok.column, tok.end_line, max(tok.column, tok.end_column - 1))
 
 
 _BINARY = {
@@ -137,7 +143,7 @@ _BINARY = {
 
 @v_args(meta=True)
 class _ToAst(Transformer):
-    """Builds `ppdsl.ast` nodes; every node gets the span of its source text."""
+    """Builds `ppdsl.frontend.ast` nodes; every node gets the span of its source text."""
 
     def __init__(self, file: str, text: str):
         super().__init__()
@@ -156,7 +162,7 @@ class _ToAst(Transformer):
 
     def schedule(self, meta, children):
         name, *stmts = children
-        span = _tok_span(self.file, name)
+        span = token_span(self.file, name)
         return ast.Module(str(name), tuple(stmts), self.file, span)
 
     # top-level statements
@@ -170,7 +176,7 @@ class _ToAst(Transformer):
     def place_named(self, meta, children):
         kind = children[0]
         arg = children[1] if len(children) > 1 else None
-        return ast.Place(str(kind), arg, (), self._span(meta), _tok_span(self.file, kind))
+        return ast.Place(str(kind), arg, (), self._span(meta), token_span(self.file, kind))
 
     def place_list(self, meta, children):
         span = self._span(meta)
@@ -178,7 +184,7 @@ class _ToAst(Transformer):
 
     def backward(self, meta, children):
         mode = children[0]
-        return ast.Backward(str(mode), self._span(meta), _tok_span(self.file, mode))
+        return ast.Backward(str(mode), self._span(meta), token_span(self.file, mode))
 
     def stage_index(self, meta, children):
         return ("index", str(children[0]))
@@ -187,7 +193,7 @@ class _ToAst(Transformer):
         name = children[0]
         index = children[1][1] if len(children) == 3 else None
         value = children[-1]
-        return node(str(name), index, value, self._span(meta), _tok_span(self.file, name))
+        return node(str(name), index, value, self._span(meta), token_span(self.file, name))
 
     def cost(self, meta, children):
         return self._per_stage(ast.Cost, meta, children)
@@ -214,7 +220,7 @@ class _ToAst(Transformer):
             value = Fraction(str(which))
             if value.denominator != 1:
                 raise self._error(
-                    f"a chunk index must be an integer, got {which}", _tok_span(self.file, which)
+                    f"a chunk index must be an integer, got {which}", token_span(self.file, which)
                 )
             chunk = int(value)
         else:
@@ -277,7 +283,7 @@ class _ToAst(Transformer):
             bound,
             " ".join(text.split()),
             self._span(meta),
-            _tok_span(self.file, metric),
+            token_span(self.file, metric),
         )
 
     # expressions
@@ -316,186 +322,3 @@ def _offset(text: str, line: int, column: int) -> int:
     for _ in range(line - 1):
         pos = text.index("\n", pos) + 1
     return pos + column - 1
-
-
-# --- syntax errors ---------------------------------------------------------------
-
-
-def _describe(tok: Token) -> str:
-    if tok.type == "$END":
-        return "end of file"
-    if tok.type == "_SEP":
-        return "';'" if tok.value == ";" else "end of line"
-    if tok.type == "NAME":
-        return f"name '{tok.value}'"
-    if tok.type == "NUMBER":
-        return f"number {tok.value}"
-    return f"'{tok.value}'"
-
-
-# Terminals that continue an expression; listed as "an operator" when many are expected.
-_OPERATORS = frozenset(
-    ["PLUS", "MINUS", "STAR", "SLASH", "_FLOORDIV", "PERCENT", "CMP", "AND", "OR", "QMARK"]
-    + ["_DOTDOT"]
-)
-# Tokens after which a value must follow.
-_NEEDS_VALUE = frozenset(
-    ["EQUAL", "AT", "PLUS", "MINUS", "STAR", "SLASH", "_FLOORDIV", "PERCENT", "CMP", "_DOTDOT"]
-)
-_VALUE_END = ("_SEP", "$END", "RBRACE", "RPAR", "RSQB", "COMMA")
-
-
-def _expected_words(expected: set[str], lark: Lark) -> list[str]:
-    words = []
-    if len(expected) > 6 and expected & _OPERATORS:
-        expected = expected - _OPERATORS
-        words.append("an operator")
-    for name in sorted(expected):
-        if name == "CMP":
-            words.append("a comparison (<= < == >= >)")
-        elif name == "NAME":
-            words.append("a name")
-        elif name == "NUMBER":
-            words.append("a number")
-        elif name == "_SEP":
-            words.append("end of line")
-        elif name == "$END":
-            words.append("end of file")
-        else:
-            try:
-                pattern = lark.get_terminal(name).pattern
-            except KeyError:
-                continue
-            words.append(f"'{pattern.value}'" if pattern.type == "str" else name)
-    return words
-
-
-def _keyword_candidates(expected: set[str]) -> list[str]:
-    return [k for k in KEYWORDS if k.upper() in expected]
-
-
-def _unclosed(text: str, file: str) -> Diagnostic | None:
-    """A bracket never closed or closed by the wrong kind; None when all match.
-    A `}` less indented than the line of the `{` it would close is taken to close an
-    outer `{` instead: the inner one is the one never closed."""
-    pairs = {"(": ")", "[": "]", "{": "}"}
-    lines = text.split("\n")
-    indents = [len(line) - len(line.lstrip(" \t")) for line in lines]
-    stack: list[tuple[str, int, int]] = []
-    suspect: tuple[str, int, int] | None = None
-    for lineno, line in enumerate(lines, start=1):
-        for col, ch in enumerate(line, start=1):
-            if ch == "#":
-                break
-            if ch in pairs:
-                stack.append((ch, lineno, col))
-            elif ch in ")]}":
-                if not stack:
-                    span = Span(file, lineno, col, lineno, col)
-                    return Diagnostic("error", f"'{ch}' closes nothing", span)
-                opener, oline, ocol = stack.pop()
-                if pairs[opener] != ch:
-                    span = Span(file, lineno, col, lineno, col)
-                    return Diagnostic(
-                        "error", f"'{ch}' does not match '{opener}' opened at {oline}:{ocol}", span
-                    )
-                if ch == "}" and suspect is None and indents[oline - 1] > indents[lineno - 1]:
-                    suspect = (opener, oline, ocol)
-    if not stack:
-        return None
-    opener, oline, ocol = suspect if suspect is not None else stack[-1]
-    span = Span(file, oline, ocol, oline, ocol)
-    return Diagnostic("error", f"'{opener}' opened at {oline}:{ocol} is never closed", span)
-
-
-def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Token]) -> Diagnostic:
-    lark, _ = _parser()
-    if isinstance(exc, UnexpectedCharacters):
-        span = Span(file, exc.line, exc.column, exc.line, exc.column)
-        bracket = _unclosed(text, file)
-        if bracket is not None and exc.char in ")]}":
-            return bracket
-        return Diagnostic("error", f"unexpected character {exc.char!r}", span)
-    assert isinstance(exc, UnexpectedToken)
-    tok = exc.token
-    if tok.type == "$END":
-        line = text.count("\n") + 1
-        col = len(text.rsplit("\n", 1)[-1]) + 1
-        span = Span(file, line, col, line, col)
-    else:
-        span = _tok_span(file, tok)
-    # a bracket problem at or before the failure is its likely cause
-    bracket = _unclosed(text, file)
-    if bracket is not None and bracket.span is not None:
-        if (bracket.span.line, bracket.span.column) <= (span.line, span.column):
-            return bracket
-    # the tokens before the failing one (history ends with it)
-    before = history[:-1] if history and history[-1] is tok else history
-    prev = before[-1] if before else None
-    expected = set(exc.expected)
-    try:  # the terminals really acceptable here (LALR's expected set is wider)
-        expected = set(exc.interactive_parser.accepts()) or expected
-    except Exception:  # pragma: no cover - only a better message is lost
-        pass
-    if prev is not None and prev.type in _NEEDS_VALUE and tok.type in _VALUE_END:
-        return Diagnostic("error", f"expected a value after '{prev.value}'", span)
-    if tok.type == "SCHEDULE" and "$END" in expected:
-        return Diagnostic("error", "a file holds one schedule; this is a second one", span)
-    at_statement_start = prev is None or prev.type in ("_SEP", "LBRACE")
-    keyword = tok.type.lower() if tok.type.lower() in KEYWORDS else None
-    if (
-        keyword in _STATEMENTS + _ORDER_STATEMENTS
-        and "_SEP" in expected
-        and prev is not None
-        and prev.line == tok.line
-    ):
-        return Diagnostic(
-            "error",
-            f"'{keyword}' starts a new statement: put it on its own line or after ';'",
-            span,
-        )
-    if tok.type == "NAME" and at_statement_start:
-        words = _keyword_candidates(expected)
-        if words:
-            return _unknown_word(f"unknown statement '{tok.value}'", tok.value, words, span)
-    if (
-        tok.type == "NAME"
-        and prev is not None
-        and prev.type == "NAME"
-        and len(before) >= 2
-        and before[-2].type in ("_SEP", "LBRACE")
-    ):
-        # `fr j in ...`: a word at the start of an order statement taken as a pass name
-        close = difflib.get_close_matches(prev.value, _ORDER_STATEMENTS, n=1, cutoff=0.6)
-        if close and "LPAR" in expected:
-            pspan = _tok_span(file, prev)
-            return Diagnostic(
-                "error", f"unknown statement '{prev.value}'; did you mean '{close[0]}'?", pspan
-            )
-        words = _keyword_candidates(expected)
-        if words:
-            return _unknown_word(
-                f"unexpected name '{tok.value}' after '{prev.value}'", tok.value, words, span
-            )
-    if tok.type == "NAME":
-        words = _keyword_candidates(expected)
-        close = difflib.get_close_matches(tok.value, words, n=1, cutoff=0.6)
-        if close:
-            return Diagnostic(
-                "error", f"unexpected name '{tok.value}'; did you mean '{close[0]}'?", span
-            )
-    wanted = _expected_words(expected, lark)
-    message = f"unexpected {_describe(tok)}"
-    if wanted and len(wanted) <= 6:
-        message += "; expected " + ", ".join(wanted[:-1]) + (" or " if len(wanted) > 1 else "")
-        message += wanted[-1]
-    return Diagnostic("error", message, span)
-
-
-def _unknown_word(message: str, word: str, candidates: list[str], span: Span) -> Diagnostic:
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    if close:
-        message += f"; did you mean '{close[0]}'?"
-    else:
-        message += "; expected " + ", ".join(f"'{c}'" for c in candidates)
-    return Diagnostic("error", message, span)

@@ -1,22 +1,30 @@
 """What a rank needs to know about the compiled schedule besides its own ops: the
 placement, the microbatch count, the memory model and the compiler's predictions.
-It is the manifest's content (`manifest.json` beside the generated programs).
+It is the manifest's content (`manifest.json` beside the generated programs),
+written by codegen and read by the runtime; plain Python, no torch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from ppdsl import __version__
 from ppdsl.ir.rank import RankProgram, format_rank_programs
-from ppdsl.ir.schedule import MemoryModel, PassKind, Schedule, format_schedule
-from ppdsl.runtime.memory import predicted_peak
+from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
+from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
-__all__ = ["Plan", "plan_from_schedule", "fingerprint"]
+__all__ = ["Plan", "plan_from_schedule", "fingerprint", "predicted_peak"]
+
+
+def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -> Fraction:
+    """The memory model's peak for one device: the largest prefix sum of the
+    deltas of its passes (kind, stage) in order."""
+    return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
 
 
 def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...]) -> str:
@@ -44,6 +52,11 @@ class Plan:
     predicted_busy_share: tuple[float, ...] | None = None
     """Per rank: simulated busy time / makespan (None without a timeline)."""
     costs: dict[str, Any] | None = None
+    predicted_makespan: float | None = None
+    """The simulated makespan under `costs` (None without a timeline)."""
+    costs_from: str | None = None
+    """The `--costs-from` file the costs came from (milliseconds, as `ppdsl profile`
+    writes them), or None for the schedule's own costs (its units)."""
 
     @property
     def num_devices(self) -> int:
@@ -74,18 +87,20 @@ class Plan:
                 "M_W": [str(x) for x in self.memory.weight_retained],
             },
             "costs": self.costs,
+            "predicted_makespan": self.predicted_makespan,
+            "costs_from": self.costs_from,
             "predicted_peak_memory": [str(self.predicted_peak(r)) for r in range(self.num_devices)],
             "predicted_busy_share": list(self.predicted_busy_share)
             if self.predicted_busy_share is not None
             else None,
             "actions": [
-                [torch_action_of(k, mb, s) for k, mb, s in order] for order in self.orders
+                [f"{s}{k.torch_letter}{mb}" for k, mb, s in order] for order in self.orders
             ],
         }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Plan:
-        letters = {v.torch_letter: v for v in PassKind}
+        letters = {k.torch_letter: k for k in KINDS}
         orders = []
         for actions in data["actions"]:
             order = []
@@ -109,11 +124,9 @@ class Plan:
             fingerprint=data["fingerprint"],
             predicted_busy_share=tuple(busy) if busy is not None else None,
             costs=data.get("costs"),
+            predicted_makespan=data.get("predicted_makespan"),
+            costs_from=data.get("costs_from"),
         )
-
-
-def torch_action_of(kind: PassKind, microbatch: int, stage: int) -> str:
-    return f"{stage}{kind.torch_letter}{microbatch}"
 
 
 def _json_value(v: object) -> Any:
@@ -123,9 +136,13 @@ def _json_value(v: object) -> Any:
 
 
 def plan_from_schedule(
-    schedule: Schedule, programs: tuple[RankProgram, ...], timeline: Any = None
+    schedule: Schedule,
+    programs: tuple[RankProgram, ...],
+    timeline: Any = None,
+    costs_from: str | None = None,
 ) -> Plan:
-    """The plan of a compiled schedule (timeline: `ppdsl.simulate.Timeline` or None)."""
+    """The plan of a compiled schedule (timeline: `ppdsl.analysis.simulate.Timeline` or
+    None; costs_from: the `--costs-from` file, if any)."""
     busy = None
     if timeline is not None:
         busy = tuple(float(b) / float(timeline.makespan) for b in timeline.busy)
@@ -143,13 +160,9 @@ def plan_from_schedule(
         ),
         fingerprint=fingerprint(schedule, programs),
         predicted_busy_share=busy,
-        costs={
-            "F": list(c.forward),
-            "B": list(c.backward_input),
-            "W": list(c.backward_weight),
-            "BW": list(c.fused_backward),
-            "comm": c.comm,
-        },
+        costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm},
+        predicted_makespan=float(timeline.makespan) if timeline is not None else None,
+        costs_from=costs_from,
     )
 
 

@@ -1,6 +1,6 @@
 """`expect bubble|idle|makespan OP bound` against the simulated timeline.
 
-`peak_memory` expectations are the memory check's (`ppdsl.checks.memory`):
+`peak_memory` expectations are the memory check's (`ppdsl.analysis.checks.memory`):
 they need only the order, and are reported there, once.
 
 The timeline is in floats (pass costs are floats) and bounds are exact
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from ppdsl.analysis.simulate import Timeline
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import Expect, Schedule
-from ppdsl.simulate import Timeline
+from ppdsl.semantics import format_decimal, format_exact
 
 __all__ = ["check", "TOLERANCE"]
 
@@ -41,16 +42,6 @@ def _holds(value: float, op: str, bound: Fraction) -> bool:
     if op == ">":
         return value > b + slack
     raise ValueError(op)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.6g}"
-
-
-def _bound(bound: Fraction) -> str:
-    if bound.denominator == 1:
-        return str(bound.numerator)
-    return f"{bound} ({float(bound):.6g})"
 
 
 def _device_bubble(timeline: Timeline, device: int) -> tuple[float, float, float]:
@@ -90,7 +81,7 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
             )
         value, span, busy = _device_bubble(timeline, e.device)
         subject = f"device {e.device}'s bubble ratio"
-        notes.append((None, f"device {e.device}: span {_fmt(span)}, busy {_fmt(busy)}"))
+        notes.append((None, f"device {e.device}: span {format_decimal(span)}, busy {format_decimal(busy)}"))
     elif e.metric == "bubble":
         value = timeline.bubble_ratio
         subject = "the bubble ratio"
@@ -99,8 +90,8 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
         notes.append(
             (
                 None,
-                f"device {dev} has the longest span, {_fmt(span)}, of which it is busy "
-                f"{_fmt(busy)} (the zero-bubble paper's ratio is (span - busy) / span)",
+                f"device {dev} has the longest span, {format_decimal(span)}, of which it is busy "
+                f"{format_decimal(busy)} (the zero-bubble paper's ratio is (span - busy) / span)",
             )
         )
     elif e.metric == "idle":
@@ -109,8 +100,8 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
         notes.append(
             (
                 None,
-                f"1 - busy / (devices x makespan) = 1 - {_fmt(sum(timeline.busy))} / "
-                f"({schedule.num_devices} x {_fmt(timeline.makespan)})",
+                f"1 - busy / (devices x makespan) = 1 - {format_decimal(sum(timeline.busy))} / "
+                f"({schedule.num_devices} x {format_decimal(timeline.makespan)})",
             )
         )
     else:
@@ -124,7 +115,7 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
     )
     return Diagnostic(
         "error",
-        f"{subject} is {_fmt(value)}, {_BREAKS[e.op]} the bound {_bound(e.bound)} "
+        f"{subject} is {format_decimal(value)}, {_BREAKS[e.op]} the bound {format_exact(e.bound, 6)} "
         f"(`expect {e.metric}{'' if e.device is None else f'[{e.device}]'} {e.op} {e.text}`); "
         f"{advice}",
         e.span,

@@ -25,9 +25,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.checks._flat import Flat, dependencies, flatten, run_orders
-from ppdsl.checks.memory import peak_memory
+from ppdsl import semantics
+from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.memory import peak_memory
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
+from ppdsl.semantics import allocates_at_start
 
 __all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time"]
 
@@ -68,31 +71,19 @@ class Timeline:
     start, a B/W/BW frees at its end. None unless asked for."""
 
 
-def _costs_arrays(
-    schedule: Schedule, flat: Flat
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    c = schedule.costs
-    table = np.array(
-        [c.forward, c.backward_input, c.backward_weight, c.fused_backward], dtype=np.float64
-    )
-    duration = table[flat.kind, flat.stage]
-    deps = dependencies(schedule, flat)
-    if deps.missing:
-        raise SimulationError(
-            f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
-        )
-    comm = float(c.comm)
-    comm0 = np.where((deps.dep0 >= 0) & (flat.device[deps.dep0] != flat.device), comm, 0.0)
-    comm1 = np.where((deps.dep1 >= 0) & (flat.device[deps.dep1] != flat.device), comm, 0.0)
-    return duration, comm0, comm1, np.stack([deps.dep0, deps.dep1])
-
-
 def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     """The timed simulation (numba kernel). Raises SimulationError when a pass
     is missing or the orders wait on each other in a cycle."""
     flat = flatten(schedule)
-    duration, comm0, comm1, deps = _costs_arrays(schedule, flat)
-    start, end, position = run_orders(flat.offsets, deps[0], deps[1], duration, comm0, comm1)
+    deps = dependencies(flat)
+    if deps.missing:
+        raise SimulationError(
+            f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
+        )
+    table = np.array(schedule.costs.durations, dtype=np.float64)
+    start, end, position = run_orders(
+        flat.offsets, flat.kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
+    )
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -105,6 +96,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         starts.append(tuple(start[a:b].tolist()))
         ends.append(tuple(end[a:b].tolist()))
     # fsum: correctly rounded, so both simulators agree to the last bit
+    duration = table[flat.kind, flat.stage]
     busy = [
         math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
         for d in range(len(starts))
@@ -118,8 +110,6 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
     pass it depends on + transfer cost). Evaluated depth-first with an explicit
     stack; a cycle raises SimulationError."""
     placement = schedule.placement
-    bk = PassKind.B if schedule.split_backward else PassKind.BW
-    last = schedule.num_stages - 1
     where: dict[tuple[PassKind, int, int], tuple[int, int]] = {}
     for dev, order in enumerate(schedule.orders):
         for k, p in enumerate(order):
@@ -127,15 +117,7 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
 
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
         p: Pass = schedule.orders[dev][k]
-        keys: list[tuple[PassKind, int, int]] = []
-        if p.kind is PassKind.F and p.stage > 0:
-            keys.append((PassKind.F, p.microbatch, p.stage - 1))
-        if p.kind in (PassKind.B, PassKind.BW):
-            keys.append((PassKind.F, p.microbatch, p.stage))
-            if p.stage < last:
-                keys.append((bk, p.microbatch, p.stage + 1))
-        if p.kind is PassKind.W:
-            keys.append((PassKind.B, p.microbatch, p.stage))
+        keys = semantics.needs(p.kind, p.microbatch, p.stage, schedule.num_stages)
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))
@@ -236,7 +218,7 @@ def _memory_over_time(
         points: list[tuple[float, float]] = []
         for p, s, e in zip(order, start[dev], end[dev], strict=True):
             level += memory.delta(p.kind, p.stage)
-            points.append((s if p.kind is PassKind.F else e, float(level)))
+            points.append((s if allocates_at_start(p.kind) else e, float(level)))
         out.append(tuple(points))
     return tuple(out)
 

@@ -1,0 +1,126 @@
+"""The block form: `block period T { ... }`, the building block of the
+controllable-memory paper (§3).
+
+Each slot line gives, for microbatch 0, the start of a pass kind for every
+chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
+(`chunk c:`); `W fill` leaves W to the greedy rule. The slot table is evaluated
+for every stage of every device and handed to `ppdsl.frontend.blocks`, which
+repeats it m times into per-device orders.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ppdsl.frontend import ast
+from ppdsl.frontend.blocks import repeat_block
+from ppdsl.frontend.declarations import MAX_PASSES, Declarations, pass_kind
+from ppdsl.frontend.expressions import (
+    ElaborationError,
+    Eval,
+    Num,
+    Scope,
+    compile_expr,
+    norm,
+    number,
+    show,
+)
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, Placement
+from ppdsl.semantics import PassKind, pass_kinds
+
+__all__ = ["elaborate_block"]
+
+
+def elaborate_block(
+    decl: ast.BlockDecl, state: Declarations, placement: Placement, m: int, costs: Costs
+) -> tuple[Block, tuple[tuple[Pass, ...], ...]]:
+    """The block's slots for every stage (in the order the file wrote them) and
+    the per-device orders of the block repeated m times."""
+    period = number(state.evaluate(decl.period), decl.period.span, "the period")
+    if period <= 0:
+        raise ElaborationError(f"the block's period must be > 0, got {show(period)}", decl.period.span)
+    split = state.split_backward
+    w_fill = False
+    max_chunks = max(len(placement.chunks(dev)) for dev in range(placement.num_devices))
+    # (priority, chunk) -> kind -> (slot, compiled start, chunk var)
+    numbered: dict[int, dict[str, tuple[ast.Slot, Eval]]] = {}
+    named: dict[str, tuple[ast.Slot, Eval, str]] = {}
+    general: dict[str, tuple[ast.Slot, Eval]] = {}
+    base = Scope(["s", "i", "c"], state.scope())
+    for line in decl.lines:
+        if isinstance(line, ast.Fill):
+            pass_kind(line.kind, line.span, split)
+            if line.kind != "W":
+                raise ElaborationError(f"only W passes can be filled, not {line.kind}", line.span)
+            if w_fill:
+                raise ElaborationError("'W fill' is given twice", line.span)
+            w_fill = True
+            continue
+        if isinstance(line.chunk, int):
+            if not 0 <= line.chunk < max_chunks:
+                raise ElaborationError(
+                    f"chunk {line.chunk} out of range: devices hold {max_chunks} chunk(s), "
+                    f"so 0..{max_chunks}",
+                    line.span,
+                )
+            table: dict = numbered.setdefault(line.chunk, {})
+            scope = base
+        elif isinstance(line.chunk, str):
+            table = named
+            scope = Scope([line.chunk], base) if line.chunk not in base else base
+        else:
+            table = general
+            scope = base
+        for slot in line.slots:
+            pass_kind(slot.kind, slot.span, split)
+            if slot.kind in table:
+                other = table[slot.kind][0].span
+                raise ElaborationError(
+                    f"{slot.kind} is placed twice for the same chunks "
+                    f"(also at {other.line}:{other.column})",
+                    slot.span,
+                )
+            start = compile_expr(slot.start, scope)
+            table[slot.kind] = (slot, start, line.chunk) if table is named else (slot, start)
+    if w_fill and ("W" in general or "W" in named or any("W" in x for x in numbered.values())):
+        raise ElaborationError("W is placed explicitly and by 'W fill'; keep one", decl.span)
+    kinds = [k.value for k in pass_kinds(split) if not (w_fill and k is PassKind.W)]
+    slots = []
+    env = dict(state.env)
+    for device in range(placement.num_devices):
+        for c, stage in enumerate(placement.chunks(device)):
+            env["s"], env["i"], env["c"] = stage, device, c
+            for kind in kinds:
+                entry = numbered.get(c, {}).get(kind)
+                if entry is None and kind in named:
+                    slot, start, var = named[kind]
+                    env[var] = c
+                    entry = (slot, start)
+                if entry is None:
+                    entry = general.get(kind)
+                if entry is None:
+                    raise ElaborationError(
+                        f"the block places no {kind} for stage {stage} (chunk {c} of device "
+                        f"{device}); add `{kind} at ...`" + (" or `W fill`" if kind == "W" else ""),
+                        decl.span,
+                    )
+                slot, start = entry
+                at = number(start(env), slot.start.span, "a start time")
+                pk = PassKind(kind)
+                duration = norm(Fraction(_stage_cost(state, kind, stage)))
+                slots.append(
+                    BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
+                )
+    # repeat_block breaks ties by slot position: keep the order the file wrote the slots
+    slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))
+    block = Block(Fraction(period), tuple(slots), decl.span)
+    if len(slots) * m > MAX_PASSES:
+        raise ElaborationError(
+            f"the block repeated m = {m} times makes more than {MAX_PASSES} passes", decl.span
+        )
+    orders = repeat_block(block, placement, m, split_backward=split, w_fill=w_fill, costs=costs)
+    return block, orders
+
+
+def _stage_cost(state: Declarations, kind: str, stage: int) -> Num:
+    return state.costs[PassKind(kind)][stage]

@@ -1,0 +1,377 @@
+"""The top-level declarations: params (with `-D` overrides), lets, the
+placement, costs, the memory model and expectations.
+
+`Declarations` holds what the statements have established so far: the names in
+scope and their values, the placement, the per-stage costs and memory. Costs and
+memory not given take `semantics`' defaults (unit pass costs, BW = B + W,
+M_B = 1, M_W = M_B / 2), kept current after every statement so `T_F`, `M_W`,
+... name the values in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from ppdsl import semantics
+from ppdsl.diagnostics import CompileError, Span
+from ppdsl.frontend import ast
+from ppdsl.frontend.expressions import (
+    BUILTINS,
+    ElaborationError,
+    Env,
+    Num,
+    Scope,
+    Value,
+    compile_expr,
+    did_you_mean,
+    integer,
+    norm,
+    number,
+    show,
+)
+from ppdsl.ir.schedule import Costs, Expect, MemoryModel, Placement
+from ppdsl.semantics import KINDS, PassKind
+
+__all__ = [
+    "Declarations",
+    "METRICS",
+    "MAX_PASSES",
+    "evaluate_override",
+    "declare_param",
+    "declare_placement",
+    "declare_cost",
+    "declare_memory",
+    "ensure_placement",
+    "expectation",
+    "pass_kind",
+]
+
+METRICS = ("peak_memory", "bubble", "idle", "makespan")
+_EXPECT_OPS = ("<=", "<", "==", ">=", ">")
+_COST_NAMES = tuple(k.value for k in KINDS) + ("comm",)
+_MEMORY_NAMES = ("M_B", "M_W")
+# Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
+_MAX_DEVICES = 1 << 16
+_MAX_MICROBATCHES = 1 << 20
+_MAX_STAGES = 1 << 20
+MAX_PASSES = 20_000_000
+"""The most passes an order or a repeated block may make."""
+
+
+@dataclass
+class Declarations:
+    """What the top-level statements have established so far."""
+
+    file: str
+    """The `.pp` file, for spans."""
+    env: Env = field(default_factory=dict)
+    """Every name in scope at the top level and its value."""
+    defined: dict[str, Span | None] = field(default_factory=dict)
+    """Where each param and let was defined (None: on the command line)."""
+    params: list[tuple[str, Value]] = field(default_factory=list)
+    """Params and lets in order, for the IR's `params`."""
+    placement: Placement | None = None
+    """The placement, once `place` (or a statement that needs one) is seen."""
+    split_backward: bool = True
+    """`backward split` (B and W) or `backward fused` (BW)."""
+    costs: dict[PassKind, list[Num]] = field(default_factory=dict)
+    """Per pass kind, its cost on each stage (given or by default)."""
+    comm: Num = semantics.DEFAULT_COMM
+    """The cost of one transfer between devices."""
+    explicit: set[str] = field(default_factory=set)
+    """The cost and memory names the file gave (the others follow defaults)."""
+    memory: dict[str, list[Num]] = field(default_factory=dict)
+    """M_B and M_W per stage."""
+
+    def scope(self) -> Scope:
+        """The names visible at the top level."""
+        return Scope(self.env)
+
+    def define(self, name: str, value: Value, span: Span | None) -> None:
+        """Bind a param or let; a builtin or a second definition is an error."""
+        if name in BUILTINS:
+            raise ElaborationError(
+                f"'{name}' is a name the compiler binds; choose another name", span
+            )
+        if name in self.defined:
+            where = self.defined[name]
+            at = f" at {where.line}:{where.column}" if where else ""
+            raise ElaborationError(f"'{name}' is already defined{at}", span)
+        self.defined[name] = span
+        self.env[name] = value
+
+    def evaluate(self, expr: ast.Expr) -> Value:
+        """The value of a top-level expression."""
+        return compile_expr(expr, self.scope())(self.env)
+
+    def cost_model(self) -> Costs:
+        """The costs in force, as the IR states them."""
+        return Costs.by_kind(
+            {k: [float(x) for x in values] for k, values in self.costs.items()}, float(self.comm)
+        )
+
+    def memory_model(self) -> MemoryModel:
+        """The memory model in force, as the IR states it."""
+        return MemoryModel(
+            tuple(Fraction(x) for x in self.memory["M_B"]),
+            tuple(Fraction(x) for x in self.memory["M_W"]),
+        )
+
+
+def _at_most(value: int, limit: int, span: Span | None, what: str, prefix: str = "") -> None:
+    if value > limit:
+        raise ElaborationError(f"{prefix}{what} is {value}; ppdsl handles at most {limit}", span)
+
+
+def _positive_int(value: Value, span: Span | None, what: str, prefix: str = "") -> int:
+    if isinstance(value, bool) or type(value) is not int or value <= 0:
+        raise ElaborationError(
+            f"{prefix}{what} must be a positive integer, got {show(value)}", span
+        )
+    return value
+
+
+def evaluate_override(name: str, text: str, state: Declarations) -> Value:
+    """Evaluate `-D name=text` as an expression over the params defined before it."""
+    from ppdsl.frontend.parse import parse_expression
+
+    prefix = f"-D {name}={text}: "
+    try:
+        expr = parse_expression(text, "<command line>")
+        if isinstance(expr, ast.Name) and expr.id not in state.env:
+            raise ElaborationError(
+                f"{prefix}'{text}' is not a number (give an integer, a rational such as 3/2, "
+                "or an expression over earlier params such as 2*d)",
+                None,
+            )
+        return state.evaluate(expr)
+    except CompileError:
+        raise ElaborationError(
+            f"{prefix}not a number or an expression over earlier params", None
+        ) from None
+    except ElaborationError as exc:
+        if exc.diagnostic.message.startswith(prefix):
+            raise
+        raise ElaborationError(prefix + exc.diagnostic.message, None) from None
+
+
+def declare_param(stmt: ast.Param, state: Declarations, overrides: dict[str, str]) -> None:
+    """`param NAME = default`, or its `-D` override; d and m must be positive
+    integers within ppdsl's limits."""
+    if stmt.name in overrides:
+        value = evaluate_override(stmt.name, overrides[stmt.name], state)
+        where: Span | None = None
+        prefix = f"-D {stmt.name}={overrides[stmt.name]}: "
+    elif stmt.default is None:
+        raise ElaborationError(
+            f"param '{stmt.name}' has no value; give it with -D {stmt.name}=...", stmt.span
+        )
+    else:
+        value = state.evaluate(stmt.default)
+        where = stmt.default.span
+        prefix = ""
+    if isinstance(value, range):
+        raise ElaborationError(
+            f"{prefix}a param must be a number, got the range {show(value)}", where
+        )
+    if stmt.name == "d":
+        value = _positive_int(value, where, "d (the number of devices)", prefix)
+        _at_most(value, _MAX_DEVICES, where, "d (the number of devices)", prefix)
+    elif stmt.name == "m":
+        value = _positive_int(value, where, "m (the number of microbatches)", prefix)
+        _at_most(value, _MAX_MICROBATCHES, where, "m (the number of microbatches)", prefix)
+    state.define(stmt.name, value, stmt.span)
+    state.params.append((stmt.name, value))
+
+
+def _placement(stmt: ast.Place, state: Declarations) -> Placement:
+    d = state.env["d"]
+    assert type(d) is int
+    if stmt.kind == "list":
+        devices = []
+        for expr in stmt.devices:
+            dev = integer(state.evaluate(expr), expr.span, "a device index")
+            if not 0 <= dev < d:
+                raise ElaborationError(
+                    f"device {dev} out of range: d = {d}, so devices are 0..{d}", expr.span
+                )
+            devices.append(dev)
+        unused = sorted(set(range(d)) - set(devices))
+        if unused:
+            raise ElaborationError(
+                f"device {unused[0]} holds no stage: the list must use every device 0..{d} "
+                f"(d = {d})",
+                stmt.span,
+            )
+        return Placement("list", d, tuple(devices))
+    names = tuple(semantics.PLACEMENTS)
+    if stmt.kind not in names:
+        hint = (
+            did_you_mean(stmt.kind, names)
+            or "; expected one of " + ", ".join(names) + " or a list [e0, e1, ...]"
+        )
+        raise ElaborationError(f"unknown placement '{stmt.kind}'{hint}", stmt.kind_span)
+    takes_arg = semantics.takes_chunks(stmt.kind)
+    if takes_arg and stmt.arg is None:
+        raise ElaborationError(
+            f"'{stmt.kind}' needs the number of chunks: {stmt.kind}(v)", stmt.span
+        )
+    if not takes_arg and stmt.arg is not None:
+        raise ElaborationError(f"'{stmt.kind}' takes no argument", stmt.arg.span)
+    if not takes_arg:
+        return Placement.named(stmt.kind, d)
+    assert stmt.arg is not None
+    v = _positive_int(state.evaluate(stmt.arg), stmt.arg.span, "the number of chunks")
+    _at_most(v * d, _MAX_STAGES, stmt.arg.span, "the number of stages v*d")
+    return Placement.named(stmt.kind, d, v)
+
+
+def declare_placement(stmt: ast.Place, state: Declarations) -> None:
+    """`place ...`: sets the placement (before any cost or memory statement)."""
+    if state.placement is not None:
+        raise ElaborationError(
+            "'place' must come before the costs and memory that depend on it", stmt.span
+        )
+    _set_placement(state, _placement(stmt, state))
+
+
+def _set_placement(state: Declarations, placement: Placement) -> None:
+    state.placement = placement
+    num_stages = placement.num_stages
+    state.env["S"] = num_stages
+    if "v" not in state.env:
+        state.env["v"] = norm(Fraction(num_stages, placement.num_devices))
+    state.memory["M_B"] = [semantics.DEFAULT_ACTIVATION] * num_stages
+    _refresh_names(state)
+
+
+def _refresh_names(state: Declarations) -> None:
+    """Keep the defaults of what the file did not give (`semantics`' defaults)
+    and the T_*/M_* names current."""
+    num_stages = len(state.memory["M_B"])
+    given = {k: v for k, v in state.costs.items() if k.value in state.explicit}
+    state.costs = {
+        k: [norm(x) for x in values]
+        for k, values in semantics.with_default_durations(given, num_stages).items()
+    }
+    if "M_W" not in state.explicit:
+        fraction = semantics.DEFAULT_WEIGHT_FRACTION
+        state.memory["M_W"] = [norm(Fraction(x) * fraction) for x in state.memory["M_B"]]
+    for kind in KINDS:
+        state.env[f"T_{kind.value}"] = state.costs[kind][0]
+    state.env["T_comm"] = state.comm
+    for name in _MEMORY_NAMES:
+        state.env[name] = state.memory[name][0]
+
+
+def ensure_placement(state: Declarations) -> Placement:
+    """The placement in force: `parallel` when the file has not said yet."""
+    if state.placement is None:
+        d = state.env["d"]
+        assert type(d) is int
+        _set_placement(state, Placement.named("parallel", d))
+    assert state.placement is not None
+    return state.placement
+
+
+def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: str) -> list[Num]:
+    num_stages = ensure_placement(state).num_stages
+    if stmt.index is None:
+        value = state.evaluate(stmt.value)
+        values = [value] * num_stages
+    else:
+        if stmt.index in state.env:
+            raise ElaborationError(
+                f"'{stmt.index}' is already defined; name the stage index something else",
+                stmt.span,
+            )
+        fn = compile_expr(stmt.value, Scope([stmt.index], state.scope()))
+        env = dict(state.env)
+        values = []
+        for s in range(num_stages):
+            env[stmt.index] = s
+            values.append(fn(env))
+    nums: list[Num] = []
+    for value in values:
+        if isinstance(value, range) or value < 0:
+            raise ElaborationError(
+                f"{what} must be a number >= 0, got {show(value)}", stmt.value.span
+            )
+        nums.append(int(value) if isinstance(value, bool) else value)
+    return nums
+
+
+def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
+    """`cost KIND = x`, `cost KIND[s] = f(s)` or `cost comm = x`."""
+    if stmt.name not in _COST_NAMES:
+        listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
+        hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
+        raise ElaborationError(f"unknown cost '{stmt.name}'{hint}", stmt.name_span)
+    if stmt.name == "comm":
+        if stmt.index is not None:
+            raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
+        state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    else:
+        state.costs[PassKind(stmt.name)] = _per_stage_values(stmt, state, "a cost")
+    state.explicit.add(stmt.name)
+    _refresh_names(state)
+
+
+def declare_memory(stmt: ast.Memory, state: Declarations) -> None:
+    """`memory M_B = x`, `memory M_W[s] = f(s)`."""
+    if stmt.name not in _MEMORY_NAMES:
+        hint = did_you_mean(stmt.name, _MEMORY_NAMES) or "; the memory model has M_B and M_W"
+        raise ElaborationError(f"unknown memory quantity '{stmt.name}'{hint}", stmt.name_span)
+    state.memory[stmt.name] = _per_stage_values(stmt, state, "a memory amount")
+    state.explicit.add(stmt.name)
+    _refresh_names(state)
+
+
+def pass_kind(name: str, span: Span, split_backward: bool) -> PassKind:
+    """The pass kind a block slot or an order's pass call names, checked
+    against the schedule's backward form."""
+    kinds = semantics.pass_kinds(split_backward)
+    words = tuple(k.value for k in kinds)
+    if name not in {k.value for k in KINDS}:
+        hint = did_you_mean(name, words) or "; passes are " + ", ".join(words)
+        raise ElaborationError(f"unknown pass '{name}'{hint}", span)
+    kind = PassKind(name)
+    if kind not in kinds:
+        if split_backward:
+            raise ElaborationError(
+                "this schedule's backward is split: write "
+                + " and ".join(k.value for k in semantics.backward_kinds(True))
+                + " (or `backward fused`)",
+                span,
+            )
+        fused = " and ".join(k.value for k in semantics.backward_kinds(False))
+        raise ElaborationError(f"this schedule's backward is fused: write {fused}, not {name}", span)
+    return kind
+
+
+def expectation(decl: ast.ExpectDecl, state: Declarations, num_devices: int) -> Expect:
+    """`expect METRIC[device] OP bound`, its metric and device checked."""
+    if decl.metric not in METRICS:
+        hint = did_you_mean(decl.metric, METRICS) or "; metrics are " + ", ".join(METRICS)
+        raise ElaborationError(f"unknown metric '{decl.metric}'{hint}", decl.metric_span)
+    if decl.op not in _EXPECT_OPS:
+        raise ElaborationError(
+            f"expect takes one of {' '.join(_EXPECT_OPS)}, not '{decl.op}'", decl.span
+        )
+    device = None
+    if decl.device is not None:
+        if decl.metric != "peak_memory":
+            raise ElaborationError(
+                f"'{decl.metric}' is one value for the schedule; only peak_memory takes "
+                "a device [k]",
+                decl.device.span,
+            )
+        device = integer(state.evaluate(decl.device), decl.device.span, "a device index")
+        if not 0 <= device < num_devices:
+            raise ElaborationError(
+                f"device {device} out of range: d = {num_devices}, so 0..{num_devices}",
+                decl.device.span,
+            )
+    bound = number(state.evaluate(decl.bound), decl.bound.span, "the bound")
+    return Expect(decl.metric, decl.op, Fraction(bound), device, decl.span, decl.text)

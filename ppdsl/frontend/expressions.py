@@ -1,0 +1,395 @@
+"""Expressions of the language: values, static name resolution, and compiling
+an expression into a closure over an environment.
+
+Arithmetic is exact: values are ints, `Fraction`s (never one with denominator 1),
+bools (from comparisons) or ranges. Names are resolved when an expression is
+compiled, so an undefined name is an error at its use even in a branch never
+taken. An expression whose values are ints all the way through runs as compiled
+Python (the fast path: order-form loops evaluate millions of them); anything
+else is evaluated exactly, with a located error for every mistake.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import operator
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+from ppdsl.diagnostics import Diagnostic, Span
+from ppdsl.frontend import ast
+
+__all__ = [
+    "Num",
+    "Value",
+    "Env",
+    "Eval",
+    "ElaborationError",
+    "FUNCTIONS",
+    "BUILTINS",
+    "did_you_mean",
+    "norm",
+    "show",
+    "number",
+    "integer",
+    "Scope",
+    "compile_expr",
+    "compile_exact",
+    "compile_range",
+]
+
+Num = int | Fraction  # bool is an int
+Value = Num | range
+Env = dict[str, Any]  # the names in scope and their Values
+Eval = Callable[[Env], Value]
+
+FUNCTIONS = ("min", "max", "ceil", "floor")
+# Names the compiler binds; a param or let may not take them (v may be a param).
+BUILTINS = frozenset(
+    ["S", "T_F", "T_B", "T_W", "T_BW", "T_comm", "M_B", "M_W", "s", "i", "c", "chunks"]
+    + list(FUNCTIONS)
+)
+_WHERE_BOUND = {
+    "s": "the stage index 's' is bound only in per-stage `cost`/`memory` and in `block` lines",
+    "i": "the device index 'i' is bound only in `block` and `order`",
+    "c": "the chunk index 'c' is bound only in `chunk c:` lines (or by `for c in chunks`)",
+    "chunks": "'chunks' is bound only in `order`",
+}
+
+
+class ElaborationError(Exception):
+    """One located finding; `elaborate` turns it into a CompileError."""
+
+    def __init__(self, message: str, span: Span | None, notes=()):
+        super().__init__(message)
+        self.diagnostic = Diagnostic("error", message, span, tuple(notes))
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """`; did you mean 'x'?` for the closest candidate, or nothing."""
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def norm(x):
+    """A Fraction with denominator 1 becomes an int, so integer tests are `type is int`."""
+    if type(x) is Fraction and x.denominator == 1:
+        return int(x)
+    return x
+
+
+def show(x: Value) -> str:
+    """A value as the language writes it (`true`, `0..4`, `3/2`)."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, range):
+        if x.step == -1:
+            return f"reversed({x.stop + 1}..{x.start + 1})"
+        return f"{x.start}..{x.stop}"
+    return str(x)
+
+
+# --- expressions ------------------------------------------------------------------
+
+
+def number(value: Value, span: Span, what: str = "this") -> Num:
+    """`value` if it is a number; a range is a located error."""
+    if isinstance(value, range):
+        raise ElaborationError(f"{what} is a range ({show(value)}), not a number", span)
+    return value
+
+
+def integer(value: Value, span: Span, what: str) -> int:
+    """`value` as an int (a bool counts); anything else is a located error."""
+    if isinstance(value, bool):
+        return int(value)
+    if type(value) is int:
+        return value
+    if isinstance(value, range):
+        raise ElaborationError(f"{what} must be an integer, got the range {show(value)}", span)
+    raise ElaborationError(f"{what} must be an integer, got {value}", span)
+
+
+class Scope:
+    """The names visible at a point of the program, for static resolution."""
+
+    def __init__(self, names, parent: Scope | None = None):
+        self.names = set(names)
+        self.parent = parent
+
+    def __contains__(self, name: str) -> bool:
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.names:
+                return True
+            scope = scope.parent
+        return False
+
+    def all(self) -> set[str]:
+        """Every name visible here (for "did you mean")."""
+        out: set[str] = set()
+        scope: Scope | None = self
+        while scope is not None:
+            out |= scope.names
+            scope = scope.parent
+        return out
+
+
+class _Slow(Exception):
+    """The integer fast path does not apply; evaluate exactly."""
+
+
+def _fast_div(a, b):
+    if type(a) is int and type(b) is int and b and a % b == 0:
+        return a // b
+    raise _Slow
+
+
+def _fast_bool(x) -> bool:
+    if type(x) is range:
+        raise _Slow
+    return bool(x)
+
+
+def _fast_eq(a, b) -> bool:
+    if type(a) is range or type(b) is range:
+        raise _Slow
+    return a == b
+
+
+def _fast_ne(a, b) -> bool:
+    if type(a) is range or type(b) is range:
+        raise _Slow
+    return a != b
+
+
+def _fast_number(x):
+    if type(x) is range:
+        raise _Slow
+    return x
+
+
+_FAST_GLOBALS = {
+    "__builtins__": {},
+    "_div": _fast_div,
+    "_b": _fast_bool,
+    "_eq": _fast_eq,
+    "_ne": _fast_ne,
+    "_n": _fast_number,
+    "_ceil": math.ceil,
+    "_floor": math.floor,
+    "min": min,
+    "max": max,
+}
+_FAST_OPS = ("+", "-", "*", "//", "%", "<", "<=", ">", ">=")
+
+
+def _python(expr: ast.Expr) -> str:
+    """Python source for `expr` assuming every value is an int; raises _Slow for
+    anything the int path cannot express (rational literals)."""
+    if isinstance(expr, ast.Number):
+        if expr.value.denominator != 1:
+            raise _Slow
+        return repr(int(expr.value))
+    if isinstance(expr, ast.Name):
+        return f"env[{expr.id!r}]"
+    if isinstance(expr, ast.Unary):
+        inner = _python(expr.operand)
+        return f"(-{inner})" if expr.op == "-" else f"(not _b({inner}))"
+    if isinstance(expr, ast.Cond):
+        cond, then, else_ = _python(expr.cond), _python(expr.then), _python(expr.else_)
+        return f"({then} if _b({cond}) else {else_})"
+    if isinstance(expr, ast.Call):
+        args = [_python(a) for a in expr.args]
+        if expr.func in ("ceil", "floor"):
+            return f"_{expr.func}(_n({args[0]}))"
+        if len(args) == 1:
+            return f"_n({args[0]})"
+        return f"{expr.func}({', '.join(args)})"
+    left, right = _python(expr.left), _python(expr.right)
+    if expr.op in ("and", "or"):
+        return f"(_b({left}) {expr.op} _b({right}))"
+    if expr.op == "/":
+        return f"_div({left}, {right})"
+    if expr.op == "==":
+        return f"_eq({left}, {right})"
+    if expr.op == "!=":
+        return f"_ne({left}, {right})"
+    assert expr.op in _FAST_OPS
+    return f"({left} {expr.op} {right})"
+
+
+def compile_expr(expr: ast.Expr, scope: Scope) -> Eval:
+    """Turn an expression into a closure over the environment. Names resolve (or
+    fail) now. Values that are ints all the way through take a compiled Python
+    fast path; anything else (rationals, ranges, errors) is evaluated exactly."""
+    exact = compile_exact(expr, scope)
+    if isinstance(expr, (ast.Number, ast.Name)):
+        return exact
+    try:
+        source = _python(expr)
+        if len(source) > 4000:
+            return exact
+        fast = eval(f"lambda env: {source}", dict(_FAST_GLOBALS))  # noqa: S307 - built from the AST
+    except (_Slow, SyntaxError, RecursionError, MemoryError):
+        return exact
+
+    def evaluate(env: Env) -> Value:
+        try:
+            result = fast(env)
+        except Exception:
+            return exact(env)
+        if type(result) is int or type(result) is bool:
+            return result
+        return exact(env)
+
+    return evaluate
+
+
+def compile_exact(expr: ast.Expr, scope: Scope) -> Eval:
+    """Turn an expression into a closure over the environment, with exact semantics
+    and located errors for every mistake."""
+    if isinstance(expr, ast.Number):
+        value = norm(expr.value)
+        return lambda env: value
+    if isinstance(expr, ast.Name):
+        name = expr.id
+        if name not in scope:
+            if name in _WHERE_BOUND and name not in scope:
+                raise ElaborationError(f"undefined name '{name}': {_WHERE_BOUND[name]}", expr.span)
+            hint = did_you_mean(name, scope.all())
+            raise ElaborationError(f"undefined name '{name}'{hint}", expr.span)
+        return lambda env: env[name]
+    if isinstance(expr, ast.Unary):
+        operand = compile_exact(expr.operand, scope)
+        span = expr.operand.span
+        if expr.op == "-":
+            return lambda env: -number(operand(env), span)
+        return lambda env: not number(operand(env), span)
+    if isinstance(expr, ast.Cond):
+        cond, then, else_ = (compile_exact(e, scope) for e in (expr.cond, expr.then, expr.else_))
+        cspan = expr.cond.span
+        return lambda env: then(env) if number(cond(env), cspan) else else_(env)
+    if isinstance(expr, ast.Call):
+        return _compile_call(expr, scope)
+    assert isinstance(expr, ast.Binary)
+    return _compile_binary(expr, scope)
+
+
+def _compile_call(expr: ast.Call, scope: Scope) -> Eval:
+    if expr.func not in FUNCTIONS:
+        hint = did_you_mean(expr.func, FUNCTIONS)
+        if not hint:
+            hint = "; functions are " + ", ".join(FUNCTIONS)
+        raise ElaborationError(f"unknown function '{expr.func}'{hint}", expr.span)
+    args = [compile_exact(a, scope) for a in expr.args]
+    spans = [a.span for a in expr.args]
+    if expr.func in ("ceil", "floor"):
+        if len(args) != 1:
+            raise ElaborationError(f"{expr.func}() takes one argument, got {len(args)}", expr.span)
+        fn = math.ceil if expr.func == "ceil" else math.floor
+        (arg,), (aspan,) = args, spans
+        return lambda env: fn(number(arg(env), aspan))
+    pick = min if expr.func == "min" else max
+    if not args:
+        raise ElaborationError(f"{expr.func}() needs at least one argument", expr.span)
+
+    def call(env: Env) -> Value:
+        return pick(number(a(env), s) for a, s in zip(args, spans, strict=True))
+
+    return call
+
+
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def _compile_binary(expr: ast.Binary, scope: Scope) -> Eval:
+    left, right = compile_exact(expr.left, scope), compile_exact(expr.right, scope)
+    lspan, rspan, op = expr.left.span, expr.right.span, expr.op
+    if op == "and":
+        return lambda env: bool(number(left(env), lspan)) and bool(number(right(env), rspan))
+    if op == "or":
+        return lambda env: bool(number(left(env), lspan)) or bool(number(right(env), rspan))
+    divides = op in ("/", "//", "%")
+
+    def slow(a: Value, b: Value) -> Value:
+        # rationals, bools, ranges (an error) and division by zero
+        a, b = number(a, lspan), number(b, rspan)
+        if divides and b == 0:
+            raise ElaborationError(f"division by zero: '{op}' by a value that is 0", expr.span)
+        if op == "/":
+            return norm(Fraction(a) / Fraction(b))
+        if op == "//":
+            return math.floor(Fraction(a) / Fraction(b))
+        result = _OPS[op](a, b)
+        return result if isinstance(result, bool) else norm(result)
+
+    if op == "/":
+
+        def divide(env: Env) -> Value:
+            a, b = left(env), right(env)
+            if type(a) is int and type(b) is int and b and a % b == 0:
+                return a // b
+            return slow(a, b)
+
+        return divide
+    fn = _OPS[op]
+    if divides:
+
+        def int_divide(env: Env) -> Value:
+            a, b = left(env), right(env)
+            if type(a) is int and type(b) is int and b:
+                return fn(a, b)
+            return slow(a, b)
+
+        return int_divide
+
+    def arithmetic(env: Env) -> Value:
+        a, b = left(env), right(env)
+        if type(a) is int and type(b) is int:
+            return fn(a, b)
+        return slow(a, b)
+
+    return arithmetic
+
+
+def compile_range(rng: ast.Range, scope: Scope) -> Callable[[Env], range]:
+    """A loop range compiled to a closure: `a..b`, `reversed(...)`, or a name
+    bound to a range (`chunks`)."""
+    if isinstance(rng, ast.SpanRange):
+        start, stop = compile_expr(rng.start, scope), compile_expr(rng.stop, scope)
+        sspan, tspan = rng.start.span, rng.stop.span
+
+        def span_range(env: Env) -> range:
+            a = integer(start(env), sspan, "a range's start")
+            b = integer(stop(env), tspan, "a range's end")
+            return range(a, b)
+
+        return span_range
+    if isinstance(rng, ast.ReversedRange):
+        inner = compile_range(rng.inner, scope)
+        return lambda env: inner(env)[::-1]
+    value = compile_expr(rng.expr, scope)
+    span = rng.span
+
+    def named(env: Env) -> range:
+        got = value(env)
+        if not isinstance(got, range):
+            raise ElaborationError(f"a loop needs a range such as 0..m or chunks, got {show(got)}", span)
+        return got
+
+    return named

@@ -1,0 +1,638 @@
+"""Measuring a model's pass costs and memory, stage by stage (`ppdsl profile`).
+
+For each stage of `factory(num_stages)` on one microbatch: the forward (T_F), the
+fused backward (T_B, what a BW pass runs: plain autograd), the split backward's
+two halves (T_I, what a B pass runs; T_W, what a W pass runs), the bytes one
+microbatch keeps after its F (M_B) and after its B (M_W), both measured by the
+runtime's own meter, the bytes of the tensor the stage sends on and the time to
+move it to another rank. Each timed quantity is the median of `repeats` runs
+after `warmup` untimed ones; the plain run (F then fused backward) and the split
+run (F, B, W) alternate so that drift on a busy machine hits both alike.
+
+The split's forward is the plain module's forward (`ppdsl.runtime.split`), so
+the profile times the forward of each run separately and reports both: their
+ratio is the split's cost in F, as (T_I + T_W) / T_B is its cost in the backward.
+
+`to_costs_pp` writes the measured costs (milliseconds) and memory (in units of
+the mean stage's M_B) as `cost` and `memory` statements of the language, for
+`--costs-from`.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppdsl import __version__
+from ppdsl.costs_file import PROFILED_STAGES
+from ppdsl.ir.schedule import PassKind
+from ppdsl.runtime.cpu import keep_freed_memory
+from ppdsl.runtime.memory import MemoryMeter
+from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
+
+__all__ = [
+    "StageProfile",
+    "Profile",
+    "StageTiming",
+    "measure_stage",
+    "measure_transfer",
+    "profile_model",
+    "to_costs_pp",
+    "prepare_device",
+]
+
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage measured on one microbatch (times in milliseconds, medians)."""
+
+    forward_ms: float
+    """T_F: the forward as a split schedule's F runs it."""
+    input_ms: float
+    """T_I: the B pass (input gradient; weight-gradient work deferred)."""
+    weight_ms: float
+    """T_W: the W pass (the deferred weight-gradient work)."""
+    plain_forward_ms: float
+    """The plain stage's forward, timed in the run of the fused backward."""
+    fused_ms: float
+    """T_B (fused): the plain stage's backward, what a BW pass runs."""
+    activation_bytes: int
+    """M_B: bytes one microbatch keeps after its F (the runtime's meter)."""
+    plain_activation_bytes: int
+    """The same after the plain run's forward."""
+    weight_bytes: int
+    """M_W: bytes it still keeps after its B (what W reads)."""
+    gradient_bytes: int
+    """Output gradients the W stash holds (gradient buffers, outside M_W)."""
+
+    @property
+    def forward_ratio(self) -> float:
+        """Split forward time / plain forward time."""
+        return self.forward_ms / self.plain_forward_ms
+
+    @property
+    def backward_ratio(self) -> float:
+        """(T_I + T_W) / T_B (fused)."""
+        return (self.input_ms + self.weight_ms) / self.fused_ms
+
+    @property
+    def bytes_ratio(self) -> float:
+        """Split M_B / plain M_B."""
+        return self.activation_bytes / max(self.plain_activation_bytes, 1)
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """A stage's timing, what it sends on, and what the split leaves out."""
+
+    stage: int
+    timing: StageTiming
+    boundary_bytes: int
+    """Bytes of the activation the stage sends to the next (0 for the last)."""
+    transfer_ms: float | None
+    """Measured time to move that tensor to another rank (None for the last stage)."""
+    uncovered: tuple[str, ...]
+    """Parameters whose gradient B computes (the split does not cover them)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What `ppdsl profile` measured."""
+
+    model: str
+    num_stages: int
+    microbatch_size: int
+    device: str
+    threads: int
+    warmup: int
+    repeats: int
+    transfer_method: str
+    stages: tuple[StageProfile, ...]
+    torch_version: str = field(default_factory=lambda: torch.__version__)
+
+    def memory_unit_bytes(self) -> float:
+        """Bytes of one memory unit of the costs file: the mean stage's M_B."""
+        return statistics.fmean(s.timing.activation_bytes for s in self.stages) or 1.0
+
+    def comm_ms(self) -> float:
+        """The one transfer cost of the language: the mean of the measured boundaries."""
+        found = [s.transfer_ms for s in self.stages if s.transfer_ms is not None]
+        return statistics.fmean(found) if found else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything measured, per stage, with the derived ratios."""
+        stages = []
+        for s in self.stages:
+            t = s.timing
+            stages.append({
+                "stage": s.stage,
+                **asdict(t),
+                "mw_over_mb": t.weight_bytes / max(t.activation_bytes, 1),
+                "forward_ratio": t.forward_ratio,
+                "backward_ratio": t.backward_ratio,
+                "bytes_ratio": t.bytes_ratio,
+                "split_overhead": (t.forward_ms + t.input_ms + t.weight_ms)
+                / (t.plain_forward_ms + t.fused_ms) - 1.0,
+                "boundary_bytes": s.boundary_bytes,
+                "transfer_ms": s.transfer_ms,
+                "uncovered_parameters": list(s.uncovered),
+            })
+        return {
+            "ppdsl_version": __version__,
+            "model": self.model,
+            "num_stages": self.num_stages,
+            "microbatch_size": self.microbatch_size,
+            "device": self.device,
+            "threads": self.threads,
+            "torch_version": self.torch_version,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "transfer_method": self.transfer_method,
+            "comm_ms": self.comm_ms(),
+            "memory_unit_bytes": self.memory_unit_bytes(),
+            "stages": stages,
+        }
+
+    def table(self) -> str:
+        """The human-readable report."""
+        head = (
+            f"{'stage':>5} {'T_F':>8} {'T_B':>8} {'T_I':>8} {'T_W':>8} {'plain F':>8}"
+            f" {'M_B':>11} {'M_W':>11} {'M_W/M_B':>7} {'F x':>6} {'I+W/B':>6}"
+            f" {'bytes x':>7} {'send':>10} {'xfer':>7}"
+        )
+        lines = [
+            f"{self.model}: {self.num_stages} stages, microbatch {self.microbatch_size}, "
+            f"{self.device} ({self.threads} thread{'s' if self.threads != 1 else ''}), "
+            f"median of {self.repeats} after {self.warmup} warm-up; times in ms, memory in bytes",
+            head,
+        ]
+        for s in self.stages:
+            t = s.timing
+            lines.append(
+                f"{s.stage:>5} {t.forward_ms:8.3f} {t.fused_ms:8.3f} {t.input_ms:8.3f}"
+                f" {t.weight_ms:8.3f} {t.plain_forward_ms:8.3f} {t.activation_bytes:>11}"
+                f" {t.weight_bytes:>11} {t.weight_bytes / max(t.activation_bytes, 1):7.3f}"
+                f" {t.forward_ratio:6.3f} {t.backward_ratio:6.3f} {t.bytes_ratio:7.3f}"
+                f" {s.boundary_bytes:>10}"
+                f" {s.transfer_ms if s.transfer_ms is not None else float('nan'):7.3f}"
+            )
+        lines.append(
+            "T_F: forward; T_B: fused backward (BW); T_I, T_W: the split's B and W; plain F: "
+            "the plain stage's forward; F x = T_F / plain F; I+W/B = (T_I + T_W) / T_B; "
+            "bytes x = M_B / plain M_B"
+        )
+        lines.append(f"transfer: {self.transfer_method}")
+        for s in self.stages:
+            if s.uncovered:
+                lines.append(
+                    f"note: stage {s.stage}: not split (gradient during B): {', '.join(s.uncovered)}"
+                )
+        return "\n".join(lines) + "\n"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_stage(
+    stage: torch.nn.Module,
+    make_input: Callable[[], torch.Tensor],
+    finish: Callable[[torch.Tensor], torch.Tensor],
+    grad_output: torch.Tensor | None,
+    device: torch.device,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    progress: Callable[[float], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StageTiming:
+    """Time and measure one stage. `make_input()` gives a fresh input (made to
+    require grad when floating, as the runtime does for stages after the first);
+    `finish(output)` is what the pass ends with (the loss on the last stage, the
+    output itself elsewhere); `grad_output` is the gradient arriving from the next
+    stage (None on the last, whose loss is a scalar). `clock` reads the time:
+    wall time by default; ``time.thread_time`` counts only this thread's CPU time
+    (on a CPU shared with other work, with torch on one thread)."""
+    params = list(stage.parameters())
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = make_input()
+        if x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+            return x, x
+        return x, None
+
+    def plain() -> tuple[float, float]:
+        for p in params:
+            p.grad = None
+        x, wanted = fresh()
+        _sync(device)
+        t0 = clock()
+        out = finish(stage(x))
+        _sync(device)
+        t1 = clock()
+        torch.autograd.backward(out, grad_output)
+        _sync(device)
+        return t1 - t0, clock() - t1
+
+    def split() -> tuple[float, float, float]:
+        for p in params:
+            p.grad = None
+        x, wanted = fresh()
+        stash = WStash()
+        _sync(device)
+        t0 = clock()
+        out = finish(stage(x))
+        _sync(device)
+        t1 = clock()
+        backward_input(out, grad_output, wanted, stash)
+        del out
+        _sync(device)
+        t2 = clock()
+        stash.run()
+        _sync(device)
+        return t1 - t0, t2 - t1, clock() - t2
+
+    plain_f: list[float] = []
+    plain_b: list[float] = []
+    split_f: list[float] = []
+    split_i: list[float] = []
+    split_w: list[float] = []
+    total = warmup + repeats
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()  # a collection inside one timed pass would land on one side only
+    try:
+        for rep in range(total):
+            # Alternate which run goes first: caches and clock drift hit both alike.
+            if rep % 2 == 0:
+                pf, pb = plain()
+                sf, si, sw = split()
+            else:
+                sf, si, sw = split()
+                pf, pb = plain()
+            if rep >= warmup:
+                plain_f.append(pf)
+                plain_b.append(pb)
+                split_f.append(sf)
+                split_i.append(si)
+                split_w.append(sw)
+            if progress is not None:
+                progress((rep + 1) / (total + 1))
+    finally:
+        if enabled:
+            gc.enable()
+    for p in params:
+        p.grad = None
+    plain_bytes, _, _ = _memory(stage, fresh, finish, grad_output, split_backward=False)
+    f_bytes, w_bytes, g_bytes = _memory(stage, fresh, finish, grad_output, split_backward=True)
+    if progress is not None:
+        progress(1.0)
+
+    def ms(xs: list[float]) -> float:
+        return statistics.median(xs) * 1e3
+
+    return StageTiming(
+        forward_ms=ms(split_f),
+        input_ms=ms(split_i),
+        weight_ms=ms(split_w),
+        plain_forward_ms=ms(plain_f),
+        fused_ms=ms(plain_b),
+        activation_bytes=f_bytes,
+        plain_activation_bytes=plain_bytes,
+        weight_bytes=w_bytes,
+        gradient_bytes=g_bytes,
+    )
+
+
+def _memory(
+    stage: torch.nn.Module,
+    fresh: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+    finish: Callable[[torch.Tensor], torch.Tensor],
+    grad_output: torch.Tensor | None,
+    *,
+    split_backward: bool,
+) -> tuple[int, int, int]:
+    """(bytes after F, bytes after B, stash gradient bytes), by the runtime's meter."""
+    meter = MemoryMeter(stage.parameters())
+    key = (0, 0)
+    x, wanted = fresh()
+    with meter.saving(key):
+        out = finish(stage(x))
+    meter.after(PassKind.F, key, Fraction(1))
+    if not split_backward:
+        torch.autograd.backward(out, grad_output)
+        for p in stage.parameters():
+            p.grad = None
+        return meter.f_bytes[key], 0, 0
+    stash = WStash()
+    backward_input(out, grad_output, wanted, stash)
+    del out
+    meter.set_stash(key, stash.tensors, stash.gradients)
+    meter.after(PassKind.B, key, Fraction(1))
+    stash.run()
+    for p in stage.parameters():
+        p.grad = None
+    return meter.f_bytes[key], meter.after_b[key], meter.peak_gradient_bytes
+
+
+# --- transfers -------------------------------------------------------------------
+
+
+def measure_transfer(
+    sizes: list[int], device: torch.device, *, repeats: int = 20
+) -> tuple[list[float], str]:
+    """Median one-way time (ms) to move a tensor of each size in bytes to another
+    rank, and what was measured. CPU: a ping-pong between two gloo processes on
+    loopback (half the round trip). CUDA with two GPUs: a copy from one to the
+    other. CUDA with one GPU, which has no peer: a copy to host memory and back
+    (pinned), an upper bound of a transfer over PCIe without NVLink."""
+    if not sizes:
+        return [], "none (one stage)"
+    if device.type == "cuda":
+        return _cuda_transfer(sizes, device, repeats)
+    return _gloo_transfer(sizes, repeats)
+
+
+def _cuda_transfer(sizes: list[int], device: torch.device, repeats: int) -> tuple[list[float], str]:
+    peer = torch.cuda.device_count() >= 2
+    found = []
+    for size in sizes:
+        src = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device)
+        times = []
+        if peer:
+            other = torch.device("cuda", (device.index or 0) + 1 if (device.index or 0) == 0 else 0)
+            dst = torch.empty_like(src, device=other)
+        else:
+            host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        for rep in range(repeats + 3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if peer:
+                dst.copy_(src, non_blocking=True)
+            else:
+                host.copy_(src, non_blocking=True)
+                src.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            if rep >= 3:
+                times.append(time.perf_counter() - t0)
+        found.append(statistics.median(times) * 1e3)
+    if peer:
+        return found, f"copy from {device} to another GPU of this node"
+    return found, (
+        f"one GPU, no peer: a copy {device} -> pinned host memory -> {device} "
+        "(an upper bound of a PCIe transfer; NVLink or NCCL between GPUs is faster)"
+    )
+
+
+_EXCHANGE = """
+import json, os, statistics, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+sizes, repeats = json.loads(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+found = []
+for size in sizes:
+    buf = torch.zeros(max(size // 4, 1))
+    times = []
+    for rep in range(repeats + 3):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        if rep >= 3:
+            times.append((time.perf_counter() - t0) / 2)
+    found.append(statistics.median(times) * 1e3)
+dist.destroy_process_group()
+if rank == 0:
+    print(json.dumps(found))
+"""
+
+
+def _gloo_transfer(sizes: list[int], repeats: int) -> tuple[list[float], str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _EXCHANGE, json.dumps([sizes, repeats])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    outputs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError("the two-process gloo exchange did not finish in 180 s") from None
+        if p.returncode != 0:
+            first = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
+            raise RuntimeError(f"the two-process gloo exchange failed: {first}")
+        outputs.append(out)
+    return json.loads(outputs[0].strip().splitlines()[-1]), (
+        "send + receive between two gloo processes on loopback (half a ping-pong), "
+        "the transfer `ppdsl run` makes on CPU"
+    )
+
+
+# --- the whole model ---------------------------------------------------------------
+
+
+def prepare_device(requested: str) -> tuple[torch.device, str | None]:
+    """The device `ppdsl profile --device` asks for (auto: CUDA when available) and
+    its set-up as `ppdsl run`'s ranks have it (CPU: one thread unless
+    OMP_NUM_THREADS says otherwise, freed memory kept); or an error message."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        return torch.device("cpu"), "--device cuda, but CUDA is not available here; use --device cpu"
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        return device, None
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    keep_freed_memory()
+    return torch.device("cpu"), None
+
+
+def profile_model(
+    spec: str,
+    num_stages: int,
+    microbatch_size: int,
+    device: torch.device,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    transfer: bool = True,
+    progress: Callable[[str, float], None] | None = None,
+) -> Profile:
+    """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
+    `num_stages`, on microbatches of `microbatch_size` samples."""
+    model = build_model(spec, num_stages)
+    inputs, targets = model.batch(0, microbatch_size)
+    inputs, targets = inputs.to(device), targets.to(device)
+    timings: list[StageTiming] = []
+    boundary: list[int] = []
+    uncovered: list[tuple[str, ...]] = []
+    x = inputs
+    for s in range(num_stages):
+        stage = model.stage(s).to(device)
+        last = s == num_stages - 1
+        stage_input = x
+        try:
+            with torch.no_grad():
+                out = stage(stage_input)
+                if last:
+                    model.loss(out, targets)
+        except Exception as exc:  # the user's model: report, don't crash
+            what = f"stage {s}" + (f" on stage {s - 1}'s output of shape {list(x.shape)}" if s else "")
+            raise ModelError(f"--model {spec!r}: {what}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, torch.Tensor):
+            raise ModelError(f"--model {spec!r}: stage {s} returned {type(out).__name__}, "
+                             "expected one tensor")
+        if last:
+            grad_output = None
+            boundary.append(0)
+
+            def finish(y: torch.Tensor) -> torch.Tensor:
+                return model.loss(y, targets)
+        else:
+            g = torch.Generator(device="cpu").manual_seed(s)
+            grad_output = torch.randn(out.shape, generator=g).to(out.dtype).to(device)
+            boundary.append(out.numel() * out.element_size())
+
+            def finish(y: torch.Tensor) -> torch.Tensor:
+                return y
+
+        def report(fraction: float, s: int = s) -> None:
+            if progress is not None:
+                progress(f"stage {s}", (s + fraction) / num_stages)
+
+        def make_input(t: torch.Tensor = stage_input) -> torch.Tensor:
+            return t
+
+        timings.append(measure_stage(
+            stage, make_input, finish, grad_output, device,
+            warmup=warmup, repeats=repeats, progress=report,
+        ))
+        uncovered.append(tuple(uncovered_parameters(stage, stage_input)))
+        x = out.detach()
+    sizes = [b for b in boundary if b]
+    if transfer:
+        if progress is not None:
+            progress("transfer", 1.0)
+        measured, method = measure_transfer(sizes, device)
+    else:
+        measured, method = [], "not measured"
+    by_size = dict(zip(sizes, measured, strict=False))
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    return Profile(
+        model=spec,
+        num_stages=num_stages,
+        microbatch_size=microbatch_size,
+        device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        threads=threads,
+        warmup=warmup,
+        repeats=repeats,
+        transfer_method=method,
+        stages=tuple(
+            StageProfile(s, timings[s], boundary[s], by_size.get(boundary[s]) if boundary[s] else None,
+                         uncovered[s])
+            for s in range(num_stages)
+        ),
+    )
+
+
+# --- the costs file ----------------------------------------------------------------
+
+
+def _decimal(x: float, digits: int = 4) -> str:
+    """A short exact decimal the language reads (`0.0123`), never 0 for x > 0."""
+    if x <= 0:
+        return "0"
+    text = f"{x:.{digits}f}".rstrip("0").rstrip(".")
+    if float(text) == 0:
+        text = f"{x:.{digits}e}"
+        mantissa, exp = text.split("e")
+        return f"{float(mantissa)} / {10 ** -int(exp)}" if int(exp) < 0 else mantissa
+    return text
+
+
+def _per_stage(values: list[str]) -> str:
+    if len(set(values)) == 1:
+        return values[0]
+    text = values[-1]
+    for s in range(len(values) - 2, -1, -1):
+        text = f"s == {s} ? {values[s]} : {text}"
+    return text
+
+
+def to_costs_pp(profile: Profile, command: str | None = None) -> str:
+    """The profile as a `.pp` file of `cost` and `memory` statements (per stage)
+    that `--costs-from` reads: costs in milliseconds, memory in units of the mean
+    stage's M_B (the header says how many bytes that is)."""
+    unit = profile.memory_unit_bytes()
+    rows = []
+    for s in profile.stages:
+        t = s.timing
+        rows.append(
+            f"#   stage {s.stage}: T_F {t.forward_ms:.4f}  T_B {t.input_ms:.4f}  T_W {t.weight_ms:.4f}"
+            f"  T_BW {t.fused_ms:.4f} ms;  M_B {t.activation_bytes}  M_W {t.weight_bytes} bytes"
+        )
+    stages = profile.stages
+    lines = [
+        f"# Measured by ppdsl profile {__version__}"
+        + (f": {command}" if command else f": {profile.model}, {profile.num_stages} stages"),
+        f"# microbatch {profile.microbatch_size}, {profile.device}"
+        + (f" ({profile.threads} thread{'s' if profile.threads != 1 else ''})"
+           if profile.threads else "")
+        + f", torch {profile.torch_version}; median of {profile.repeats} after {profile.warmup} warm-up.",
+        "# Costs in milliseconds; memory in units of the mean stage's M_B "
+        f"(1 unit = {unit:.0f} bytes).",
+        f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
+        *rows,
+        "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
+        "schedule profile {",
+        f"    let {PROFILED_STAGES} = {profile.num_stages}",
+        "    cost F[s] = " + _per_stage([_decimal(s.timing.forward_ms) for s in stages]),
+        "    cost B[s] = " + _per_stage([_decimal(s.timing.input_ms) for s in stages]),
+        "    cost W[s] = " + _per_stage([_decimal(s.timing.weight_ms) for s in stages]),
+        "    cost BW[s] = " + _per_stage([_decimal(s.timing.fused_ms) for s in stages]),
+        f"    cost comm = {_decimal(profile.comm_ms())}",
+        "    memory M_B[s] = "
+        + _per_stage([_decimal(s.timing.activation_bytes / unit) for s in stages]),
+        "    memory M_W[s] = "
+        + _per_stage([_decimal(s.timing.weight_bytes / unit) for s in stages]),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(profile: Profile, path: str | Path) -> None:
+    """The profile's JSON (as `--json` prints it) into `path`."""
+    Path(path).write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")

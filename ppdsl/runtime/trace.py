@@ -1,0 +1,156 @@
+"""What each rank did when: its passes and exchanges, timed, as a Chrome/Perfetto
+trace (`--trace OUT.json`), and the per-pass times that let the simulator be
+checked against the run.
+
+On CPU a pass is timed with `time.perf_counter` around it. On CUDA, where a pass
+only queues kernels, each pass is bracketed by CUDA events and read back once per
+step (one synchronisation), so the times are the GPU's. Times count from an
+epoch every rank takes right after a barrier, so the ranks' rows line up (to
+within the barrier's skew; one machine's clock is shared, across nodes NTP's).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
+
+__all__ = ["Tracer", "chrome_trace", "write_chrome_trace", "median_costs", "simulated_makespan"]
+
+
+class Tracer:
+    """Records one rank's passes and exchanges."""
+
+    def __init__(self, rank: int, device: torch.device) -> None:
+        self.rank = rank
+        self.cuda = device.type == "cuda"
+        self.events: list[dict[str, Any]] = []
+        """Chrome trace events ("X" slices), times in microseconds from the epoch."""
+        self.durations: dict[tuple[str, int], list[float]] = {}
+        """(pass kind letter, stage) -> durations in ms of the steps marked `timed`."""
+        self._epoch = 0.0
+        self._epoch_event: Any = None
+        self._pending: list[tuple[dict[str, Any], Any, Any]] = []
+        self._open: Any = None
+        self.step = 0
+        self.timed = False
+
+    def start(self) -> None:
+        """Take the epoch (call right after a barrier on every rank)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._epoch_event = torch.cuda.Event(enable_timing=True)
+            self._epoch_event.record()
+        self._epoch = time.perf_counter()
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        """Mark the start of the next slice."""
+        self._open = self._now()
+
+    def end(self, name: str, category: str, args: dict[str, Any], kind_stage: tuple[str, int] | None) -> None:
+        """Close the slice opened by `begin`; `kind_stage` files its duration as a
+        pass of that kind and stage."""
+        event = {"name": name, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
+                 "args": {**args, "step": self.step}}
+        if kind_stage is not None:
+            event["_kind_stage"] = kind_stage
+        self._pending.append((event, self._open, self._now()))
+        self._open = None
+
+    def flush(self) -> None:
+        """Turn the step's pending slices into events (on CUDA: one synchronisation)."""
+        if self.cuda and self._pending:
+            torch.cuda.synchronize()
+        for event, start, end in self._pending:
+            if self.cuda:
+                ts = self._epoch_event.elapsed_time(start) * 1e3
+                dur = start.elapsed_time(end) * 1e3
+            else:
+                ts = (start - self._epoch) * 1e6
+                dur = (end - start) * 1e6
+            event["ts"], event["dur"] = ts, dur
+            kind_stage = event.pop("_kind_stage", None)
+            if kind_stage is not None and self.timed:
+                self.durations.setdefault(kind_stage, []).append(dur / 1e3)
+            self.events.append(event)
+        self._pending.clear()
+
+
+def chrome_trace(per_rank: list[list[dict[str, Any]]], names: list[str], meta: dict[str, Any]) -> dict[str, Any]:
+    """One trace of every rank: a process per rank (named by `names`), slices as
+    recorded, and `meta` under otherData."""
+    events: list[dict[str, Any]] = []
+    for rank, (evs, name) in enumerate(zip(per_rank, names, strict=True)):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"name": name}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
+        events.extend(evs)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+
+
+def write_chrome_trace(path: str | Path, trace: dict[str, Any]) -> None:
+    """Write the trace as JSON (open it in ui.perfetto.dev or chrome://tracing)."""
+    out = Path(path)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(trace), encoding="utf-8")
+
+
+def median_costs(
+    durations: dict[tuple[str, int], list[float]], num_stages: int, fallback: Costs
+) -> Costs:
+    """Per kind and stage, the median measured pass time (ms); where a kind was not
+    run (B/W in a fused schedule), `fallback`'s value."""
+
+    def pick(letter: str, values: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(
+            statistics.median(durations[(letter, s)]) if durations.get((letter, s)) else values[s]
+            for s in range(num_stages)
+        )
+
+    return Costs.of(
+        pick("F", fallback.forward),
+        pick("B", fallback.backward_input),
+        pick("W", fallback.backward_weight),
+        pick("BW", fallback.fused_backward),
+        fallback.comm,
+    )
+
+
+def simulated_makespan(
+    orders: tuple[tuple[tuple[PassKind, int, int], ...], ...],
+    stage_device: tuple[int, ...],
+    num_microbatches: int,
+    split_backward: bool,
+    costs: Costs,
+    memory: MemoryModel,
+) -> float:
+    """The simulator's makespan of these per-rank orders under `costs`."""
+    from ppdsl.analysis.simulate import simulate
+
+    schedule = Schedule(
+        name="run",
+        file="run",
+        params=(),
+        num_microbatches=num_microbatches,
+        placement=Placement("list", len(orders), stage_device),
+        split_backward=split_backward,
+        costs=costs,
+        memory=memory,
+        orders=tuple(tuple(Pass(k, mb, s) for k, mb, s in order) for order in orders),
+    )
+    return float(simulate(schedule).makespan)

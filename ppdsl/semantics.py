@@ -1,0 +1,460 @@
+"""The rules of the domain, each written once: what every other module asks.
+
+- Pass kinds (`PassKind`): F forward, B input-gradient backward, W
+  weight-gradient backward, BW fused backward (the zero-bubble paper's split).
+- The dependency relation (`NEEDS`): which pass of the same microbatch each pass
+  waits for, at which stage offset, and which tensor (if any) travels along that
+  edge. Its array form (`NEED_KIND`, `NEED_STAGE_OFFSET`, `NEED_TRANSFER`, made
+  once at import) is what every numba kernel takes.
+- The transfer rule: a need with a tensor (an activation forward, an input
+  gradient backward) between stages on two devices is a transfer; it costs
+  `comm` and the lowering sends and receives it (`receives`, `sends`).
+- Memory deltas (`MEMORY_COEFFICIENTS`): each pass changes its device's
+  activation memory by a combination of M_B and M_W (§2 of the zero-bubble
+  paper); `delta_table` scales them to exact integers for the kernels.
+- Placements (`PLACEMENTS`): stage -> device maps by name, and the spelling
+  that gives a map back.
+- Default costs and memory (`DEFAULT_DURATION`): unit pass costs, BW = B + W,
+  no transfer cost, M_B = 1, M_W = M_B / 2.
+- Number formatting for every message, table and printed file.
+
+Adding a pass kind means adding it here: `PassKind` (and `_TORCH_LETTER`),
+`NEEDS`, `MEMORY_COEFFICIENTS`, `DEFAULT_DURATION` and the backward form that
+runs it (`backward_kinds`); the kernels, checks, lowering, simulator and
+elaboration follow (docs/architecture.md lists what the runtime adds to run it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "PassKind",
+    "KINDS",
+    "NUM_KINDS",
+    "pass_kinds",
+    "backward_kinds",
+    "TransferKind",
+    "Need",
+    "NEEDS",
+    "MAX_NEEDS",
+    "NEED_KIND",
+    "NEED_STAGE_OFFSET",
+    "NEED_TRANSFER",
+    "needs",
+    "receives",
+    "sends",
+    "transfer_pass",
+    "MEMORY_COEFFICIENTS",
+    "memory_delta",
+    "allocates_at_start",
+    "delta_table",
+    "peak_of_deltas",
+    "PLACEMENTS",
+    "takes_chunks",
+    "placement_devices",
+    "identify_placement",
+    "placement_spelling",
+    "read_placement",
+    "DEFAULT_DURATION",
+    "DEFAULT_COMM",
+    "DEFAULT_ACTIVATION",
+    "DEFAULT_WEIGHT_FRACTION",
+    "with_default_durations",
+    "format_number",
+    "format_exact",
+    "format_decimal",
+    "format_short",
+    "format_ratio",
+    "format_literal",
+]
+
+
+# --- pass kinds -----------------------------------------------------------------
+
+
+class PassKind(str, Enum):
+    """F: forward. B: input-gradient backward. W: weight-gradient backward.
+    BW: fused backward (input and weight gradients in one pass)."""
+
+    F = "F"
+    B = "B"
+    W = "W"
+    BW = "BW"
+
+    @property
+    def code(self) -> int:
+        """The kind's index in every kind-indexed array (`KINDS[code] is kind`)."""
+        return _CODE[self]
+
+    @property
+    def torch_letter(self) -> str:
+        """torch.distributed.pipelining's action letter: I is its input-gradient
+        pass and B its full (fused) backward."""
+        return _TORCH_LETTER[self]
+
+
+KINDS: tuple[PassKind, ...] = tuple(PassKind)
+"""Every pass kind, in code order."""
+NUM_KINDS = len(KINDS)
+_CODE = {kind: code for code, kind in enumerate(KINDS)}
+_TORCH_LETTER = {PassKind.F: "F", PassKind.B: "I", PassKind.W: "W", PassKind.BW: "B"}
+
+
+def backward_kinds(split_backward: bool) -> tuple[PassKind, ...]:
+    """The backward passes of a schedule: B and W when split, BW when fused."""
+    return (PassKind.B, PassKind.W) if split_backward else (PassKind.BW,)
+
+
+def pass_kinds(split_backward: bool) -> tuple[PassKind, ...]:
+    """Every pass kind a schedule runs for each (microbatch, stage)."""
+    return (PassKind.F, *backward_kinds(split_backward))
+
+
+# --- the dependency relation and the transfer rule --------------------------------
+
+
+class TransferKind(str, Enum):
+    """ACT: a forward activation from stage s to s+1. GRAD: the gradient of a
+    stage's input from stage s+1 back to s."""
+
+    ACT = "act"
+    GRAD = "grad"
+
+    @property
+    def code(self) -> int:
+        """The transfer kind's index in `NEED_TRANSFER` (-1 there: no tensor)."""
+        return _TRANSFER_CODE[self]
+
+
+_TRANSFER_CODE = {kind: code for code, kind in enumerate(TransferKind)}
+
+
+@dataclass(frozen=True)
+class Need:
+    """A pass of microbatch j at stage s waits for the pass `kind` of microbatch
+    j at stage s + `stage_offset`; `carries` is the tensor that pass hands over
+    (None: nothing crosses, the two passes share a stage and its device)."""
+
+    kind: PassKind
+    stage_offset: int
+    carries: TransferKind | None
+
+
+NEEDS: dict[PassKind, tuple[Need, ...]] = {
+    # F(j, s) takes the activation of F(j, s-1)
+    PassKind.F: (Need(PassKind.F, -1, TransferKind.ACT),),
+    # B(j, s) needs its own F's saved activations and the input gradient of B(j, s+1)
+    PassKind.B: (Need(PassKind.F, 0, None), Need(PassKind.B, +1, TransferKind.GRAD)),
+    # W(j, s) needs what B(j, s) kept (its input and output gradients)
+    PassKind.W: (Need(PassKind.B, 0, None),),
+    # the fused backward: B's needs, with the next stage's fused backward
+    PassKind.BW: (Need(PassKind.F, 0, None), Need(PassKind.BW, +1, TransferKind.GRAD)),
+}
+"""The dependency relation (§2 of the zero-bubble paper). A need whose stage is
+outside 0..S-1 does not exist: the first stage's F reads the batch, the last
+stage's backward starts from the loss."""
+
+MAX_NEEDS = max(len(n) for n in NEEDS.values())
+
+
+def _need_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    kind = np.full((NUM_KINDS, MAX_NEEDS), -1, dtype=np.int64)
+    offset = np.zeros((NUM_KINDS, MAX_NEEDS), dtype=np.int64)
+    carries = np.full((NUM_KINDS, MAX_NEEDS), -1, dtype=np.int64)
+    for k in KINDS:
+        for slot, need in enumerate(NEEDS[k]):
+            kind[k.code, slot] = need.kind.code
+            offset[k.code, slot] = need.stage_offset
+            carries[k.code, slot] = -1 if need.carries is None else need.carries.code
+    for array in (kind, offset, carries):
+        array.flags.writeable = False
+    return kind, offset, carries
+
+
+NEED_KIND, NEED_STAGE_OFFSET, NEED_TRANSFER = _need_arrays()
+"""`NEEDS` as arrays [kind code, slot]: the needed kind's code (-1: no need in
+that slot), its stage offset, and the transfer kind's code (-1: none)."""
+
+
+def needs(
+    kind: PassKind, microbatch: int, stage: int, num_stages: int
+) -> list[tuple[PassKind, int, int]]:
+    """The (kind, microbatch, stage) of every pass that this one waits for."""
+    return [
+        (n.kind, microbatch, stage + n.stage_offset)
+        for n in NEEDS[kind]
+        if 0 <= stage + n.stage_offset < num_stages
+    ]
+
+
+def receives(kind: PassKind) -> tuple[tuple[TransferKind, int], ...]:
+    """The tensors a pass of `kind` takes from another stage: (transfer kind,
+    offset of the producing stage)."""
+    return tuple((n.carries, n.stage_offset) for n in NEEDS[kind] if n.carries is not None)
+
+
+def sends(kind: PassKind) -> tuple[tuple[TransferKind, int], ...]:
+    """The tensors a pass of `kind` hands to another stage: (transfer kind,
+    offset of the consuming stage); the inverse of `receives`."""
+    found: list[tuple[TransferKind, int]] = []
+    for consumer in KINDS:
+        for n in NEEDS[consumer]:
+            if n.kind is kind and n.carries is not None:
+                item = (n.carries, -n.stage_offset)
+                if item not in found:
+                    found.append(item)
+    return tuple(found)
+
+
+def transfer_pass(transfer: TransferKind, sending: bool, split_backward: bool) -> PassKind:
+    """The pass of a schedule that produces (`sending`) or consumes a tensor of
+    kind `transfer`."""
+    for kind in pass_kinds(split_backward):
+        if any(t is transfer for t, _ in (sends(kind) if sending else receives(kind))):
+            return kind
+    raise ValueError(f"no pass {'sends' if sending else 'receives'} {transfer.value}")
+
+
+# --- memory -----------------------------------------------------------------------
+
+MEMORY_COEFFICIENTS: dict[PassKind, tuple[int, int]] = {
+    PassKind.F: (1, 0),  # leaves M_B of activations
+    PassKind.B: (-1, 1),  # frees M_B - M_W, keeping what W needs
+    PassKind.W: (0, -1),  # frees the last M_W
+    PassKind.BW: (-1, 0),  # frees all of M_B
+}
+"""A pass's memory delta on its device as (a, w): a·M_B + w·M_W of its stage
+(§2 of the zero-bubble paper)."""
+
+
+def memory_delta(kind: PassKind, activation: Fraction, weight_retained: Fraction) -> Fraction:
+    """The change of its device's activation memory when a pass of `kind` runs,
+    for a stage with M_B = `activation` and M_W = `weight_retained`."""
+    a, w = MEMORY_COEFFICIENTS[kind]
+    return a * Fraction(activation) + w * Fraction(weight_retained)
+
+
+def allocates_at_start(kind: PassKind) -> bool:
+    """A pass that leaves activations allocates them as it starts; one that
+    frees them does so when it ends (what a timed memory profile shows)."""
+    a, w = MEMORY_COEFFICIENTS[kind]
+    return a > 0 or w > 0
+
+
+def delta_table(
+    activation: Sequence[Fraction],
+    weight_retained: Sequence[Fraction],
+    also: Iterable[Fraction] = (),
+    longest_order: int = 0,
+) -> tuple[np.ndarray, int]:
+    """Per (kind code, stage), the memory delta times `scale`, the least common
+    denominator of M_B, M_W and the values `also` (a budget that must scale the
+    same way). int64 unless `longest_order` passes could overflow it (then
+    Python ints)."""
+    values = [Fraction(x) for x in (*activation, *weight_retained, *also)]
+    scale = math.lcm(*(v.denominator for v in values)) if values else 1
+    rows = [
+        [int(memory_delta(kind, a, w) * scale) for a, w in zip(activation, weight_retained, strict=True)]
+        for kind in KINDS
+    ]
+    biggest = max((abs(x) for r in rows for x in r), default=0)
+    dtype = np.int64 if biggest * max(longest_order, 1) < 2**62 else object
+    return np.array(rows, dtype=dtype).reshape(NUM_KINDS, len(activation)), scale
+
+
+def peak_of_deltas(deltas: Iterable[Fraction]) -> Fraction:
+    """The largest prefix sum of a device's deltas in order (0 when memory never
+    rises): the device's peak activation memory."""
+    level, peak = Fraction(0), Fraction(0)
+    for delta in deltas:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+# --- placements -------------------------------------------------------------------
+
+
+def _parallel(d: int, v: int) -> tuple[int, ...]:
+    return tuple(range(d))
+
+
+def _looped(d: int, v: int) -> tuple[int, ...]:
+    # Megatron's interleaving, breadth-first's looping: stage s on device s mod d
+    return tuple(s % d for s in range(v * d))
+
+
+def _wave(d: int, v: int) -> tuple[int, ...]:
+    # a zig-zag: even chunks go down the devices, odd chunks come back up
+    return tuple(s % d if (s // d) % 2 == 0 else d - 1 - s % d for s in range(v * d))
+
+
+def _vshape(d: int, v: int) -> tuple[int, ...]:
+    # the controllable-memory paper's V: stage s on device s, then back (2 chunks)
+    return _wave(d, 2)
+
+
+PLACEMENTS = {"parallel": _parallel, "looped": _looped, "vshape": _vshape, "wave": _wave}
+"""Named placements: name -> (devices d, chunks per device v) -> stage_device."""
+_FIXED_CHUNKS = {"parallel": 1, "vshape": 2}
+"""The placements whose chunk count is fixed; every other takes it as an
+argument (`looped(v)`)."""
+
+
+def takes_chunks(name: str) -> bool:
+    """Whether the placement `name` takes its chunk count: `looped(v)`, `wave(v)`."""
+    return name not in _FIXED_CHUNKS
+
+
+def placement_devices(name: str, num_devices: int, chunks: int | None = None) -> tuple[int, ...]:
+    """stage -> device of the placement `name` on `num_devices` devices with
+    `chunks` stages per device (required for looped and wave)."""
+    if name not in PLACEMENTS:
+        raise ValueError(
+            f"unknown placement {name!r}: use {', '.join(PLACEMENTS)} or a list of devices"
+        )
+    v = _FIXED_CHUNKS.get(name, chunks)
+    if v is None:
+        raise ValueError(f"{name} needs its chunk count: {name}(v)")
+    return PLACEMENTS[name](num_devices, v)
+
+
+def identify_placement(stage_device: Sequence[int], num_devices: int) -> tuple[str, int] | None:
+    """(name, chunks per device) of the named placement that gives exactly this
+    stage -> device map, the simplest name first; None for no named one."""
+    stage_device = tuple(stage_device)
+    d, S = num_devices, len(stage_device)
+    if d > 0 and S % d == 0:
+        v = S // d
+        simplest = (*_FIXED_CHUNKS, *(n for n in PLACEMENTS if n not in _FIXED_CHUNKS))
+        for name in simplest:
+            if name in _FIXED_CHUNKS and _FIXED_CHUNKS[name] != v:
+                continue
+            if placement_devices(name, d, v) == stage_device:
+                return name, v
+    return None
+
+
+def placement_spelling(stage_device: Sequence[int], num_devices: int) -> str:
+    """The `place` argument that gives exactly this stage -> device map:
+    `parallel`, `vshape`, `looped(v)`, `wave(v)`, or the list `[e0, e1, ...]`."""
+    named = identify_placement(stage_device, num_devices)
+    if named is None:
+        return "[" + ", ".join(map(str, stage_device)) + "]"
+    name, v = named
+    return f"{name}({v})" if takes_chunks(name) else name
+
+
+def read_placement(text: str) -> tuple[str, int | None]:
+    """A placement as a command line spells it: `parallel`, `vshape`,
+    `looped(2)`, `wave(3)` (also `looped2`, any case) -> (name, chunks or None).
+    Raises ValueError for an unknown name."""
+    words = text.strip().lower()
+    found = re.fullmatch(r"([a-z]+)\s*(?:\(?\s*(\d+)\s*\)?)?", words)
+    if not found or found.group(1) not in PLACEMENTS:
+        raise ValueError(f"unknown placement {text!r}: use parallel, looped(v), vshape or wave(v)")
+    chunks = found.group(2)
+    return found.group(1), None if chunks is None else int(chunks)
+
+
+# --- default costs and memory -----------------------------------------------------
+
+DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
+    PassKind.F: 1,
+    PassKind.B: 1,
+    PassKind.W: 1,
+    # a fused backward does B's and W's work
+    PassKind.BW: (PassKind.B, PassKind.W),
+}
+"""A pass kind's cost when the file gives none: unit costs, or the sum of the
+costs of the kinds listed (of the same stage)."""
+DEFAULT_COMM = 0
+"""A transfer between devices costs nothing unless the file says `cost comm`."""
+DEFAULT_ACTIVATION = 1
+"""M_B: one unit of activation per microbatch and stage."""
+DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)
+"""M_W = M_B / 2 unless given: the part of an F's activation W still needs."""
+
+
+def with_default_durations(
+    given: Mapping[PassKind, Sequence[Any]], num_stages: int
+) -> dict[PassKind, list[Any]]:
+    """Per-stage durations of every pass kind: those `given`, the others from
+    `DEFAULT_DURATION` (a sum of given or defaulted kinds where it says so)."""
+    out: dict[PassKind, list[Any]] = {}
+    for kind in KINDS:  # a kind's default only sums kinds listed before it
+        if kind in given:
+            out[kind] = list(given[kind])
+            continue
+        default = DEFAULT_DURATION[kind]
+        if isinstance(default, tuple):
+            out[kind] = [sum(out[k][s] for k in default) for s in range(num_stages)]
+        else:
+            out[kind] = [default] * num_stages
+    return out
+
+
+# --- number formatting ------------------------------------------------------------
+
+
+def format_number(x: object) -> str:
+    """Exact and short: `3` for 3, 3.0 and Fraction(3); `3/2`; `1.5` for a
+    float that is not whole (canonical IR text, messages, written files)."""
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    if isinstance(x, Fraction) and x.denominator == 1:
+        return str(x.numerator)
+    return str(x)
+
+
+def format_exact(x: Fraction | int, digits: int = 4) -> str:
+    """`3`, or `3/2 (1.5)`: the exact value with its decimal to `digits`
+    significant digits (diagnostics and tables quoting a rational)."""
+    x = Fraction(x)
+    return str(x.numerator) if x.denominator == 1 else f"{x} ({float(x):.{digits}g})"
+
+
+def format_decimal(x: float, digits: int = 6) -> str:
+    """A measured or simulated float to `digits` significant digits."""
+    return f"{float(x):.{digits}g}"
+
+
+def format_short(x: Fraction | int | float, digits: int = 6) -> str:
+    """A whole number as such, anything else as a decimal to `digits`
+    significant digits (summaries where the exact rational would be noise)."""
+    if Fraction(x).denominator == 1:
+        return str(int(x))
+    return f"{float(x):.{digits}g}"
+
+
+def format_ratio(x: Fraction | int | str, max_denominator: int = 12, digits: int = 3) -> str:
+    """A measured ratio: exact while its denominator is small (`3/4`), else a
+    decimal with `digits` places (a ratio of byte counts)."""
+    x = Fraction(x)
+    return str(x) if x.denominator <= max_denominator else f"{float(x):.{digits}f}"
+
+
+def format_literal(value: Fraction) -> str:
+    """A number as `.pp` source: `3`, `-2`, `18.522` (a finite decimal, as
+    literals are written), or `1/3` (the caller parenthesises it)."""
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value.denominator == 1:
+        return f"{sign}{value.numerator}"
+    places, scale = 0, 1
+    while (scale * value).denominator != 1 and places < 40:
+        places += 1
+        scale *= 10
+    if (scale * value).denominator == 1:
+        digits = str((scale * value).numerator).rjust(places + 1, "0")
+        return f"{sign}{digits[:-places]}.{digits[-places:]}"
+    return f"{sign}{value.numerator}/{value.denominator}"
