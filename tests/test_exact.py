@@ -5,6 +5,7 @@ optimal schedules optimal, and its integer time unit is exact where it can be.""
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 
 import pytest
@@ -135,3 +136,21 @@ def test_unbounded_memory_and_fused_backward():
     result = solve(fused, ExactOptions("makespan", effort=10.0), hint=orders)
     assert result.optimal
     assert result.value <= measure(fused, orders, "makespan")
+
+
+def test_irregular_busy_times_keep_a_valid_bound():
+    """Devices busy for irregular times (per-stage costs with six decimals): the
+    weights L/busy_d would overflow, rounded weights keep the bound below the
+    true optimum (brute force) and the found schedule is measured exactly."""
+    problem = _problem(2, 2, memory="1.5", costs="F=1.000003:2.000011,B=1.5:2.700001,W=1,comm=0.1")
+    ep = exact_problem(problem)
+    from ppdsl.search import exact as exact_module
+
+    scale, exact_costs = time_scale(ep)
+    lcm, _ = exact_module._weights(ep, exact_module._scaled_costs(ep, scale), "bubble")
+    busy = exact_module._busy(ep, exact_module._scaled_costs(ep, scale))
+    assert exact_costs and lcm != math.lcm(*busy)  # the rounded weights are in use
+    truth = _brute_force(problem, "bubble")
+    result = solve(ep, ExactOptions("bubble", effort=10.0))
+    assert result.bound <= truth <= result.value
+    assert measure(ep, result.orders, "bubble") == result.value
