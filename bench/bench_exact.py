@@ -21,8 +21,11 @@ one 1F1B stage's activation (a V-shape chunk holds half of one).
   V-Min p=8 m=32.
 
 `python -m bench exact [--quick] [--write]` (`--write` also writes
-bench/results/exact.md). The full table takes about 25 minutes on 2 shared
-cores; `--quick` (p=4 and the profiled case) about 5.
+bench/results/exact.md). Measured on this project's 2-core machine, shared with
+other jobs (load 5 to 15): the full table 31 minutes, `--quick` (p=4 and the
+profiled case) 8; most of it is the V-Half p=4, m=12 proof (44 units) and the
+p=8 V-shape rows (20 units each), at 5 to 10 s of wall clock per unit under that
+load (about 1 s on an idle core).
 """
 
 from __future__ import annotations
