@@ -49,6 +49,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
                                      release="w")
+                # two pipelines of 2 ranks, each in its own process group
+                cases += build_cases(2, work, only=["zb_h1", "zb_v"], pipelines=2)
             cache[d] = harness.run_cases(cases, d, work)
         return cache[d]
 
@@ -294,7 +296,9 @@ def test_uncovered_parameters_named_before_training(tmp_path: Path) -> None:
 
 
 def test_ppdsl_run_trains(tmp_path: Path) -> None:
-    """`ppdsl run` on an example at d=2: per-step lines, loss going down, the table."""
+    """`ppdsl run` on an example at d=2: per-step lines, loss going down, the table;
+    throughput in samples/s and, tiny_gpt's inputs being tokens, tokens/s = 16 x
+    samples/s."""
     import subprocess
 
     example = ROOT / "examples" / "1f1b.pp"
@@ -308,6 +312,11 @@ def test_ppdsl_run_trains(tmp_path: Path) -> None:
               if line.startswith("step ")]
     assert len(losses) == 8 and losses[-1] < losses[0], proc.stdout
     assert "peak predicted" in proc.stdout
+    for line in (line for line in proc.stdout.splitlines() if line.startswith("step ")):
+        words = line.split()  # tiny_gpt's inputs are tokens, 16 a sample
+        samples = float(words[words.index("samples/s") - 1])
+        tokens = float(words[words.index("tokens/s") - 1])
+        assert abs(tokens - 16 * samples) <= 16 * 0.05 + 1, line
 
 
 @pytest.mark.parametrize("name", FROZEN_FILES)
@@ -321,6 +330,21 @@ def test_frozen_parameters_under_split_schedules(dist_results, name: str) -> Non
     errors = [r["error"] + "\n" + r.get("traceback", "") for r in per_rank if "error" in r]
     assert not errors, errors[0]
     assert sum(r["frozen_parameters"] for r in per_rank) > 0
+    for r in per_rank:
+        assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
+        assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r
+
+
+@pytest.mark.parametrize("name", ["zb_h1", "zb_v"])
+def test_pipelines_in_their_own_process_groups(dist_results, name: str) -> None:
+    """Four processes cut into two pipelines of two ranks, each runner given its
+    own process group (as a data-parallel layer would): every transfer and
+    collective stays inside its group, and each pipeline's loss, gradients and
+    parameters after three steps equal the single-process run."""
+    per_rank = dist_results(4)[f"{name}-d2-x2"]
+    errors = [r["error"] + "\n" + r.get("traceback", "") for r in per_rank if "error" in r]
+    assert not errors, errors[0]
+    assert sorted((r["pipeline"], r["rank"]) for r in per_rank) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in per_rank:
         assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
         assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r

@@ -7,6 +7,7 @@ cannot host two ranks."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -198,3 +199,24 @@ def test_one_rank_trains_on_cuda_with_nccl(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cuda (nccl)" in proc.stdout and "cuda peak" in proc.stdout
+
+
+def test_training_features_on_cuda(tmp_path: Path) -> None:
+    """One rank on cuda:0 with NCCL: fp16 autocast with the loss scale on the GPU,
+    post-validated clipping (an async all-reduce on NCCL), a checkpoint with CUDA
+    tensors and RNG states, stopped after 2 steps and resumed to 4; then bf16.
+    Each run exits 0 with finite losses."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    base = [sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=1",
+            "-D", "m=4", "--model", TINY.replace(":stages", ":stages_dropout"), "--steps", "4",
+            "--device", "cuda", "--clip-grad-norm", "1", "--optimizer-validation", "post",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    for extra in (["--precision", "fp16", "--stop-after", "2"], ["--precision", "fp16", "--resume"],
+                  ["--precision", "bf16"]):
+        proc = subprocess.run([*base, *extra], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses = [float(line.split("loss")[1].split()[0]) for line in proc.stdout.splitlines()
+                  if line.startswith("step ")]
+        assert losses and all(math.isfinite(x) for x in losses), proc.stdout
+    assert (tmp_path / "ckpt" / "step-00000004" / ".metadata").is_file()

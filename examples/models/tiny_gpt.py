@@ -32,10 +32,12 @@ class Block(nn.Module):
     unfused attention does (the zero-bubble paper's 5as^2b term of M_B, which B
     frees); otherwise a fused scaled_dot_product_attention."""
 
-    def __init__(self, explicit_attention: bool = False, heads: int = HEADS) -> None:
+    def __init__(self, explicit_attention: bool = False, heads: int = HEADS,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.explicit_attention = explicit_attention
         self.heads = heads
+        self.dropout = dropout
         self.norm1 = nn.LayerNorm(DIM)
         self.qkv = nn.Linear(DIM, 3 * DIM)
         self.proj = nn.Linear(DIM, DIM)
@@ -54,7 +56,10 @@ class Block(nn.Module):
         else:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, DIM))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
+        h = self.down(F.gelu(self.up(self.norm2(x))))
+        if self.dropout:  # draws from the global RNG: what a checkpoint must restore
+            h = F.dropout(h, self.dropout, training=self.training)
+        return x + h
 
 
 class Embed(nn.Module):
@@ -79,7 +84,7 @@ class Head(nn.Module):
 
 
 def _layer(index: int, seq: int = SEQ, explicit_attention: bool = False,
-           heads: int = HEADS) -> nn.Module:
+           heads: int = HEADS, dropout: float = 0.0) -> nn.Module:
     """Layer `index` of [embed, block 0..LAYERS-1, head], from its own seed."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED + index)
@@ -87,7 +92,7 @@ def _layer(index: int, seq: int = SEQ, explicit_attention: bool = False,
             return Embed(seq)
         if index == LAYERS + 1:
             return Head()
-        return Block(explicit_attention, heads)
+        return Block(explicit_attention, heads, dropout)
 
 
 def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -107,20 +112,30 @@ def batch(step: int, batch_size: int, seq: int = SEQ) -> tuple[torch.Tensor, tor
     return whole[:, :-1].contiguous(), whole[:, 1:].contiguous()
 
 
-def _model(num_stages: int, seq: int, explicit_attention: bool, heads: int) -> PipelineModel:
+def _model(num_stages: int, seq: int, explicit_attention: bool, heads: int,
+           dropout: float = 0.0, tied: bool = False) -> PipelineModel:
     groups = split_layers(list(range(1, LAYERS + 1)), num_stages)
     groups[0].insert(0, 0)
     groups[-1].append(LAYERS + 1)
 
     def stage(index: int) -> nn.Module:
-        return nn.Sequential(
-            *(_layer(i, seq, explicit_attention, heads) for i in groups[index])
+        module = nn.Sequential(
+            *(_layer(i, seq, explicit_attention, heads, dropout) for i in groups[index])
         )
+        if tied and index == num_stages - 1:  # the head starts as the token embedding
+            head = module[len(groups[index]) - 1]
+            tokens = module[0].tokens.weight if num_stages == 1 else _layer(0, seq).tokens.weight
+            head.out.weight = tokens
+        return module
 
     def batch_of(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         return batch(step, batch_size, seq)
 
-    return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch_of)
+    ties: tuple[dict[int, str], ...] = ()
+    if tied and num_stages > 1:
+        ties = ({0: "0.tokens.weight", num_stages - 1: f"{len(groups[-1]) - 1}.out.weight"},)
+    return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch_of,
+                         tokens_per_sample=seq, tied=ties)
 
 
 def stages(num_stages: int) -> PipelineModel:
@@ -153,4 +168,17 @@ def stages_frozen(num_stages: int) -> PipelineModel:
                 p.requires_grad_(False)
         return module
 
-    return PipelineModel(num_stages=num_stages, stage=stage, loss=model.loss, batch=model.batch)
+    return PipelineModel(num_stages=num_stages, stage=stage, loss=model.loss, batch=model.batch,
+                         tokens_per_sample=model.tokens_per_sample)
+
+
+def stages_tied(num_stages: int) -> PipelineModel:
+    """`stages` with the vocabulary head's weight tied to the token embedding (one
+    parameter in the model; on two ranks, its gradient summed over both)."""
+    return _model(num_stages, SEQ, explicit_attention=False, heads=HEADS, tied=True)
+
+
+def stages_dropout(num_stages: int) -> PipelineModel:
+    """`stages` with dropout 0.1 after every MLP: a step draws from the global RNG
+    (what resuming from a checkpoint must restore to continue bit for bit)."""
+    return _model(num_stages, SEQ, explicit_attention=False, heads=HEADS, dropout=0.1)

@@ -1,7 +1,7 @@
 """Compile a schedule and train with it on this machine: starts torchrun
 (python -m torch.distributed.run) with one process per device on loopback, gloo on
 CPU when there is no GPU and NCCL with CUDA. Prints a line per step (loss, step
-time, tokens/s) and, at the end, predicted vs measured peak activation memory and
+time, samples/s, and tokens/s for a model whose inputs are tokens) and, at the end, predicted vs measured peak activation memory and
 compute share per rank. Exit status is that of the ranks (0 when all succeeded)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments, compile_from_args
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
+from ppdsl.runtime.options import add_training_options, check_training_options, training_argv
 
 HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="samples per step (default 2*m)")
-    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    add_training_options(parser, forward=True)
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds before a dead or hung rank stops the others (default 60)")
     parser.add_argument(
@@ -91,6 +92,9 @@ def _filter_torchrun(stream, out) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    problem = check_training_options(args)
+    if problem is not None:
+        raise UsageError(problem)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -105,7 +109,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     assert choice.kind is not None
     rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", choice.kind,
                  "--release", args.release]
-    for flag, value in (("--batch-size", args.batch_size), ("--lr", args.lr),
+    rank_args += training_argv(args)
+    for flag, value in (("--batch-size", args.batch_size),
                         ("--timeout", args.timeout), ("--json", args.json_out),
                         ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:

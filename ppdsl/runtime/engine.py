@@ -1,27 +1,39 @@
-"""One rank's training step: run its RankProgram's ops in order.
+"""One rank's passes of one step: run its RankProgram's ops in order.
 
-- F(mb, s): the stage's forward on the received (or locally handed-over)
-  activation; on the last stage also the loss, scaled by 1/m so that gradients
-  summed over microbatches are those of the batch's mean loss.
-- B(mb, s): the stage's input gradient; the split layers' weight-gradient work
+- F(mb, s): the stage's forward on the received (or locally handed-over) value;
+  on the last stage also the loss, scaled by 1/m (and by the loss scale under
+  fp16) so that gradients summed over microbatches are those of the batch's mean
+  loss. Under bf16/fp16 the forward and the loss run under autocast.
+- B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
 - BW(mb, s): one backward computing both.
 - Exchange: posts its sends (isend) and receives (irecv), and on gloo also the
   receives of the *next* exchange, so their data arrives while this rank computes
-  the pass in between (gloo matches by tag, one tag per transfer, so posting early
-  is safe); waits only for the receives the next pass needs; sends finish in the
-  background and are collected at later exchanges and at the step's end. On NCCL,
-  which matches in order, an exchange is one batch_isend_irecv, as lowered and
-  checked for deadlock. Two stages on one rank hand over without a transfer.
+  the pass in between (gloo matches by tag, one tag per tensor of a transfer, so
+  posting early is safe); waits only for the receives the next pass needs; sends
+  finish in the background and are collected at later exchanges and at the
+  step's end. On NCCL, which matches in order, an exchange is one
+  batch_isend_irecv, as lowered and checked for deadlock. Two stages on one rank
+  hand over without a transfer.
+
+A value between stages is a tensor or a tuple/list/dict of tensors
+(`ppdsl.runtime.structure`); each tensor moves on its own, floating-point ones
+carry a gradient back. Ranks are the pipeline group's ranks (`group`); point-to-
+point calls name the global ranks behind them.
+
+Hooks (`Hooks`) let a layer above (post-validation, data parallelism) act at the
+points a step defines: before this rank's first pass, before a stage's first
+forward, when a stage's gradients are final (its last W or BW of the step), and
+after the last pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from fractions import Fraction
 from typing import Any
@@ -32,10 +44,11 @@ import torch.distributed as dist
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime.memory import MemoryMeter
-from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
+from ppdsl.runtime.split import WStash, backward_input
+from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.trace import Tracer
 
-__all__ = ["Engine", "PeerError", "StepResult", "probe_shapes"]
+__all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
 
 
 class PeerError(RuntimeError):
@@ -46,19 +59,39 @@ class PeerError(RuntimeError):
 class StepResult:
     """What one step measured on this rank."""
 
-    loss: float | None
-    """The batch's mean loss (on the rank holding the last stage), else None."""
+    loss: torch.Tensor | None
+    """The batch's mean loss, detached and unscaled (on the rank holding the last
+    stage), else None."""
     step_time: float
+    """Seconds from the first op to the last send completed."""
     compute_time: float
+    """Seconds inside passes."""
 
 
-def _tag(t: Transfer, num_microbatches: int, num_stages: int) -> int:
+@dataclass
+class Hooks:
+    """Callbacks at the points of a step (each list runs in order)."""
+
+    before_first_pass: list[Callable[[], None]] = field(default_factory=list)
+    """Before this rank's first compute pass of the step, i.e. before anything
+    uses the weights (post-validation resolves the previous step here)."""
+    before_stage_forward: list[Callable[[int], None]] = field(default_factory=list)
+    """Before a stage's first F of the step, with the stage index (e.g. a sharded
+    data-parallel layer gathers the stage's weights)."""
+    stage_grads_ready: list[Callable[[int], None]] = field(default_factory=list)
+    """After a stage's last W or BW of the step, with the stage index: its weight
+    gradients are final (e.g. a data-parallel layer starts their all-reduce)."""
+    after_passes: list[Callable[[], None]] = field(default_factory=list)
+    """After the last pass and after every send has completed."""
+
+
+def _tag(t: Transfer, leaf: int, num_microbatches: int, num_stages: int, num_leaves: int) -> int:
     kind = 0 if t.kind is TransferKind.ACT else 1
-    return (kind * num_microbatches + t.microbatch) * num_stages + t.dst_stage
+    return ((kind * num_microbatches + t.microbatch) * num_stages + t.dst_stage) * num_leaves + leaf
 
 
 class Engine:
-    """Runs one rank's ops; holds its stages and optimizer."""
+    """Runs one rank's ops on its stages."""
 
     def __init__(
         self,
@@ -67,14 +100,14 @@ class Engine:
         stage_device: Sequence[int],
         num_microbatches: int,
         memory: MemoryModel,
-        model: Any,
+        stages: dict[int, torch.nn.Module],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
         device: torch.device,
-        shapes: dict[int, tuple[tuple[int, ...], torch.dtype]] | None = None,
         *,
-        lr: float = 3e-3,
-        optimizer: str = "adam",
+        group: dist.ProcessGroup | None = None,
         timeout: float = 60.0,
         release: str = "b",
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
         if release not in ("b", "w"):
             raise ValueError(f"release must be 'b' or 'w', not {release!r}")
@@ -89,20 +122,25 @@ class Engine:
         self.num_stages = len(stage_device)
         self.num_microbatches = num_microbatches
         self.memory = memory
-        self.model = model
+        self.stages = stages
+        self.loss_fn = loss_fn
         self.device = device
-        self.shapes = shapes or {}
-        """{stage: (shape, dtype)} of each stage's output (see `probe_shapes`)."""
+        self.group = group
+        self.autocast_dtype = autocast_dtype
+        self.specs: dict[int, Spec] = {}
+        """{stage: spec of its output}, from the probe (`ppdsl.runtime.pipeline`)."""
         self.timeout = timedelta(seconds=timeout)
-        self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
-        self.stages: dict[int, torch.nn.Module] = {}
-        self.split = any(
-            isinstance(op, Compute) and op.pass_.kind is PassKind.W for op in self.ops
+        self.nccl = dist.is_initialized() and dist.get_backend(group) == "nccl"
+        self.hooks = Hooks()
+        self._global = (
+            [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+            if group is not None else None
         )
-        for s, dev in enumerate(self.stage_device):
-            if dev == rank:
-                self.stages[s] = model.stage(s).to(device)
-        self.params = [p for m in self.stages.values() for p in m.parameters()]
+        params: dict[int, torch.nn.Parameter] = {}
+        for module in stages.values():
+            for p in module.parameters():
+                params.setdefault(id(p), p)
+        self.params = list(params.values())
         # For each exchange, the next one: its receives are posted a pass ahead.
         self._next_exchange: dict[int, Exchange | None] = {}
         upcoming: Exchange | None = None
@@ -111,40 +149,69 @@ class Engine:
             if isinstance(op, Exchange):
                 self._next_exchange[index] = upcoming
                 upcoming = op
-        opt_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
-        self.optimizer = opt_class(self.params, lr=lr) if self.params else None
+        # Per stage: the index of its first F and of its last W/BW (its gradients
+        # are final after it).
+        self._first_forward: dict[int, int] = {}
+        self._grads_final: dict[int, int] = {}
+        for index, op in enumerate(self.ops):
+            if isinstance(op, Compute):
+                done = op.pass_
+                if done.kind is PassKind.F:
+                    self._first_forward.setdefault(done.stage, index)
+                if done.kind in (PassKind.W, PassKind.BW):
+                    self._grads_final[done.stage] = index
+        self._first_compute = next(
+            (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
+        )
         self.meter = MemoryMeter(self.params)
         self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
+        self._num_leaves = 1
+
+    def set_specs(self, specs: dict[int, Spec]) -> None:
+        """Every stage's output spec (the same on every rank)."""
+        self.specs = dict(specs)
+        self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
+
+    def _peer(self, rank: int) -> int:
+        return self._global[rank] if self._global is not None else rank
 
     # -- one step ------------------------------------------------------------
 
     def step(
-        self, step: int, batch_size: int, *, optimizer_step: bool = True, measure: bool = True
+        self,
+        inputs: Sequence[Any] | None,
+        targets: Sequence[Any] | None,
+        *,
+        measure: bool = False,
+        loss_scale: torch.Tensor | float | None = None,
     ) -> StepResult:
-        """One training step. `measure=False` skips the memory meter (its saved-tensor
-        hooks cost Python time on every saved tensor; the activations of a step with
-        static shapes are the same every step, so measuring one step is enough)."""
-        inputs, targets = self.model.batch(step, batch_size)
-        m = self.num_microbatches
-        self._inputs = [t.to(self.device) for t in torch.tensor_split(inputs, m)]
-        self._targets = [t.to(self.device) for t in torch.tensor_split(targets, m)]
-        self._inbox: dict[tuple[TransferKind, int, int], torch.Tensor] = {}
-        self._outbox: dict[tuple[TransferKind, int, int], torch.Tensor] = {}
-        self._state: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        """One step's passes: `inputs` (on the rank holding stage 0) and `targets`
+        (on the rank holding the last stage) are per-microbatch values, else None.
+        Gradients accumulate into the parameters' `.grad`. `measure` runs the memory
+        meter (its saved-tensor hooks cost Python time on every saved tensor; the
+        activations of a step with static shapes are the same every step, so
+        measuring one step is enough)."""
+        self._inputs = inputs
+        self._targets = targets
+        self._loss_scale = loss_scale
+        self._inbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
+        self._outbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
+        self._state: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], list[torch.Tensor]]] = {}
         self._stash: dict[tuple[int, int], WStash] = {}
         self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
         self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
         self._measure = measure
         if measure:
             self.meter.reset_peak()
-        for p in self.params:
-            p.grad = None
         compute = 0.0
         start = time.perf_counter()
-        self._posted: dict[Transfer, tuple[Any, torch.Tensor]] = {}
+        self._posted: dict[Transfer, list[tuple[Any, torch.Tensor]]] = {}
         tracer = self.tracer
+        hooks = self.hooks
+        first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
+        grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
         for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
                 if tracer is None or not (op.sends or op.recvs):
@@ -155,35 +222,44 @@ class Engine:
                 tracer.end("exchange", "exchange",
                            {"sends": [str(t) for t in op.sends], "recvs": [str(t) for t in op.recvs]},
                            None)
-            else:
-                if tracer is not None:
-                    tracer.begin()
-                t0 = time.perf_counter()
-                self._compute(op)
-                dt = time.perf_counter() - t0
-                compute += dt
-                self.compute_time[op.pass_.kind] += dt
-                if tracer is not None:
-                    done = op.pass_
-                    tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
-                               {"stage": done.stage, "microbatch": done.microbatch},
-                               (done.kind.value, done.stage))
+                continue
+            if index == self._first_compute:
+                for before in hooks.before_first_pass:
+                    before()
+            if index in first_forward:
+                for before_stage in hooks.before_stage_forward:
+                    before_stage(first_forward[index])
+            if tracer is not None:
+                tracer.begin()
+            t0 = time.perf_counter()
+            self._compute(op)
+            dt = time.perf_counter() - t0
+            compute += dt
+            self.compute_time[op.pass_.kind] += dt
+            if tracer is not None:
+                done = op.pass_
+                tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
+                           {"stage": done.stage, "microbatch": done.microbatch},
+                           (done.kind.value, done.stage))
+            if index in grads_final:
+                for ready in hooks.stage_grads_ready:
+                    ready(grads_final[index])
+        if self._first_compute is None:  # a rank with no pass still validates
+            for before in hooks.before_first_pass:
+                before()
         for work, _, transfer in self._sends:
             self._wait(work, transfer)
         self._sends.clear()
-        if optimizer_step and self.optimizer is not None:
-            if tracer is not None:
-                tracer.begin()
-            self.optimizer.step()
-            if tracer is not None:
-                tracer.end("optimizer", "optimizer", {}, None)
+        for after in hooks.after_passes:
+            after()
         if tracer is not None:
             tracer.flush()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         holds_loss = self.stage_device[-1] == self.rank
-        loss = float(torch.stack(self._losses).sum()) if holds_loss and self._losses else None
+        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
+        self._inputs = self._targets = None
         return StepResult(loss, elapsed, compute)
 
     def _compute(self, op: Compute) -> None:
@@ -193,7 +269,8 @@ class Engine:
             self._forward(p.microbatch, p.stage)
         elif p.kind is PassKind.W:
             stash = self._stash.pop(key)
-            stash.run()
+            with torch.no_grad():  # weight gradients are values, not graphs
+                stash.run()
             if self._measure:
                 self.meter.set_stash(key, [], [])
         else:
@@ -201,66 +278,106 @@ class Engine:
         if self._measure:
             self.meter.after(p.kind, key, self.memory.activation[p.stage])
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's precision context (autocast under bf16/fp16)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _forward(self, mb: int, s: int) -> None:
+        inputs: list[torch.Tensor] = []
         if s == 0:
-            x = None
+            assert self._inputs is not None, "stage 0's rank was given no inputs"
             value = self._inputs[mb]
         else:
-            value = self._take(TransferKind.ACT, mb, s)
-            x = value.requires_grad_(True)
+            received = self._take(TransferKind.ACT, mb, s)
+            for t in received:
+                if t.is_floating_point() or t.is_complex():
+                    inputs.append(t.requires_grad_(True))
+            value = unflatten(self.specs[s - 1], received)
+        last = s == self.num_stages - 1
         with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
-            out = self.stages[s](value)
-            if s == self.num_stages - 1:
-                loss = self.model.loss(out, self._targets[mb])
-                self._losses.append(loss.detach() / self.num_microbatches)
-                out = loss / self.num_microbatches
-        self._state[(mb, s)] = (x, out)
-        if s < self.num_stages - 1:
-            self._give(TransferKind.ACT, mb, s, s + 1, out.detach())
+            with self.autocast():
+                out = call_stage(self.stages[s], value)
+                if last:
+                    assert self._targets is not None, "the last stage's rank was given no targets"
+                    loss = self.loss_fn(out, self._targets[mb])
+            if last:
+                self._losses.append(loss.detach().float() / self.num_microbatches)
+                scaled = loss / self.num_microbatches
+                if self._loss_scale is not None:
+                    scaled = scaled * self._loss_scale
+                self._state[(mb, s)] = (inputs, [0], [scaled])
+                return
+        leaves, _ = flatten(out, f"stage {s}'s output")
+        # The outputs a gradient comes back for: floating-point leaves; B runs from
+        # those autograd reaches (a leaf made without gradients gets none).
+        floats = [i for i, t in enumerate(leaves) if t.is_floating_point() or t.is_complex()]
+        outs = [i for i, t in enumerate(floats) if leaves[t].requires_grad]
+        self._state[(mb, s)] = (inputs, outs, [leaves[floats[i]] for i in outs])
+        self._give(TransferKind.ACT, mb, s, s + 1, [t.detach() for t in leaves])
 
     def _backward(self, mb: int, s: int, fused: bool) -> None:
-        x, out = self._state.pop((mb, s))
-        grad = None if s == self.num_stages - 1 else self._take(TransferKind.GRAD, mb, s)
+        inputs, which, outs = self._state.pop((mb, s))
+        if s == self.num_stages - 1:
+            grads: list[torch.Tensor | None] = [None]
+        else:
+            received = self._take(TransferKind.GRAD, mb, s)
+            grads = [received[i] for i in which]
         stash = None
-        if fused:
-            torch.autograd.backward(out, grad)
-            grad_x = x.grad if x is not None else None
+        grad_inputs: list[torch.Tensor | None]
+        if not outs:  # nothing differentiable left this stage
+            grad_inputs = [None] * len(inputs)
+        elif fused:
+            torch.autograd.backward(outs, grads)
+            grad_inputs = [x.grad for x in inputs]
         else:
             stash = WStash()
             hold = self.release == "w"
-            grad_x = backward_input(out, grad, x, stash, retain_graph=hold)
+            grad_inputs = backward_input(outs, grads, inputs, stash, retain_graph=hold)
             if hold:
-                stash.graph = out  # the graph and its saved activations live until W
-        del out, grad
+                stash.graph = outs[0]  # the graph and its saved activations live until W
+        del outs, grads
         if stash is not None:
             self._stash[(mb, s)] = stash
             if self._measure:
                 self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
+        elif not fused:  # a W still comes: give it an empty stash
+            self._stash[(mb, s)] = WStash()
         if s > 0:
-            assert grad_x is not None
-            self._give(TransferKind.GRAD, mb, s, s - 1, grad_x)
+            self._give(TransferKind.GRAD, mb, s, s - 1, [
+                g if g is not None else torch.zeros_like(x) for g, x in zip(grad_inputs, inputs, strict=True)
+            ])
 
     # -- hand-over and transfers ---------------------------------------------
 
-    def _give(self, kind: TransferKind, mb: int, src: int, dst: int, value: torch.Tensor) -> None:
+    def _give(self, kind: TransferKind, mb: int, src: int, dst: int, value: list[torch.Tensor]) -> None:
         if self.stage_device[dst] == self.rank:
             self._inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
-            self._outbox[(kind, mb, src)] = value.contiguous()
+            self._outbox[(kind, mb, src)] = [v.contiguous() for v in value]
 
-    def _take(self, kind: TransferKind, mb: int, stage: int) -> torch.Tensor:
+    def _take(self, kind: TransferKind, mb: int, stage: int) -> list[torch.Tensor]:
         return self._inbox.pop((kind, mb, stage))
 
-    def _post_recv(self, t: Transfer) -> tuple[Any, torch.Tensor]:
+    def _leaves_of(self, t: Transfer) -> list[Any]:
+        """The tensors a transfer carries: every leaf of the sender's output for an
+        activation, the differentiable ones for a gradient."""
         stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
-        shape, dtype = self.shapes[stage]
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        tag = _tag(t, self.num_microbatches, self.num_stages)
-        try:
-            work = dist.irecv(buf, t.src_rank, tag=tag)
-        except RuntimeError as exc:
-            raise PeerError(f"posting the receive of {t} failed: {exc}") from exc
-        return work, buf
+        leaves = self.specs[stage].leaves()
+        return leaves if t.kind is TransferKind.ACT else [x for x in leaves if x.differentiable]
+
+    def _post_recv(self, t: Transfer) -> list[tuple[Any, torch.Tensor]]:
+        posted = []
+        for i, leaf in enumerate(self._leaves_of(t)):
+            buf = torch.empty(leaf.shape, dtype=leaf.dtype, device=self.device)
+            tag = _tag(t, i, self.num_microbatches, self.num_stages, self._num_leaves)
+            try:
+                work = dist.irecv(buf, self._peer(t.src_rank), group=self.group, tag=tag)
+            except RuntimeError as exc:
+                raise PeerError(f"posting the receive of {t} failed: {exc}") from exc
+            posted.append((work, buf))
+        return posted
 
     def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
         """Post the sends and receives of `op`; on gloo (tags match transfers, so order
@@ -269,28 +386,33 @@ class Engine:
         receives."""
         self._sends = [s for s in self._sends if not s[0].is_completed()]
         sends = [(self._outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
+        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
         if self.nccl:  # NCCL matches in order: one batch per exchange, as the checker proved
-            m, n = self.num_microbatches, self.num_stages
             recvs = []
             p2p = []
             for t in op.recvs:
-                stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
-                shape, dtype = self.shapes[stage]
-                buf = torch.empty(shape, dtype=dtype, device=self.device)
-                recvs.append((buf, t))
-                p2p.append(dist.P2POp(dist.irecv, buf, t.src_rank, tag=_tag(t, m, n)))
-            p2p += [dist.P2POp(dist.isend, v, t.dst_rank, tag=_tag(t, m, n)) for v, t in sends]
+                bufs = []
+                for i, leaf in enumerate(self._leaves_of(t)):
+                    buf = torch.empty(leaf.shape, dtype=leaf.dtype, device=self.device)
+                    bufs.append(buf)
+                    p2p.append(dist.P2POp(dist.irecv, buf, self._peer(t.src_rank), self.group,
+                                          _tag(t, i, m, n, k)))
+                recvs.append((bufs, t))
+            p2p += [dist.P2POp(dist.isend, v, self._peer(t.dst_rank), self.group, _tag(t, i, m, n, k))
+                    for values, t in sends for i, v in enumerate(values)]
             for work in dist.batch_isend_irecv(p2p) if p2p else []:
                 work.wait()
-            for buf, t in recvs:
-                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
+            for bufs, t in recvs:
+                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = bufs
             return
-        for value, t in sends:
-            tag = _tag(t, self.num_microbatches, self.num_stages)
-            try:
-                self._sends.append((dist.isend(value, t.dst_rank, tag=tag), value, t))
-            except RuntimeError as exc:
-                raise PeerError(f"posting the send of {t} failed: {exc}") from exc
+        for values, t in sends:
+            for i, value in enumerate(values):
+                try:
+                    sent: Any = dist.isend(value, self._peer(t.dst_rank), group=self.group,
+                                           tag=_tag(t, i, m, n, k))
+                except RuntimeError as exc:
+                    raise PeerError(f"posting the send of {t} failed: {exc}") from exc
+                self._sends.append((sent, value, t))
         for t in op.recvs:
             if t not in self._posted:
                 self._posted[t] = self._post_recv(t)
@@ -298,9 +420,11 @@ class Engine:
             if t not in self._posted:
                 self._posted[t] = self._post_recv(t)
         for t in op.recvs:
-            work, buf = self._posted.pop(t)
-            self._wait(work, t)
-            self._inbox[(t.kind, t.microbatch, t.dst_stage)] = buf
+            bufs = []
+            for work, buf in self._posted.pop(t):
+                self._wait(work, t)
+                bufs.append(buf)
+            self._inbox[(t.kind, t.microbatch, t.dst_stage)] = bufs
 
     def _wait(self, work: Any, t: Transfer) -> None:
         peer = t.src_rank if t.dst_rank == self.rank else t.dst_rank
@@ -319,23 +443,6 @@ class Engine:
                 why = f"rank {peer} failed ({first[:200]})"
             raise PeerError(f"{what} {t}: {why}") from exc
 
-    def uncovered(self, batch_size: int) -> dict[int, list[str]]:
-        """Per stage of this rank: the parameters whose gradient B computes because
-        the split does not cover them (found from one probe forward each; needs
-        `shapes`). Empty for a schedule without W passes."""
-        if not self.split:
-            return {s: [] for s in self.stages}
-        found: dict[int, list[str]] = {}
-        for s, module in self.stages.items():
-            if s == 0:
-                inputs, _ = self.model.batch(0, batch_size)
-                x = torch.tensor_split(inputs, self.num_microbatches)[0].to(self.device)
-            else:
-                shape, dtype = self.shapes[s - 1]
-                x = torch.zeros(shape, dtype=dtype, device=self.device)
-            found[s] = uncovered_parameters(module, x)
-        return found
-
     # -- results ---------------------------------------------------------------
 
     def measured_mw_ratio(self) -> dict[int, Fraction]:
@@ -353,58 +460,3 @@ class Engine:
         for (_mb, s), b in self.meter.f_bytes.items():
             found.setdefault(s, b)
         return found
-
-
-def probe_shapes(
-    model: Any,
-    stages: dict[int, torch.nn.Module],
-    stage_device: Sequence[int],
-    rank: int,
-    num_microbatches: int,
-    batch_size: int,
-    device: torch.device,
-) -> tuple[dict[int, tuple[tuple[int, ...], torch.dtype]], str | None]:
-    """Run microbatch 0 of step 0 through every stage once, stage by stage, on the
-    rank holding it (no gradients), broadcasting each output's shape; returns
-    {stage: (shape, dtype)} of every stage's output and the first error message
-    (the same on every rank) or None. This is where a stage that cannot take the
-    previous stage's output, or a loss that cannot take the last, is caught."""
-    num_stages = len(stage_device)
-    inputs, targets = model.batch(0, batch_size)
-    x_in = torch.tensor_split(inputs, num_microbatches)[0].to(device)
-    t_in = torch.tensor_split(targets, num_microbatches)[0].to(device)
-    shapes: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
-    prev: tuple[tuple[int, ...], torch.dtype] | None = None
-    for s in range(num_stages):
-        owner = stage_device[s]
-        payload: list[Any] = [None]
-        if owner == rank:
-            try:
-                with torch.no_grad():
-                    module = stages[s]
-                    if s == 0:
-                        value = x_in
-                    else:
-                        assert prev is not None
-                        value = torch.zeros(prev[0], dtype=prev[1], device=device)
-                    out = module(value)
-                    if not isinstance(out, torch.Tensor):
-                        raise TypeError(f"returned {type(out).__name__}, expected one tensor")
-                    if s == num_stages - 1:
-                        loss = model.loss(out, t_in)
-                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                            raise TypeError("loss(output, target) must return a scalar tensor")
-                payload = [(tuple(out.shape), str(out.dtype).removeprefix("torch."), None)]
-            except Exception as exc:  # the user's model: report, don't crash
-                what = (
-                    f"stage {s} (on rank {owner})"
-                    + (f" cannot take stage {s - 1}'s output of shape {list(prev[0])}" if s and prev else "")
-                )
-                payload = [(None, None, f"{what}: {type(exc).__name__}: {exc}")]
-        dist.broadcast_object_list(payload, src=owner)
-        shape, dtype_name, error = payload[0]
-        if error is not None:
-            return shapes, error
-        prev = (tuple(shape), getattr(torch, dtype_name))
-        shapes[s] = prev
-    return shapes, None

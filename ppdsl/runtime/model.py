@@ -8,8 +8,13 @@ four members):
   weights on every rank (initialise from a seed, not from the global RNG state);
 - ``loss(output, target) -> scalar``: a *mean* loss over the batch, so that the sum over
   m microbatches of ``loss(mb) / m`` equals the loss of the whole batch;
-- ``batch(step, batch_size) -> (inputs, targets)``: the same tensors on every rank for
-  the same step; dimension 0 is the sample dimension and is split into microbatches.
+- ``batch(step, batch_size) -> (inputs, targets)``: the same tensors for the same step
+  wherever it is called (only the ranks holding the first or the last stage call it);
+  dimension 0 is the sample dimension and is split into microbatches; either may be
+  a tensor or a tuple/dict of tensors.
+
+and optionally ``tokens_per_sample`` (inputs are tokens: report tokens/s) and
+``tied`` (parameters shared between stages).
 
 `split_layers` cuts a list of layers into contiguous, balanced stages.
 """
@@ -42,7 +47,15 @@ class PipelineModel:
     loss: Callable[[Any, Any], Any]
     """`loss(output, target)`: mean loss of a batch (or microbatch)."""
     batch: Callable[[int, int], tuple[Any, Any]]
-    """`batch(step, batch_size) -> (inputs, targets)`, identical on every rank."""
+    """`batch(step, batch_size) -> (inputs, targets)`, the same for a step wherever
+    it is called (only the ranks holding the first or the last stage call it)."""
+    tokens_per_sample: int | None = None
+    """When the inputs are tokens: how many one sample holds (throughput is then
+    also reported in tokens/s); None for other inputs (samples/s only)."""
+    tied: tuple[dict[int, str], ...] = ()
+    """Parameters shared between stages, each {stage: parameter name in that
+    stage's module} (e.g. a tied embedding and vocabulary head): their gradients
+    are summed over the owning ranks."""
 
 
 def split_layers(layers: Sequence[Any], num_stages: int) -> list[list[Any]]:

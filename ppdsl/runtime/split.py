@@ -55,6 +55,7 @@ __all__ = [
     "defer",
     "accumulate_grad",
     "uncovered_parameters",
+    "uncovered_in",
 ]
 
 
@@ -258,10 +259,11 @@ def _claim_slots(
         uses.append((node, kind, slot, transposed, cast, child))
 
 
-def _analyse(root: Any) -> _Analysis:
-    """Walk the graph from `root` once. A parameter is split when every edge into
-    its accumulator, and into each transpose or cast on the way, is claimed by a
-    path from a native node's parameter slot (or by a split-aware Function)."""
+def _analyse(roots: Sequence[Any]) -> _Analysis:
+    """Walk the graph from `roots` (the outputs' nodes) once. A parameter is split
+    when every edge into its accumulator, and into each transpose or cast on the
+    way, is claimed by a path from a native node's parameter slot (or by a
+    split-aware Function)."""
     k = _kinds()
     acc_type = k.accumulate
     adapters = {k.transpose, k.to_copy}
@@ -272,8 +274,8 @@ def _analyse(root: Any) -> _Analysis:
     user: list[Any] = []
     user_accs: list[Any] = []
     accs: dict[Any, None] = {}  # accumulators, first seen first (stable results)
-    seen = {root}
-    stack = [root]
+    stack = list(dict.fromkeys(roots))  # in order: stable results
+    seen = set(stack)
     roles = _roles(k)
     pop, push, mark = stack.pop, stack.append, seen.add
     while stack:
@@ -434,32 +436,41 @@ class _NativeW:
 
 
 def backward_input(
-    output: torch.Tensor,
-    grad_output: torch.Tensor | None,
-    input: torch.Tensor | None,
+    output: torch.Tensor | Sequence[torch.Tensor],
+    grad_output: torch.Tensor | None | Sequence[torch.Tensor | None],
+    input: torch.Tensor | Sequence[torch.Tensor] | None,
     stash: WStash,
     *,
     retain_graph: bool = False,
-) -> torch.Tensor | None:
+) -> Any:
     """B: backpropagate `grad_output` from `output`; return the gradient of `input`
-    (None when `input` is None) and leave every split parameter's weight-gradient
-    work in `stash`. Parameters the split does not cover get their gradient now."""
-    root = output.grad_fn
-    if root is None:
-        return None
-    plan = _analyse(root)
+    and leave every split parameter's weight-gradient work in `stash`. Parameters
+    the split does not cover get their gradient now.
+
+    `output` and `grad_output` are a tensor and its gradient (None for a scalar
+    loss), or sequences of them (a stage returning several tensors); `input` is
+    None (returns None), a tensor (returns its gradient) or a sequence (returns a
+    list, None for an input nothing reaches)."""
+    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    grads = [grad_output] if grad_output is None or isinstance(grad_output, torch.Tensor) \
+        else list(grad_output)
+    many = input is not None and not isinstance(input, torch.Tensor)
+    wanted: list[torch.Tensor] = [] if input is None else [input] if not many else list(input)  # type: ignore[list-item]
+    if not any(o.requires_grad for o in outputs):
+        return [None] * len(wanted) if many else None
+    plan = _analyse([o.grad_fn for o in outputs if o.grad_fn is not None])
     saved = [_saved(node, kind, slots) for node, kind, slots in plan.native]
     for node in plan.user:
         setattr(node, _STASH_ATTR, stash)
     asked = plan.eager + plan.forced
     edges = [GradientEdge(node, 0) for node, _, _ in plan.native]
-    inputs: list[Any] = ([input] if input is not None else []) + edges + asked
+    inputs: list[Any] = wanted + edges + asked
     if not inputs:
         return None
     found = torch.autograd.grad(
-        output, inputs, grad_output, retain_graph=retain_graph, allow_unused=True
+        outputs, inputs, grads, retain_graph=retain_graph, allow_unused=True
     )
-    offset = 1 if input is not None else 0
+    offset = len(wanted)
     for (_, kind, slots), kept, dy in zip(plan.native, saved, found[offset : offset + len(edges)],
                                           strict=True):
         if dy is not None:
@@ -467,6 +478,8 @@ def backward_input(
     for param, grad in zip(asked, found[offset + len(edges) :], strict=True):
         if grad is not None:
             accumulate_grad(param, grad)
+    if many:
+        return list(found[:offset])
     return found[0] if input is not None else None
 
 
@@ -478,8 +491,15 @@ def uncovered_parameters(stage: nn.Module, example_input: torch.Tensor) -> list[
         if x.is_floating_point():
             x = x.detach().requires_grad_(True)
         out = stage(x)
-        if out.grad_fn is None:
-            return []
-        plan = _analyse(out.grad_fn)
+    return uncovered_in(stage, [out])
+
+
+def uncovered_in(stage: nn.Module, outputs: Sequence[torch.Tensor]) -> list[str]:
+    """Names of `stage`'s trainable parameters whose gradient B computes, found
+    from the graph its forward left in `outputs` (made with gradients enabled)."""
+    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    if not roots:
+        return []
+    plan = _analyse(roots)
     eager = {id(p) for p in plan.eager}
     return [name for name, p in stage.named_parameters() if id(p) in eager]

@@ -1,22 +1,31 @@
-"""The entry point generated rank programs call: start-up checks, training loop,
-per-step line and the closing predicted-vs-measured table.
+"""The entry point generated rank programs call (`ppdsl run` starts them): a
+training loop written on the library (`ppdsl.runtime.pipeline`), as a user's own
+loop would be, with the options people expect, a per-step line and the closing
+predicted-vs-measured table.
 
     torchrun --nproc-per-node 4 build/zb_v/launch.py --model examples/models/tiny_gpt.py:stages
 
 Start-up, before any training: the world size must equal the schedule's device
 count; every rank must run the same compiled schedule (fingerprint all-gather);
 the model must follow the protocol, build the schedule's stage count, and its
-stages must chain (a probe forward); the batch must split into m microbatches.
-Any failure prints one clear message (from rank 0, or from the rank that saw it)
-and every rank exits 1. Later, a rank that dies or hangs makes the others exit 1
-naming it, within `--timeout` seconds.
+stages must chain (the runner's probe at the first step); the batch must split
+into m microbatches. Any failure prints one clear message (from rank 0, or from
+the rank that saw it) and every rank exits 1. Later, a rank that dies or hangs
+makes the others exit 1 naming it, within `--timeout` seconds.
+
+Each step: the ranks holding the first or the last stage build the batch
+(`model.batch`; nobody else does), `runner.step`, then the optimizer step
+(`OptimizerStep`: clipping, inf/NaN skips, fp16 unscaling, sync or
+post-validated), the LR scheduler, and a checkpoint every `--checkpoint-every`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -33,10 +42,21 @@ import torch.distributed as dist
 from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
+from ppdsl.runtime.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.devices import choose_device
-from ppdsl.runtime.engine import Engine, PeerError, probe_shapes
+from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
+from ppdsl.runtime.options import add_training_options, check_training_options
+from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner
+from ppdsl.runtime.structure import flatten
 from ppdsl.runtime.trace import (
     Tracer,
     chrome_trace,
@@ -54,6 +74,7 @@ EXIT_USAGE = 2
 
 
 def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argparse.Namespace:
+    """The options of a generated rank program (`ppdsl run` passes them on)."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Train with a ppdsl-compiled pipeline schedule (run under torchrun)."
     )
@@ -66,7 +87,7 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
         "--batch-size", type=int, default=None,
         help="samples per step, split into m microbatches (default 2*m)",
     )
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    add_training_options(parser)
     parser.add_argument(
         "--timeout", type=float, default=60.0,
         help="seconds before a dead or hung rank makes the others stop (default 60)",
@@ -95,6 +116,9 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
         parser.error("--steps must be at least 1")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    problem = check_training_options(args)
+    if problem is not None:
+        parser.error(problem)
     return args
 
 
@@ -201,11 +225,29 @@ def main(
 
         traceback.print_exc()
         fail(watchdog, rank, f"{type(exc).__name__}: {exc}")
+    # The heartbeat thread is joined here, before the process group and its store
+    # go away: a thread still inside a store call at exit aborts the process
+    # ("terminate called without an active exception").
     watchdog.done()
     if code == 0:
         dist.barrier()
     dist.destroy_process_group()
     return code
+
+
+def _startup_error(rank: int, error: str) -> int:
+    if rank == 0:
+        print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
+    return EXIT_INVALID
+
+
+def _digest(runner: PipelineRunner) -> str:
+    """sha256 of this rank's parameters' bytes, in name order (to compare runs)."""
+    h = hashlib.sha256()
+    for name, p in runner.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _run(
@@ -238,8 +280,8 @@ def _run(
     batch_size = opts.batch_size if opts.batch_size is not None else 2 * m
     error = None
     model: Any = None
-    engine: Engine | None = None
-    inputs: Any = None
+    torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
+    random.seed(opts.seed)
     try:
         model = build_model(opts.model, plan.num_stages)
         if batch_size % m:
@@ -247,83 +289,152 @@ def _run(
                 f"--batch-size {batch_size} does not split into {m} microbatches; "
                 f"use a multiple of {m}"
             )
-        inputs, _ = model.batch(0, batch_size)
-        if getattr(inputs, "shape", (0,))[0] != batch_size:
-            raise ModelError(
-                f"batch(0, {batch_size}) returned {getattr(inputs, 'shape', '?')[0]} samples, "
-                f"expected {batch_size}"
-            )
-        engine = Engine(
-            rank, ops, plan.stage_device, m, plan.memory, model, device,
-            lr=opts.lr, timeout=opts.timeout, release=opts.release,
-        )
     except ModelError as exc:
         error = str(exc)
     except Exception as exc:
         error = f"building the model failed: {type(exc).__name__}: {exc}"
     error = _agree(error, rank, world)
-    if error is None:
-        assert engine is not None
-        engine.shapes, error = probe_shapes(
-            model, engine.stages, plan.stage_device, rank, m, batch_size, device
-        )
     if error is not None:
-        if rank == 0:
-            print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
-        return EXIT_INVALID
-    assert engine is not None
-    unsplit = [
-        f"stage {s}: {', '.join(names)}" for s, names in engine.uncovered(batch_size).items() if names
-    ]
-    if unsplit and plan.split_backward:
-        print(
-            f"ppdsl: rank {rank}: note: these parameters get their gradient during B (no "
-            f"split-aware layer for them): {'; '.join(unsplit)}",
-            file=sys.stderr,
+        return _startup_error(rank, error)
+    schedule = CompiledPipeline(plan, {rank: tuple(ops)}, fingerprint)
+    try:
+        runner = PipelineRunner(
+            schedule, model.stage, model.loss, device=device, precision=opts.precision,
+            release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
+            timeout=opts.timeout,
         )
-    tokens = int(inputs.numel())
+    except ModelError as exc:  # the same message on every rank
+        return _startup_error(rank, str(exc))
+    optimizer = make_optimizer(opts.optimizer, runner.parameters(), opts.lr, opts.weight_decay,
+                               opts.momentum)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(opts.lr_schedule, opts.steps, opts.warmup_steps)
+    )
+    stepper = OptimizerStep(runner, optimizer, max_norm=opts.clip_grad_norm,
+                            validation=opts.optimizer_validation)
+    first_step = 0
+    last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
+    if opts.resume:
+        found = latest_checkpoint(opts.checkpoint_dir)
+        if found is None:
+            return _startup_error(rank, f"--resume: no checkpoint in {opts.checkpoint_dir!r}")
+        try:
+            first_step = int(load_checkpoint(found, runner, optimizer, stepper=stepper,
+                                             scheduler=scheduler)["step"])
+        except CheckpointError as exc:
+            return _startup_error(rank, str(exc))
+        _say(rank, f"ppdsl: resumed from {found} (after step {first_step})")
+    tokens_per_sample = getattr(model, "tokens_per_sample", None)
     _say(
         rank,
         f"ppdsl: schedule {plan.name} ({plan.file}): {world} ranks, {plan.num_stages} stages, "
         f"{m} microbatches, batch {batch_size}, {device.type}"
-        + (" (gloo)" if device.type == "cpu" else " (nccl)"),
+        + (" (gloo)" if device.type == "cpu" else " (nccl)")
+        + f", {opts.optimizer}" + (f", {opts.precision}" if opts.precision != "fp32" else "")
+        + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
+           if opts.clip_grad_norm is not None else ""),
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
-    engine.tracer = tracer
+    runner.engine.tracer = tracer
     dist.barrier()  # the ranks' trace epochs line up here
     tracer.start()
-    step_times, shares = [], []
+    step_times: list[float] = []
+    shares: list[float] = []
+    losses: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
     cuda_peak = None
-    for step in range(opts.steps):
+    meter = runner.engine.meter
+    last_saved = first_step if opts.resume else None
+    # The per-step line's numbers are all-reduced in the background and printed
+    # one step late: a blocking collective per step would be a barrier, undoing
+    # what post-validation saves.
+    pending: tuple[Any, torch.Tensor, int] | None = None
+
+    def report(done: tuple[Any, torch.Tensor, int]) -> None:
+        work, stats, at = done
+        work.wait()
+        loss, step_time = float(stats[0]), float(stats[1])
+        losses[at] = loss
+        if at > first_step or last_step - first_step == 1:
+            step_times.append(step_time)
+        rate = f"  {batch_size / step_time:9.1f} samples/s"
+        if tokens_per_sample:
+            rate += f"  {batch_size * tokens_per_sample / step_time:9.0f} tokens/s"
+        _say(rank, f"step {at + 1:4d}/{opts.steps}  loss {loss:.4f}  "
+                   f"time {step_time * 1e3:8.1f} ms{rate}")
+
+    for step in range(first_step, last_step):
         if device.type == "cuda":
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
+        inputs = targets = None
+        if runner.is_first or runner.is_last:  # data is built only where it is used
+            inputs, targets = model.batch(step, batch_size)
+        if step == first_step:
+            error = None
+            if inputs is not None:
+                leaves = flatten(inputs, "the inputs")[0]
+                got = leaves[0].shape[0] if leaves and leaves[0].dim() else None
+                if got != batch_size:
+                    error = (f"batch({step}, {batch_size}) returned {got} samples, "
+                             f"expected {batch_size}")
+            error = _agree(error, rank, world)
+            if error is not None:
+                return _startup_error(rank, error)
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
         tracer.step = step
-        tracer.timed = step > 0 or opts.steps == 1  # step 0 runs the memory meter's hooks
-        result = engine.step(step, batch_size, measure=step == 0)
+        tracer.timed = step > first_step or last_step - first_step == 1
+        optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        try:
+            loss = runner.step(inputs if runner.is_first else None,
+                               targets if runner.is_last else None,
+                               measure_memory=step == first_step)
+        except ModelError as exc:  # the probe at the first step: the same on every rank
+            return _startup_error(rank, str(exc))
+        tracer.begin()
+        stepper.step()
+        tracer.end("optimizer", "optimizer", {}, None)
+        tracer.flush()
+        scheduler.step()
+        step_time = time.perf_counter() - t0
+        result = runner.last_result
+        if step > first_step or last_step - first_step == 1:
+            shares.append(result.compute_time / max(step_time, 1e-12))
         if device.type == "cuda":
             cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
-        peak_bytes = max(peak_bytes, engine.meter.peak_bytes)
-        peak_units = max(peak_units, engine.meter.peak_units)
+        peak_bytes = max(peak_bytes, meter.peak_bytes)
+        peak_units = max(peak_units, meter.peak_units)
         stats = torch.tensor(
-            [result.loss if result.loss is not None else 0.0, result.step_time], device=device
+            [float(loss) if loss is not None else float("-inf"), step_time], device=device
         )
-        dist.all_reduce(stats[:1], op=dist.ReduceOp.SUM)
-        dist.all_reduce(stats[1:], op=dist.ReduceOp.MAX)
-        loss, step_time = float(stats[0]), float(stats[1])
-        if step > 0 or opts.steps == 1:
-            step_times.append(step_time)
-            shares.append(result.compute_time / max(result.step_time, 1e-12))
-        _say(
-            rank,
-            f"step {step + 1:4d}/{opts.steps}  loss {loss:.4f}  step {step_time * 1e3:8.1f} ms"
-            f"  {tokens / step_time:9.0f} tokens/s",
-        )
+        if pending is not None:
+            report(pending)
+        pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
+        every = opts.checkpoint_every
+        if opts.checkpoint_dir and every and (step + 1) % every == 0:
+            save_checkpoint(checkpoint_path(opts.checkpoint_dir, step + 1), runner, optimizer,
+                            step=step + 1, stepper=stepper, scheduler=scheduler)
+            last_saved = step + 1
+    stepper.resolve()  # the last step, if post-validated, is checked here
+    if pending is not None:
+        report(pending)
+    if opts.checkpoint_dir and last_saved != last_step:
+        save_checkpoint(checkpoint_path(opts.checkpoint_dir, last_step), runner, optimizer,
+                        step=last_step, stepper=stepper, scheduler=scheduler)
+    outcomes = stepper.outcomes
+    clipped = sum(o.clipped for o in outcomes)
+    skipped = sum(o.skipped for o in outcomes)
+    if opts.clip_grad_norm is not None or skipped:
+        rolled = sum(o.rolled_back for o in outcomes)
+        _say(rank, f"optimizer: {len(outcomes)} steps, {clipped} clipped, {skipped} skipped "
+                   "(inf/NaN gradients)"
+                   + (f"; post-validation rolled back {rolled}" if opts.optimizer_validation == "post"
+                      else ""))
+    engine = runner.engine
     ratios = engine.measured_mw_ratio()
     real_memory = _with_real_mw(plan.memory, ratios)
     mine = {
@@ -333,13 +444,19 @@ def _run(
         "predicted_peak_real_mw": str(plan.predicted_peak(rank, real_memory)),
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
-        "stash_gradient_bytes": engine.meter.peak_gradient_bytes,
+        "stash_gradient_bytes": meter.peak_gradient_bytes,
         "cuda_peak_bytes": cuda_peak,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "predicted_busy_share": plan.predicted_busy_share[rank] if plan.predicted_busy_share else None,
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
+        "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
+        "parameters_sha256": _digest(runner),
+        "optimizer_steps": [
+            {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
+             "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
+        ],
     }
     durations: list[Any] = [None] * world
     dist.all_gather_object(durations, tracer.durations)

@@ -58,12 +58,26 @@ class Watchdog:
         self._thread.start()
 
     def done(self) -> None:
-        """This rank finished cleanly: its silence from now on is not a failure."""
+        """This rank finished cleanly: its silence from now on is not a failure.
+        Stops the heartbeat thread and joins it, so that it is not inside a store
+        call when the process group and the interpreter go away (a thread left
+        there makes the process abort at exit: "terminate called without an
+        active exception")."""
         self._stop.set()
+        self.join()
         try:
             self.store.set(f"{_PREFIX}done/{self.rank}", "1")
         except Exception:  # the store lives on rank 0, which may have exited: best effort
             pass
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the heartbeat thread to end (at most `timeout` seconds, default
+        the store's timeout plus one interval); True when it has."""
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return True
+        limit = timeout if timeout is not None else max(self.timeout, 5.0) + self.interval
+        self._thread.join(limit)
+        return not self._thread.is_alive()
 
     def fail(self, message: str) -> None:
         """Tell the other ranks why this one stops."""

@@ -23,9 +23,11 @@ def example_files() -> list[Path]:
 def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
                 only: list[str] | None = None,
                 factory: str = "stages",
-                release: str = "b") -> list[dict]:
-    """The cases for world size d; each case's schedule is pickled into workdir.
-    An example that does not compile at d raises: nothing is skipped."""
+                release: str = "b",
+                pipelines: int = 1) -> list[dict]:
+    """The cases for world size d * pipelines (each pipeline of d ranks in its own
+    process group); each case's schedule is pickled into workdir. An example
+    that does not compile at d raises: nothing is skipped."""
     workdir.mkdir(parents=True, exist_ok=True)
     cases: list[dict] = []
     found: list[tuple[str, object, object]] = []
@@ -37,11 +39,12 @@ def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
         found.append((path.stem, compiled.schedule, compiled.programs))
     for name, schedule, programs in found:
         case_id = (f"{name}-d{d}" + ("" if factory == "stages" else f"-{factory}")
-                   + ("" if release == "b" else f"-release-{release}"))
+                   + ("" if release == "b" else f"-release-{release}")
+                   + ("" if pipelines == 1 else f"-x{pipelines}"))
         pickle_path = workdir / f"{case_id}.pickle"
         pickle_path.write_bytes(pickle.dumps((schedule, programs, None)))
         cases.append({"id": case_id, "name": name, "d": d, "pickle": str(pickle_path),
                       "split": schedule.split_backward, "check_grads": check_grads,
                       "steps": 3, "m": schedule.num_microbatches, "factory": factory,
-                      "release": release})
+                      "release": release, "pipelines": pipelines})
     return cases

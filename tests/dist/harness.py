@@ -66,12 +66,14 @@ def run(argv: list[str], nproc: int, timeout: float = 120,
     return finish(start(argv, nproc, env), timeout)
 
 
-def run_cases(cases: list[dict], nproc: int, outdir: Path, timeout: float = 600) -> dict:
-    """Run every case in one process group of `nproc` ranks; {case id: [per-rank dict]}."""
+def run_cases(cases: list[dict], nproc: int, outdir: Path, timeout: float = 600,
+              worker: str = "worker.py") -> dict:
+    """Run every case in one process group of `nproc` ranks (tests/dist/`worker`);
+    {case id: [per-rank dict]}."""
     outdir.mkdir(parents=True, exist_ok=True)
     cases_file = outdir / "cases.json"
     cases_file.write_text(json.dumps(cases))
-    results = run([str(ROOT / "tests" / "dist" / "worker.py"), str(cases_file), str(outdir)],
+    results = run([str(ROOT / "tests" / "dist" / worker), str(cases_file), str(outdir)],
                   nproc, timeout)
     found: dict = {}
     for case in cases:

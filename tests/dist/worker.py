@@ -23,9 +23,9 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.runtime.engine import Engine, probe_shapes  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
+from ppdsl.runtime.model import build_model  # noqa: E402
+from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -70,22 +70,38 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_case(case: dict, rank: int, world: int) -> dict:
     schedule, programs, timeline = _schedule(case)
+    group = None
+    pipelines = case.get("pipelines", 1)
+    if pipelines > 1:  # the world cut into pipelines, each in its own process group
+        size = world // pipelines
+        groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(pipelines)]
+        group = groups[rank // size]
+        rank, world = rank % size, size
     assert schedule.num_devices == world, (schedule.num_devices, world)
     plan = plan_from_schedule(schedule, programs, timeline)
     m, num_stages = plan.num_microbatches, plan.num_stages
     batch_size = case.get("batch_per_mb", 2) * m
     model = build_model(MODEL + case.get("factory", "stages"), num_stages)
-    engine = Engine(rank, programs[rank].ops, plan.stage_device, m, plan.memory, model,
-                    DEVICE, lr=LR, optimizer="sgd", timeout=60,
-                    release=case.get("release", "b"))
-    engine.shapes, error = probe_shapes(model, engine.stages, plan.stage_device, rank, m,
-                                        batch_size, DEVICE)
-    assert error is None, error
+    compiled = CompiledPipeline(plan, {r: p.ops for r, p in enumerate(programs)}, plan.fingerprint)
+    runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, timeout=60,
+                            release=case.get("release", "b"), group=group,
+                            note=lambda text: None)
+    optimizer = torch.optim.SGD(runner.parameters(), lr=LR)
     steps = case.get("steps", 3)
-    out: dict = {"case": case["id"], "rank": rank, "stages": sorted(engine.stages)}
-    first = engine.step(0, batch_size, optimizer_step=False)
-    loss_t = torch.tensor([first.loss or 0.0], dtype=torch.float64, device=DEVICE)
-    dist.all_reduce(loss_t)
+    out: dict = {"case": case["id"], "rank": rank, "stages": sorted(runner.stages),
+                 "pipeline": dist.get_rank() // world}
+
+    def data(step: int):
+        if not (runner.is_first or runner.is_last):  # only the ranks that use it build it
+            return None, None
+        inputs, targets = model.batch(step, batch_size)
+        return (inputs if runner.is_first else None), (targets if runner.is_last else None)
+
+    loss = runner.step(*data(0), measure_memory=True)
+    loss_t = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,
+                          device=DEVICE)
+    dist.all_reduce(loss_t, group=group)
+    engine = runner.engine
     out["measured_peak"] = str(engine.meter.peak_units)
     out["measured_peak_bytes"] = engine.meter.peak_bytes
     out["stash_gradient_bytes"] = engine.meter.peak_gradient_bytes
@@ -102,7 +118,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     out["ref_loss"] = ref_loss
     grad_err = 0.0
     frozen = 0
-    for s, st in engine.stages.items():
+    for s, st in runner.stages.items():
         for n, p in st.named_parameters():
             if not p.requires_grad:  # frozen: no gradient here nor in the reference
                 assert p.grad is None, f"stage {s} {n}: frozen, but got a gradient"
@@ -113,11 +129,13 @@ def run_case(case: dict, rank: int, world: int) -> dict:
             grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n].to(p.device)))
     out["frozen_parameters"] = frozen
     out["grad_rel_err"] = grad_err
-    engine.optimizer.step()
+    optimizer.step()
     for step in range(1, steps):
-        engine.step(step, batch_size)
+        optimizer.zero_grad()
+        runner.step(*data(step))
+        optimizer.step()
     param_err = 0.0
-    for s, st in engine.stages.items():
+    for s, st in runner.stages.items():
         for n, p in st.named_parameters():
             param_err = max(param_err, _rel(p.detach(), ref_params[s][n].to(p.device)))
     out["param_rel_err"] = param_err

@@ -1,0 +1,112 @@
+"""The training options of `ppdsl run` and of the generated `launch.py`, declared
+once (no torch here: `ppdsl run` reads them before anything imports torch).
+
+`ppdsl run` declares them with `forward=True` (no defaults) and hands the ones
+given on to the ranks (`training_argv`); the ranks parse them with their
+defaults. `check_training_options` is the one place their limits are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_training_options", "training_argv", "check_training_options"]
+
+# (flag, destination, argparse keywords, default on the ranks)
+_OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
+    ("--optimizer", "optimizer", {"choices": ["sgd", "adam", "adamw"],
+                                  "help": "torch.optim optimizer (default adam)"}, "adam"),
+    ("--lr", "lr", {"type": float, "help": "learning rate (default 3e-3)"}, 3e-3),
+    ("--weight-decay", "weight_decay", {"type": float, "help": "weight decay (default 0)"}, 0.0),
+    ("--momentum", "momentum", {"type": float, "help": "SGD momentum (default 0)"}, 0.0),
+    ("--lr-schedule", "lr_schedule", {
+        "choices": ["constant", "warmup-cosine"],
+        "help": "constant (default), or a linear warm-up over --warmup-steps then a cosine "
+                "decay to 0 at --steps"}, "constant"),
+    ("--warmup-steps", "warmup_steps", {"type": int, "help": "warm-up steps (default 0)"}, 0),
+    ("--clip-grad-norm", "clip_grad_norm", {
+        "type": float, "metavar": "MAX",
+        "help": "clip gradients by their global norm across all pipeline ranks"}, None),
+    ("--optimizer-validation", "optimizer_validation", {
+        "choices": ["sync", "post"],
+        "help": "sync (default): all-reduce the gradient norm and inf/NaN flags, then step; "
+                "post: step at once, validate before the next step's first pass and roll "
+                "back (skip, or redo clipped) when needed (the zero-bubble paper's §4)"}, "sync"),
+    ("--precision", "precision", {
+        "choices": ["fp32", "bf16", "fp16"],
+        "help": "fp32 (default); bf16 or fp16 autocast (fp16 with dynamic loss scaling, one "
+                "inf/NaN decision for all ranks)"}, "fp32"),
+    ("--seed", "seed", {
+        "type": int,
+        "help": "seed of torch's and Python's RNGs on every rank, before the model is built "
+                "(default 0): dropout and the like draw the same on a rerun"}, 0),
+    ("--checkpoint-dir", "checkpoint_dir", {
+        "metavar": "DIR", "help": "save checkpoints (torch.distributed.checkpoint) under DIR"}, None),
+    ("--checkpoint-every", "checkpoint_every", {
+        "type": int, "metavar": "N",
+        "help": "save every N steps (default: after the last step only)"}, None),
+    ("--stop-after", "stop_after", {
+        "type": int, "metavar": "N",
+        "help": "stop after N steps, saving a checkpoint, as an interrupted run would; "
+                "--steps still sets the run's length (the LR schedule's)"}, None),
+    ("--resume", "resume", {
+        "action": "store_true",
+        "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
+]
+
+
+def add_training_options(parser: argparse.ArgumentParser, *, forward: bool = False) -> None:
+    """Declare the training options on `parser`; `forward=True` leaves them unset
+    unless given (for a command that passes them on)."""
+    for flag, dest, kwargs, default in _OPTIONS:
+        kwargs = dict(kwargs)
+        if kwargs.get("action") != "store_true":
+            kwargs["default"] = None if forward else default
+        parser.add_argument(flag, dest=dest, **kwargs)
+
+
+def training_argv(args: argparse.Namespace) -> list[str]:
+    """The options given in `args`, as command-line arguments again."""
+    argv: list[str] = []
+    for flag, dest, kwargs, _ in _OPTIONS:
+        value = getattr(args, dest, None)
+        if kwargs.get("action") == "store_true":
+            if value:
+                argv.append(flag)
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def check_training_options(args: argparse.Namespace) -> str | None:
+    """The first thing wrong with the training options in `args` (a usage error),
+    or None."""
+    def given(name: str) -> Any:
+        return getattr(args, name, None)
+
+    if given("lr") is not None and not given("lr") > 0:
+        return f"--lr must be positive, not {given('lr')}"
+    if given("weight_decay") is not None and given("weight_decay") < 0:
+        return f"--weight-decay must not be negative, not {given('weight_decay')}"
+    if given("momentum") is not None and not 0 <= given("momentum") < 1:
+        return f"--momentum must be in [0, 1), not {given('momentum')}"
+    if given("momentum") and given("optimizer") not in (None, "sgd"):
+        return "--momentum is SGD's; with --optimizer adam or adamw leave it out"
+    if given("warmup_steps") is not None and given("warmup_steps") < 0:
+        return f"--warmup-steps must not be negative, not {given('warmup_steps')}"
+    if given("clip_grad_norm") is not None and not given("clip_grad_norm") > 0:
+        return f"--clip-grad-norm must be positive, not {given('clip_grad_norm')}"
+    if given("checkpoint_every") is not None:
+        if given("checkpoint_every") < 1:
+            return f"--checkpoint-every must be at least 1, not {given('checkpoint_every')}"
+        if not given("checkpoint_dir"):
+            return "--checkpoint-every needs --checkpoint-dir DIR"
+    if given("stop_after") is not None:
+        if given("stop_after") < 1:
+            return f"--stop-after must be at least 1, not {given('stop_after')}"
+        if not given("checkpoint_dir"):
+            return "--stop-after needs --checkpoint-dir DIR (to resume from)"
+    if given("resume") and not given("checkpoint_dir"):
+        return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
+    return None

@@ -1,0 +1,466 @@
+"""ppdsl as a library: a proven schedule inside your own training loop.
+
+    schedule = load_schedule("examples/zb_h1.pp", {"d": 4, "m": 8})
+    runner = PipelineRunner(schedule, stages=build_stage, loss_fn=loss)
+    optimizer = torch.optim.AdamW(runner.parameters(), lr=3e-4)
+    stepper = OptimizerStep(runner, optimizer, max_norm=1.0, validation="post")
+    for inputs, targets in loader:          # only where they are used (below)
+        optimizer.zero_grad()
+        loss = runner.step(inputs, targets)  # the last stage's rank: the mean loss
+        stepper.step()
+        scheduler.step()
+
+`load_schedule` compiles a `.pp` file (every rank may, it is deterministic; the
+runner checks that all ranks run the same schedule). `PipelineRunner` builds this
+rank's stages from your modules and runs one step's passes per `step` call,
+gradients left in the parameters; inputs are only needed on the rank holding
+stage 0 and targets on the rank holding the last stage (other ranks pass None).
+The first `step` probes the shapes between stages with its first microbatch.
+Everything collective runs on `group` (default: the world), so a data-parallel
+layer can give each pipeline its own group; `Hooks` are its points of entry.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ppdsl.backend.plan import Plan, plan_from_schedule
+from ppdsl.ir.rank import Op
+from ppdsl.runtime.engine import Engine, Hooks
+from ppdsl.runtime.model import ModelError
+from ppdsl.runtime.precision import LossScaler, autocast_dtype
+from ppdsl.runtime.split import uncovered_in
+from ppdsl.runtime.structure import (
+    Spec,
+    StructureError,
+    call_stage,
+    flatten,
+    split_microbatches,
+    unflatten,
+)
+
+__all__ = [
+    "CompiledPipeline",
+    "PipelineRunner",
+    "ScheduleError",
+    "load_schedule",
+    "tie_parameters",
+]
+
+_TIE_TAG = 1 << 28  # tags of the tied-gradient exchange, apart from the passes'
+
+
+class ScheduleError(ValueError):
+    """The `.pp` file does not compile; the message holds every located finding."""
+
+
+@dataclass(frozen=True)
+class CompiledPipeline:
+    """A compiled schedule as the runtime needs it: the plan every rank shares and
+    the rank programs (all of them, or only this rank's in a generated program)."""
+
+    plan: Plan
+    ops: Mapping[int, Sequence[Op]]
+    """Per rank: its ops (compute passes and exchanges), in order."""
+    fingerprint: str
+    """The compiled schedule's fingerprint; ranks must agree on it."""
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks (the schedule's devices)."""
+        return self.plan.num_devices
+
+    @property
+    def num_stages(self) -> int:
+        """Model stages."""
+        return self.plan.num_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per step (each step's batch is cut into that many)."""
+        return self.plan.num_microbatches
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages `rank` holds, in model order."""
+        return tuple(s for s, r in enumerate(self.plan.stage_device) if r == rank)
+
+    def torch_actions(self) -> list[list[str]]:
+        """Per rank, torch.distributed.pipelining's action strings (`0F1`, `0I1`,
+        `0W1`, `0B1`)."""
+        return [[f"{s}{k.torch_letter}{mb}" for k, mb, s in order] for order in self.plan.orders]
+
+
+def load_schedule(
+    path: str | Path,
+    params: Mapping[str, int | str] | None = None,
+    *,
+    costs_from: str | Path | None = None,
+) -> CompiledPipeline:
+    """Compile the `.pp` file at `path` with `params` overriding its parameters (as
+    `-D name=value` does, e.g. {"d": 4, "m": 8}); `costs_from`: a costs file
+    (`ppdsl profile -o`). Raises ScheduleError with every located finding."""
+    from ppdsl.compiler import compile_file
+    from ppdsl.costs_file import load_costs_file
+    from ppdsl.diagnostics import CompileError, render_all
+
+    try:
+        costs = load_costs_file(costs_from) if costs_from is not None else None
+        compiled = compile_file(path, {k: str(v) for k, v in (params or {}).items()}, costs=costs)
+    except CompileError as exc:
+        raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
+    plan = plan_from_schedule(compiled.schedule, compiled.programs, compiled.timeline,
+                              compiled.costs_from)
+    return CompiledPipeline(
+        plan, {r: p.ops for r, p in enumerate(compiled.programs)}, plan.fingerprint
+    )
+
+
+def tie_parameters(stages: Mapping[int, nn.Module], tied: Sequence[Mapping[int, str]]) -> None:
+    """Make the tied parameters that sit in `stages` one Parameter: in each group
+    ({stage: parameter name}), the lowest stage's replaces the others' (a single
+    process or one rank holding several owners)."""
+    for group in tied:
+        here = sorted(s for s in group if s in stages)
+        if len(here) < 2:
+            continue
+        first = stages[here[0]].get_parameter(group[here[0]])
+        for s in here[1:]:
+            owner, _, leaf = group[s].rpartition(".")
+            module = stages[s].get_submodule(owner) if owner else stages[s]
+            setattr(module, leaf, first)
+
+
+def _default_note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class PipelineRunner:
+    """This rank's part of a pipeline: its stages, the schedule's passes, one step
+    per `step` call.
+
+    `stages`: this rank's stage modules, as {stage index: module} (other indices
+    are ignored) or a function building stage i. `loss_fn(output, target)` is the
+    batch's *mean* loss; the runner sums loss(mb)/m over the m microbatches.
+    `group`: the pipeline's process group (default: the world); its rank r runs
+    the schedule's rank r. `precision`: "fp32", "bf16" or "fp16" (forward and loss
+    under autocast; fp16 scales the loss, `scaler`). `release`: "b" or "w" (when a
+    split backward frees activations, docs/runtime.md). `tied`: groups of
+    parameters shared between stages, each {stage: parameter name}: the runner
+    makes those on one rank one Parameter, copies the lowest stage's values to the
+    other owners at start, and sums their gradients after each step's passes.
+    Construction is collective over `group` (the ranks check they run the same
+    schedule)."""
+
+    def __init__(
+        self,
+        schedule: CompiledPipeline,
+        stages: Mapping[int, nn.Module] | Callable[[int], nn.Module],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        precision: str = "fp32",
+        release: str = "b",
+        tied: Sequence[Mapping[int, str]] = (),
+        timeout: float = 60.0,
+        note: Callable[[str], None] = _default_note,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("PipelineRunner needs torch.distributed initialised "
+                               "(dist.init_process_group, e.g. under torchrun)")
+        self.schedule = schedule
+        self.plan = schedule.plan
+        self.group = group
+        self.rank = dist.get_rank(group)
+        """This process's rank in the pipeline (the schedule's rank it runs)."""
+        world = dist.get_world_size(group)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if (
+                torch.cuda.is_available() and dist.get_backend(group) == "nccl") else torch.device("cpu")
+        self.device = torch.device(device)
+        self.note = note
+        self.tied = [dict(g) for g in tied]
+        error = None
+        if world != self.plan.num_devices:
+            error = (f"schedule {self.plan.name!r} was compiled for {self.plan.num_devices} ranks "
+                     f"but the process group has {world}")
+        elif self.rank not in schedule.ops:
+            error = f"rank {self.rank}: the schedule given holds no program for this rank"
+        self.stage_indices = schedule.stages_of(self.rank)
+        modules: dict[int, nn.Module] = {}
+        if error is None:
+            try:
+                for s in self.stage_indices:
+                    module = stages(s) if callable(stages) and not isinstance(stages, Mapping) \
+                        else stages.get(s)  # type: ignore[union-attr]
+                    if not isinstance(module, nn.Module):
+                        raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
+                    modules[s] = module.to(self.device)
+                self._check_ties(modules)
+                tie_parameters(modules, self.tied)
+            except ModelError as exc:
+                error = str(exc)
+            except Exception as exc:  # the user's code
+                error = f"building the stages failed: {type(exc).__name__}: {exc}"
+        theirs: list[Any] = [None] * world
+        dist.all_gather_object(theirs, (schedule.fingerprint, error), group=group)
+        errors = [(r, e) for r, (_, e) in enumerate(theirs) if e is not None]
+        if errors:
+            r, e = errors[0]
+            raise ModelError(e if r == self.rank else f"(on rank {r}) {e}")
+        if len({fp for fp, _ in theirs}) > 1:
+            lines = [f"  rank {r}: {fp[:12]}" for r, (fp, _) in enumerate(theirs)]
+            raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
+        self.stages: dict[int, nn.Module] = modules
+        """This rank's stage modules, by stage index."""
+        self.loss_fn = loss_fn
+        self.scaler = LossScaler(self.device) if precision == "fp16" else None
+        """fp16's loss scale (GradScaler semantics, one decision for all ranks), or None."""
+        self.precision = precision
+        self.engine = Engine(
+            self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
+            self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
+            release=release, autocast_dtype=autocast_dtype(precision),
+        )
+        self.hooks: Hooks = self.engine.hooks
+        """Callbacks at a step's points (`ppdsl.runtime.engine.Hooks`)."""
+        self.specs: dict[int, Spec] | None = None
+        """Every stage's output structure, known after the first step's probe."""
+        self.uncovered: dict[int, list[str]] = {}
+        """Per stage of this rank: parameters whose gradient B computes (the split
+        does not cover them), known after the first step."""
+        self.steps_run = 0
+        self._input_spec: Spec | None = None
+        self._sync_tied_values()
+        if self._tie_peers():
+            self.hooks.after_passes.append(self.sync_tied_grads)
+
+    # -- what this rank holds ----------------------------------------------------
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank holds stage 0 (it is given the inputs)."""
+        return 0 in self.stages
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank holds the last stage (it is given the targets and
+        returns the loss)."""
+        return self.plan.num_stages - 1 in self.stages
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, each once (give them to your optimizer)."""
+        return list(self.engine.params)
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(`stage{s}.{name}`, parameter) of this rank's parameters, each once."""
+        seen: set[int] = set()
+        found = []
+        for s, module in sorted(self.stages.items()):
+            for name, p in module.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    found.append((f"stage{s}.{name}", p))
+        return found
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """The parameters whose gradients this rank counts in the global gradient
+        norm: its own, less tied ones whose lowest owner sits on another rank (each
+        tied parameter is counted once across the pipeline)."""
+        skip = set()
+        for group in self.tied:
+            owner = min(group)
+            if self.plan.stage_device[owner] != self.rank:
+                for s, name in group.items():
+                    if s in self.stages:
+                        skip.add(id(self.stages[s].get_parameter(name)))
+        return [p for p in self.engine.params if id(p) not in skip]
+
+    # -- one step ----------------------------------------------------------------
+
+    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False) -> torch.Tensor | None:
+        """One training step's passes. `inputs` (the rank holding stage 0) and
+        `targets` (the rank holding the last stage) are the whole batch: a tensor or
+        a tuple/list/dict of tensors, cut along dim 0 into the schedule's
+        microbatches; other ranks pass None (what they pass is not used).
+        Gradients accumulate into `.grad` (zero them between steps). Returns the
+        batch's mean loss (detached, unscaled) on the last stage's rank, else None.
+        `measure_memory` runs the memory meter for this step (`engine.meter`)."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds stage 0: step() needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: step() needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None, target_mbs[0] if target_mbs else None)
+        elif input_mbs is not None:
+            spec = flatten(input_mbs[0], "the inputs")[1]
+            if spec != self._input_spec:
+                raise ValueError(
+                    f"the inputs' microbatches are {spec}, but the pipeline was set up for "
+                    f"{self._input_spec} at its first step; shapes between stages are fixed"
+                )
+        scale = self.scaler.scale if self.scaler is not None else None
+        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
+        self.steps_run += 1
+        self.last_result = result
+        return result.loss
+
+    def _to_device(self, mbs: list[Any]) -> list[Any]:
+        out = []
+        for mb in mbs:
+            leaves, spec = flatten(mb)
+            out.append(unflatten(spec, [t.to(self.device, non_blocking=True) for t in leaves]))
+        return out
+
+    def _probe(self, first_input: Any, first_target: Any) -> None:
+        """Run microbatch 0 through every stage once, stage by stage, on the rank
+        holding it, each later stage on zeros of the previous one's output; every
+        rank learns each stage's output structure (or the first error, the same on
+        every rank: raised as ModelError). Under a split schedule the forward keeps
+        its graph, to name the parameters the split does not cover."""
+        specs: dict[int, Spec] = {}
+        split = self.plan.split_backward
+        engine = self.engine
+        num_stages = self.plan.num_stages
+        for s in range(num_stages):
+            owner = self.plan.stage_device[s]
+            payload: list[Any] = [None]
+            if owner == self.rank:
+                prev = specs.get(s - 1)
+                try:
+                    if s == 0:
+                        value = first_input
+                        self._input_spec = flatten(first_input, "the inputs")[1]
+                    else:
+                        assert prev is not None
+                        zeros = []
+                        for leaf in prev.leaves():
+                            z = torch.zeros(leaf.shape, dtype=leaf.dtype, device=self.device)
+                            zeros.append(z.requires_grad_(split and leaf.differentiable))
+                        value = unflatten(prev, zeros)
+                    # the probe draws nothing from the RNGs the training uses (dropout):
+                    # a resumed run continues the same stream as an uninterrupted one
+                    devices = [self.device] if self.device.type == "cuda" else []
+                    with torch.random.fork_rng(devices=devices), \
+                            torch.set_grad_enabled(split), engine.autocast():
+                        out = call_stage(self.stages[s], value)
+                        if s == num_stages - 1:
+                            loss = self.loss_fn(out, first_target)
+                            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                                raise TypeError("loss(output, target) must return a scalar tensor")
+                    leaves, spec = flatten(out, f"stage {s}'s output")
+                    uncovered = uncovered_in(
+                        self.stages[s], [loss] if s == num_stages - 1 else leaves
+                    ) if split else []
+                    payload = [(spec, None, uncovered)]
+                except Exception as exc:  # the user's model: report, don't crash
+                    if s and prev is not None:
+                        shown = (f"of shape {list(prev.leaf.shape)}" if prev.leaf is not None
+                                 else str(prev))
+                        what = f"stage {s} (on rank {owner}) cannot take stage {s - 1}'s output {shown}"
+                    else:
+                        what = f"stage {s} (on rank {owner})"
+                    kind = "" if isinstance(exc, StructureError) else f"{type(exc).__name__}: "
+                    payload = [(None, f"{what}: {kind}{exc}", [])]
+            src = dist.get_global_rank(self.group, owner) if self.group is not None else owner
+            dist.broadcast_object_list(payload, src=src, group=self.group)
+            spec, error, uncovered = payload[0]
+            if error is not None:
+                raise ModelError(error)
+            specs[s] = spec
+            if s in self.stages:
+                self.uncovered[s] = list(uncovered)
+        self.specs = specs
+        engine.set_specs(specs)
+        unsplit = [f"stage {s}: {', '.join(n)}" for s, n in sorted(self.uncovered.items()) if n]
+        if unsplit:
+            self.note(
+                f"ppdsl: rank {self.rank}: note: these parameters get their gradient during B "
+                f"(no split-aware layer for them): {'; '.join(unsplit)}"
+            )
+
+    # -- tied parameters -----------------------------------------------------------
+
+    def _check_ties(self, modules: dict[int, nn.Module]) -> None:
+        for group in self.tied:
+            if len(group) < 2:
+                raise ModelError(f"tied parameters {group}: a tie names at least two stages")
+            shapes = set()
+            for s, name in group.items():
+                if not 0 <= s < self.plan.num_stages:
+                    raise ModelError(f"tied parameters {group}: no stage {s} in a "
+                                     f"{self.plan.num_stages}-stage schedule")
+                if s in modules:
+                    try:
+                        shapes.add(tuple(modules[s].get_parameter(name).shape))
+                    except AttributeError:
+                        raise ModelError(f"tied parameters: stage {s} has no parameter {name!r}") from None
+            if len(shapes) > 1:
+                raise ModelError(f"tied parameters {group}: shapes differ ({sorted(shapes)})")
+
+    def _tie_peers(self) -> list[tuple[int, nn.Parameter, list[int]]]:
+        """Per tie this rank owns part of: (tie index, its parameter here, the
+        owning ranks in order)."""
+        found = []
+        for i, group in enumerate(self.tied):
+            ranks = sorted({self.plan.stage_device[s] for s in group})
+            mine = [s for s in sorted(group) if s in self.stages]
+            if len(ranks) > 1 and mine:
+                found.append((i, self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
+        return found
+
+    def _peer(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank) if self.group is not None else rank
+
+    def _sync_tied_values(self) -> None:
+        """The lowest owner's values go to the other owners (as DDP broadcasts)."""
+        for i, param, ranks in self._tie_peers():
+            with torch.no_grad():
+                if self.rank == ranks[0]:
+                    works: list[Any] = [dist.isend(param.detach().contiguous(), self._peer(r), group=self.group,
+                                        tag=_TIE_TAG + i) for r in ranks[1:]]
+                    for w in works:
+                        w.wait()
+                else:
+                    buf = torch.empty_like(param)
+                    dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=_TIE_TAG + i)
+                    param.copy_(buf)
+
+    def sync_tied_grads(self) -> None:
+        """Sum each tied parameter's gradient over its owning ranks, in rank order
+        (every owner ends with the same bits). Runs after each step's passes."""
+        for i, param, ranks in self._tie_peers():
+            if not param.requires_grad:
+                continue
+            mine = param.grad if param.grad is not None else torch.zeros_like(param)
+            mine = mine.contiguous()
+            works: list[Any] = []
+            bufs: dict[int, torch.Tensor] = {}
+            for r in ranks:
+                if r == self.rank:
+                    continue
+                works.append(dist.isend(mine, self._peer(r), group=self.group, tag=_TIE_TAG + i))
+                bufs[r] = torch.empty_like(mine)
+                works.append(dist.irecv(bufs[r], self._peer(r), group=self.group, tag=_TIE_TAG + i))
+            for w in works:
+                w.wait()
+            total = None
+            for r in ranks:
+                g = mine if r == self.rank else bufs[r]
+                total = g.clone() if total is None else total.add_(g)
+            param.grad = total
+
