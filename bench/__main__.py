@@ -9,7 +9,9 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    names = argv or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
+    # flags (--quick, --write) are for the modules, which read sys.argv themselves
+    names = [a for a in argv if not a.startswith("-")]
+    names = names or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
     for name in names:
         module = importlib.import_module(f"bench.{name if name.startswith('bench_') else 'bench_' + name}")
         print(f"== {module.__name__} ==", flush=True)

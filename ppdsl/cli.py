@@ -29,6 +29,7 @@ _COMMANDS = [
     ("run", "run"),
     ("profile", "profile"),
     ("search", "search"),
+    ("bound", "bound"),
     ("export", "export"),
     ("import", "import_csv"),
 ]

@@ -1,9 +1,15 @@
-"""Search for the schedule with the smallest bubble under a memory budget and
-write it as an ordinary .pp file (order form) that `ppdsl check` accepts.
+"""Search for the schedule with the smallest bubble (or makespan) under a memory
+budget and write it as an ordinary .pp file (order form) that `ppdsl check`
+accepts.
 
 Memory is in M_B, the activation one microbatch leaves on one 1F1B stage:
 `--memory 8`, `2p` (p = devices), `1.5p`, or `0.5x1f1b` (half of 1F1B's p·M_B).
-A V-shape stage is half a 1F1B stage, so budgets compare across placements."""
+A V-shape stage is half a 1F1B stage, so budgets compare across placements.
+
+Budgets are counted in work (`--evaluations` for the heuristics, `--effort` in
+CP-SAT deterministic time for the exact engine), so the same arguments and
+`--seed` write the same file on every machine. `--exact` always runs the exact
+engine and reports a lower bound and whether the schedule is proven optimal."""
 
 from __future__ import annotations
 
@@ -15,10 +21,21 @@ from fractions import Fraction
 from pathlib import Path
 
 from ppdsl.commands.common import ExitCode, UsageError
+from ppdsl.compiler import compile_source
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
 from ppdsl.ir.schedule import Costs, MemoryModel
-from ppdsl.search import SearchInputError, emit_pp, references, search
+from ppdsl.search import SearchInputError, emit_pp, references
+from ppdsl.search.combined import (
+    AUTO_EFFORT,
+    AUTO_EXACT_PASSES,
+    EXACT_EFFORT,
+    Outcome,
+    SearchOptions,
+    find,
+)
+from ppdsl.search.driver import DEFAULT_EVALUATIONS
+from ppdsl.search.exact import OBJECTIVES
 from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
 from ppdsl.semantics import format_short, placement_spelling
@@ -62,13 +79,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 1/2; 1 counts it held until W, as the controllable-memory paper does)",
     )
     parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="bubble",
+        help="minimise the bubble (the worst device's idle share of its span; default) "
+        "or the makespan",
+    )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="always run the exact engine (CP-SAT) after the heuristics, with "
+        f"--effort {EXACT_EFFORT:g} unless given: a lower bound, the gap, and a proof "
+        "of optimality where the gap closes",
+    )
+    parser.add_argument(
+        "--evaluations",
+        type=int,
+        default=DEFAULT_EVALUATIONS,
+        metavar="N",
+        help="heuristic refinement and local-search evaluations after the block and "
+        f"heuristic sweeps (default {DEFAULT_EVALUATIONS})",
+    )
+    parser.add_argument(
+        "--effort",
+        type=float,
+        default=None,
+        metavar="UNITS",
+        help="exact engine budget in CP-SAT deterministic time (about a second of work "
+        f"each; default {EXACT_EFFORT:g} with --exact, else {AUTO_EFFORT:g} for problems "
+        f"up to {AUTO_EXACT_PASSES} passes; 0 turns it off)",
+    )
+    parser.add_argument(
         "--time",
         type=float,
-        default=5.0,
+        default=None,
         metavar="SECONDS",
-        help="time for the randomised refinement after the block and heuristic sweeps (default 5)",
+        help="optional wall-clock cap; a run it stops early depends on the machine "
+        "(the summary and the file say so)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the refinement")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--name", default="found", help="schedule name in the .pp file")
     parser.add_argument(
         "-o", "--output", metavar="FILE", help="write the .pp here (default stdout)"
@@ -99,6 +148,52 @@ def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
     return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), spelling)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    wrong = []
+    if args.time is not None and args.time < 0:
+        wrong.append(f"--time {args.time:g}: must be >= 0 seconds")
+    if args.evaluations < 0:
+        wrong.append(f"--evaluations {args.evaluations}: must be >= 0")
+    if args.effort is not None and args.effort < 0:
+        wrong.append(f"--effort {args.effort:g}: must be >= 0")
+    if wrong:
+        raise CompileError([Diagnostic("error", w) for w in wrong])
+
+
+def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
+    """(summary lines, .pp header lines) about the exact engine's result."""
+    exact = outcome.exact
+    if exact is None:
+        return ["exact engine: not run (use --exact for a lower bound)"], []
+    what = exact.objective
+    unit = "" if what == "bubble" else " (cost units)"
+    rounding = (
+        ""
+        if exact.exact_costs
+        else f"; costs rounded to 1/{exact.time_scale}, so the bound is the rounded problem's"
+    )
+    if exact.status == "infeasible":
+        line = "exact engine: no schedule fits this memory budget (proven)"
+        return [line], ["# " + line + "."]
+    if exact.value is None:
+        head = f"{what} lower bound {float(exact.bound):.6g}{unit}, nothing found by the solver"
+    elif exact.optimal:
+        head = f"{what} {float(exact.value):.6g}{unit} is optimal (lower bound reached)"
+    else:
+        head = (
+            f"{what} {float(exact.value):.6g}{unit}, lower bound {float(exact.bound):.6g}, "
+            f"gap {float(exact.gap or 0):.3g}: not proven optimal"
+        )
+    budget = f"CP-SAT, effort {exact.deterministic_time:.1f} deterministic units"
+    summary = [
+        f"exact engine: {head}",
+        f"  ({budget}, {exact.wall_seconds:.1f} s; time unit 1/{exact.time_scale} of a cost"
+        f"{rounding})",
+    ]
+    header = [f"# Exact engine (CP-SAT, docs/exact.md): {head}{rounding}."]
+    return summary, header
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     measured = _measured(args)
     try:
@@ -113,27 +208,44 @@ def run(args: argparse.Namespace) -> ExitCode:
         )
     except SearchInputError as err:
         raise CompileError([Diagnostic("error", str(err))]) from None
-    if args.time < 0:
-        raise CompileError([Diagnostic("error", f"--time {args.time}: must be >= 0 seconds")])
+    _check_numbers(args)
+    options = SearchOptions(
+        objective=args.objective,
+        evaluations=args.evaluations,
+        seed=args.seed,
+        exact=args.exact,
+        effort=args.effort,
+        time_cap=args.time,
+    )
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
-        result = search(problem, seconds=args.time, seed=args.seed, progress=bar)
+        outcome = find(problem, options, progress=bar, solver_progress=bar.solver)
+    except ValueError as err:  # the exact model refuses (e.g. weights too large)
+        raise CompileError([Diagnostic("error", f"exact engine: {err}")]) from None
     finally:
         bar.close()
-    best = result.best
-    peaks = result.peak_memory()
+    m = outcome.metrics
+    peaks = outcome.peak
     refs = references(problem)
     fitting = [r for r in refs if r.peak <= problem.budget]
     beats = None
     if fitting:
         ref = min(fitting, key=lambda r: r.bubble)
-        verb = "beats" if best.metrics.bubble < ref.bubble - 1e-9 else "matches"
-        if best.metrics.bubble > ref.bubble + 1e-9:
+        verb = "beats" if m.bubble < ref.bubble - 1e-9 else "matches"
+        if m.bubble > ref.bubble + 1e-9:
             verb = "is worse than"
         beats = (
             f"{verb} {ref.name} (bubble {ref.bubble:.4f}, peak {format_short(ref.peak)} M_B) "
             "under the same costs"
         )
+    exact_summary, exact_header = _exact_lines(outcome)
+    capped_line = None
+    if outcome.capped:
+        capped_line = (
+            f"--time {args.time:g} stopped the search before its budget: this result "
+            "depends on the machine's speed"
+        )
+        exact_header.append("# " + capped_line + ".")
     argv = getattr(args, "argv", None) or sys.argv[2:]
     written, unit, note = problem, Fraction(1), None
     if measured is not None:
@@ -145,16 +257,18 @@ def run(args: argparse.Namespace) -> ExitCode:
                 f"stage = {format_short(unit)} of them).")
     text = emit_pp(
         written,
-        best.orders(),
+        outcome.orders,
         name=args.name,
         command=_command_line(list(argv)),
-        method=best.method,
-        bubble=best.metrics.bubble,
-        makespan=best.metrics.makespan,
+        method=outcome.method,
+        bubble=m.bubble,
+        makespan=m.makespan,
         peak=max(peaks) * unit,
         beats=("Found schedule " + beats) if beats else None,
         memory_note=note,
+        notes=tuple(exact_header),
     )
+    _recheck(text, args.output or "<search>", m.bubble)
     summary = sys.stdout
     if args.output:
         try:
@@ -166,15 +280,19 @@ def run(args: argparse.Namespace) -> ExitCode:
     else:
         sys.stdout.write(text)
         summary = sys.stderr
-    m = best.metrics
+    h = outcome.heuristic
     lines = [
-        f"searched {result.tried} candidates in {result.seconds:.1f} s",
-        f"best: {best.method}",
+        f"searched {h.tried} candidates ({args.evaluations} evaluations, seed {args.seed}) "
+        f"in {outcome.seconds:.1f} s",
+        f"best: {outcome.method}",
         f"bubble {m.bubble:.4f}, makespan {m.makespan:g}, idle {m.idle:.4f}",
         "peak memory per device (M_B): "
         + " ".join(format_short(p) for p in peaks)
         + f"  (budget {format_short(problem.budget)})",
+        *exact_summary,
     ]
+    if capped_line:
+        lines.append(capped_line)
     if beats:
         lines.append(beats)
     elif refs:
@@ -187,3 +305,19 @@ def run(args: argparse.Namespace) -> ExitCode:
         lines.append(f"wrote {args.output}; check it with: ppdsl check {args.output}")
     print("\n".join(lines), file=summary)
     return ExitCode.OK
+
+
+def _recheck(text: str, name: str, bubble: float) -> None:
+    """Compile the written text (every check, the exact-arithmetic memory bound,
+    the simulation): a found schedule the compiler rejects is a bug in ppdsl."""
+    try:
+        compiled = compile_source(text, name)
+    except CompileError as err:  # pragma: no cover - a bug, reported as one
+        raise AssertionError(
+            "ppdsl search wrote a schedule its own compiler rejects: "
+            + "; ".join(d.message for d in err.diagnostics)
+        ) from None
+    if abs(compiled.timeline.bubble_ratio - bubble) > 1e-9:  # pragma: no cover - a bug
+        raise AssertionError(
+            f"search measured bubble {bubble}, the compiler {compiled.timeline.bubble_ratio}"
+        )

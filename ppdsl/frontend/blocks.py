@@ -15,21 +15,26 @@ microbatch: the order is deterministic and can be steered from the source.
 
 Warm-up and cool-down (the controllable-memory paper's last step, done in its
 authors' scheduler after repeating and squeezing): the truncated repetitions
-can leave a device idle where the paper's schedules are not. So the orders are
-then run in time under the file's costs, each device taking its next pass in
-order, except that
+can leave a device idle where the paper's schedules are not. Two steps:
 
-- in its warm-up (before its first backward) a device that would idle runs the
-  next *ready* forward further down its order instead;
-- in its cool-down (no forward left) it runs a ready B/BW before pending W,
-  so input gradients travel on while weight gradients fill the wait;
-- a device that would idle runs a pending W (its B done) further down its order.
+- compaction: every pass, in the order the plain repetition starts them, takes
+  the earliest time on its device at which its inputs have arrived and the
+  device is free (a gap before passes already placed, or after them), and at
+  which the device's activation peak stays within the repetition's;
+- then the orders (compacted or not) are run in time under the file's costs,
+  each device taking its next pass in order, except that in its warm-up (before
+  its first backward) a device that would idle runs the next *ready* forward
+  further down its order instead; in its cool-down (no forward left) it runs a
+  ready B/BW before pending W, so input gradients travel on while weight
+  gradients fill the wait; and a device that would idle runs a pending W (its B
+  done) further down its order.
 
-The result is kept only when, on every device, the activation peak does not
-rise (counted both with W holding all of M_B and with W holding none of it) and
-the makespan and the longest idle time within a device's span do not grow;
-otherwise the plain block order stands. 1F1B, ZB-H1 and ZB-H2 come out
-unchanged; V-ZB's repetitions lose their warm-up and cool-down bubble.
+A result is kept only when, on every device, the activation peak does not rise
+(counted both with W holding all of M_B and with W holding none of it) and the
+makespan and the longest idle time within a device's span do not grow; the
+compacted one only when it is better still. Otherwise the plain block order
+stands. 1F1B, ZB-H1 and ZB-H2 come out unchanged; V-ZB's repetitions lose their
+warm-up and cool-down bubble; V-Half reaches its authors' bubble at unit costs.
 
 `W fill` (the zero-bubble paper's greedy W placement, §3 and its ZB-V
 scheduler): the block gives F and B slots only. A device runs its F/B passes in
@@ -124,17 +129,127 @@ def tighten_warm_up_and_cool_down(
     plain = _Run(orders, placement, costs, improve=False)
     if not plain.finished:
         return orders  # the dependency check reports why
+    peaks = _peaks(orders)
+
+    def acceptable(run: _Run) -> bool:
+        return (
+            run.finished
+            and run.makespan <= plain.makespan
+            and run.worst_idle <= plain.worst_idle
+            and (run.makespan, run.worst_idle) != (plain.makespan, plain.worst_idle)
+            and all(b <= p for b, p in zip(_peaks(run.orders), peaks, strict=True))
+        )
+
+    chosen: _Run | None = None
     for hoist_forwards in (True, False):
         better = _Run(orders, placement, costs, improve=True, hoist_forwards=hoist_forwards)
-        if (
-            better.finished
-            and better.makespan <= plain.makespan
-            and better.worst_idle <= plain.worst_idle
-            and (better.makespan, better.worst_idle) != (plain.makespan, plain.worst_idle)
-            and all(b <= p for b, p in zip(_peaks(better.orders), _peaks(orders), strict=True))
+        if acceptable(better):
+            chosen = better
+            break
+    # Compaction first, then the same step: kept only where strictly better.
+    compact = _compact(orders, placement, costs, plain.ends, peaks)
+    if compact is not None:
+        for hoist_forwards in (True, False):
+            better = _Run(compact, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+            best = chosen or plain
+            if acceptable(better) and (better.worst_idle, better.makespan) < (
+                best.worst_idle,
+                best.makespan,
+            ):
+                chosen = better
+    return chosen.orders if chosen is not None else orders
+
+
+_EXTREME_DELTAS = {
+    kind: tuple(
+        int(MemoryModel((Fraction(1),), (Fraction(w),)).delta(kind, 0)) for w in (1, 0)
+    )
+    for kind in PassKind
+}
+"""A pass's memory change in microbatch-stages, counted as `_peaks` counts:
+with W holding all of M_B and with W holding none of it (whole numbers)."""
+
+
+def _compact(
+    orders: tuple[tuple[Pass, ...], ...],
+    placement: Placement,
+    costs: Costs,
+    ends: dict[tuple[PassKind, int, int], float],
+    peaks: list[tuple[Fraction, Fraction]],
+) -> tuple[tuple[Pass, ...], ...] | None:
+    """Compaction (the paper's reordering, done with the file's costs): every
+    pass, in the order the plain repetition starts them, takes the earliest
+    time on its device at which its inputs have arrived and the device is free
+    (a gap before passes already placed, or after them) and at which the
+    device's activation peak stays within the repetition's. None when some
+    pass fits nowhere."""
+    num_stages = placement.num_stages
+    stage_device = placement.stage_device
+    queue = sorted(
+        (ends[p.key] - costs.duration(p.kind, p.stage), dev, k, p)
+        for dev, order in enumerate(orders)
+        for k, p in enumerate(order)
+    )
+    placed: list[list[tuple[float, float, Pass]]] = [[] for _ in orders]
+    end_of: dict[tuple[PassKind, int, int], float] = {}
+    for _, dev, _, p in queue:
+        ready = 0.0
+        for key in needs(p.kind, p.microbatch, p.stage, num_stages):
+            if key not in end_of:
+                return None
+            lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
+            ready = max(ready, end_of[key] + lag)
+        duration = costs.duration(p.kind, p.stage)
+        row = placed[dev]
+        at = _first_fit(row, ready, duration, _EXTREME_DELTAS[p.kind], tuple(int(x) for x in peaks[dev]))
+        if at is None:
+            return None
+        index, start = at
+        row.insert(index, (start, start + duration, p))
+        end_of[p.key] = start + duration
+    return tuple(tuple(p for _, _, p in row) for row in placed)
+
+
+def _first_fit(
+    row: list[tuple[float, float, Pass]],
+    ready: float,
+    duration: float,
+    delta: tuple[int, ...],
+    limit: tuple[int, ...],
+) -> tuple[int, float] | None:
+    """(index, start) of the earliest place in `row` where a pass of
+    `duration` fits from `ready` on without raising the peak over `limit`."""
+    n = len(row)
+    levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
+    for i, (_, _, q) in enumerate(row):
+        dq = _EXTREME_DELTAS[q.kind]
+        for c in (0, 1):
+            levels[c][i + 1] = levels[c][i] + dq[c]
+    prefix_max = [[0] * (n + 1), [0] * (n + 1)]
+    suffix_max = [[0] * (n + 1), [0] * (n + 1)]
+    for c in (0, 1):
+        top = 0
+        for i in range(n + 1):
+            top = max(top, levels[c][i])
+            prefix_max[c][i] = top
+        low = -(10**9)
+        for i in range(n, -1, -1):
+            suffix_max[c][i] = low
+            if i > 0:
+                low = max(low, levels[c][i])
+    free = 0.0
+    for index in range(n + 1):
+        start = max(free, ready)
+        following = row[index][0] if index < n else float("inf")
+        if start + duration <= following + 1e-9 and all(
+            max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
+            <= limit[c]
+            for c in (0, 1)
         ):
-            return better.orders
-    return orders
+            return index, start
+        if index < n:
+            free = row[index][1]
+    return None
 
 
 def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:

@@ -58,6 +58,12 @@ class BlockShape:
     """B(s+1) -> B(s) where the path crosses back into the previous chunk."""
     period: int
     """T: microbatch j starts j·T after microbatch 0."""
+    head: int = 0
+    """V-shape only: between devices i and i+1 for i < head, chunk 0's F and
+    chunk 1's B (the passes that go down the devices) step by `head_offset`
+    instead (the authors' adaptive V scheduler's two offsets, their Appendix A)."""
+    head_offset: int = 1
+    """The step of those first `head` device transitions."""
 
 
 def v_min(d: int) -> BlockShape:
@@ -93,12 +99,19 @@ def block_starts(
     f = [0] * num_stages
     for s in range(1, num_stages):
         same_chunk = s // d == (s - 1) // d
-        f[s] = f[s - 1] + (shape.f_offset[(s - 1) // d] if same_chunk else shape.f_turn)
+        step = shape.f_offset[(s - 1) // d] if same_chunk else shape.f_turn
+        if same_chunk and s < d and s - 1 < shape.head:  # chunk 0, device s-1 -> s
+            step = shape.head_offset
+        f[s] = f[s - 1] + step
     b = [0] * num_stages
     b[-1] = f[-1] + shape.gap
     for s in range(num_stages - 2, -1, -1):
         same_chunk = s // d == (s + 1) // d
-        b[s] = b[s + 1] + (shape.b_offset[s // d] if same_chunk else shape.b_turn)
+        step = shape.b_offset[s // d] if same_chunk else shape.b_turn
+        # chunk 1 (V-shape): stage s+1 sits on device 2d-2-s, stage s on the next one down
+        if same_chunk and s // d == 1 and 2 * d - 2 - s < shape.head:
+            step = shape.head_offset
+        b[s] = b[s + 1] + step
     return f, b
 
 
@@ -206,7 +219,10 @@ def block_fb_orders(
 
 def enumerate_blocks(placement: Placement) -> list[BlockShape]:
     """The space searched: offsets 1-2 per chunk and turn, gap 1-4, period 3v
-    to 3v+2 (uniform offsets for v > 2, where the full space is too big)."""
+    to 3v+2 (uniform offsets for v > 2, where the full space is too big). On a
+    V-shape also the two-offset blocks of the authors' adaptive scheduler: unit
+    offsets, and a step of 2 to 5 for chunk 0's F and chunk 1's B across the
+    first 1 to d-1 devices (how V-Min's memory gets its best bubble)."""
     d, S = placement.num_devices, placement.num_stages
     v = S // d
     shapes = []
@@ -220,4 +236,9 @@ def enumerate_blocks(placement: Placement) -> list[BlockShape]:
         per_chunk, per_chunk, turns, turns, (1, 2, 3, 4), (0, 1, 2)
     ):
         shapes.append(BlockShape(fo, ft, gap, bo, bt, 3 * v + extra))
+    if placement.kind == "vshape" and v == 2:
+        for ft, bt, gap, extra, head, step in itertools.product(
+            turns, turns, (1, 2, 3, 4), (0, 1, 2), range(1, d), (2, 3, 4, 5)
+        ):
+            shapes.append(BlockShape((1, 1), ft, gap, (1, 1), bt, 3 * v + extra, head, step))
     return shapes

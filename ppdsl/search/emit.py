@@ -135,9 +135,11 @@ def emit_pp(
     peak: Fraction,
     beats: str | None = None,
     memory_note: str | None = None,
+    notes: tuple[str, ...] = (),
 ) -> str:
     """The `.pp` text of `orders` (per device, in execution order). `memory_note`
-    replaces the header's line on memory units."""
+    replaces the header's line on memory units; `notes` are more comment lines
+    for the header (the exact engine's bound)."""
     pl = problem.placement
     v = problem.chunks_per_device
     chunk_of = {}
@@ -154,6 +156,7 @@ def emit_pp(
     ]
     if beats:
         head.append(f"# {beats}")
+    head += list(notes)
     bodies = [
         _device_order([(p.kind.value, p.microbatch, chunk_of[p.stage]) for p in order], v)
         for order in orders

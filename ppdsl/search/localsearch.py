@@ -20,8 +20,9 @@ from ppdsl.search.evaluate import Metrics, evaluate_orders, time_orders
 __all__ = ["polish"]
 
 
-def _key(x: Metrics) -> tuple[float, float]:
-    return (round(x.bubble, 12), round(x.makespan, 9))
+def _key(x: Metrics, objective: str) -> tuple[float, float]:
+    bubble, makespan = round(x.bubble, 12), round(x.makespan, 9)
+    return (makespan, bubble) if objective == "makespan" else (bubble, makespan)
 
 
 def _longest_span_device(offsets, start, end) -> int:
@@ -44,12 +45,17 @@ def polish(
     metrics: Metrics,
     arrays,
     num_microbatches: int,
-    deadline: float,
+    moves: int,
     seed: int,
     progress: Callable[[float], None] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, Metrics, int]:
-    """Returns the best (kind, microbatch, stage, metrics) found and the number
-    of moves tried. `arrays` is the driver's `Arrays`."""
+    *,
+    objective: str = "bubble",
+    deadline: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Metrics, int, bool]:
+    """Returns the best (kind, microbatch, stage, metrics) found, the number of
+    moves tried and whether `deadline` (a time.monotonic() value) stopped it
+    before `moves`. `arrays` is the driver's `Arrays`. The moves come from
+    `seed` alone, so the result does not depend on the machine."""
     a = arrays
     m = num_microbatches
     rng = np.random.default_rng(seed)
@@ -61,8 +67,11 @@ def polish(
     focus = _longest_span_device(offsets, start, end)
     d = len(offsets) - 1
     tries = 0
-    begin = time.monotonic()
-    while time.monotonic() < deadline:
+    capped = False
+    while tries < moves:
+        if deadline is not None and time.monotonic() >= deadline:
+            capped = True
+            break
         tries += 1
         # Mostly anywhere: a move on another device often opens the way for one
         # on the device that sets the bubble (measured: a 60% focus stalled higher).
@@ -86,16 +95,15 @@ def polish(
         x = evaluate_orders(
             offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, a.mem, m
         )
-        if not x.ok or int(x.peak.max()) > a.limit or _key(x) > _key(cur):
+        if not x.ok or int(x.peak.max()) > a.limit or _key(x, objective) > _key(cur, objective):
             continue
         cur_kind, cur_mb, cur_stage, cur = new_kind, new_mb, new_stage, x
-        if _key(cur) < _key(best[3]):
+        if _key(cur, objective) < _key(best[3], objective):
             best = (cur_kind, cur_mb, cur_stage, cur)
             start, end, _ = time_orders(
                 offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m
             )
             focus = _longest_span_device(offsets, start, end)
         if progress is not None and tries % 64 == 0:
-            total = max(deadline - begin, 1e-6)
-            progress(min(1.0, (time.monotonic() - begin) / total))
-    return best[0], best[1], best[2], best[3], tries
+            progress(tries / moves)
+    return best[0], best[1], best[2], best[3], tries, capped
