@@ -24,10 +24,10 @@ from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_cost
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
-from ppdsl.ir.rank import RankProgram
+from ppdsl.ir.rank import RankArrays, RankProgram
 from ppdsl.ir.schedule import Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
-from ppdsl.lowering.lower import lower
+from ppdsl.lowering.lower import lower_arrays
 
 __all__ = [
     "Compiled",
@@ -44,11 +44,17 @@ class Compiled:
     """The result of compiling one schedule."""
 
     schedule: Schedule
-    programs: tuple[RankProgram, ...]
+    lowered: RankArrays
+    """The rank programs as arrays (`programs` as objects)."""
     timeline: Timeline
     warnings: tuple[Diagnostic, ...]
     costs_from: str | None = None
     """The `--costs-from` file whose costs and memory model replaced the schedule's."""
+
+    @property
+    def programs(self) -> tuple[RankProgram, ...]:
+        """The rank programs as objects (built on first use)."""
+        return self.lowered.programs()
 
 
 def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -71,7 +77,7 @@ def compile_schedule(
     warning for a schedule with no `expect peak_memory` (for callers that write
     the bound themselves)."""
     found = _raise_errors(checks.check_schedule(schedule))
-    programs = lower(schedule)
+    programs = lower_arrays(schedule)
     if early_receives:
         programs = pull_receives_forward(programs)
     found += _raise_errors(deadlock.check(schedule, programs))

@@ -16,22 +16,23 @@ no buffering assumed):
   rank has posted an op when it has reached the exchange that holds it.
 
 So an exchange of rank r completes when every peer rank has reached the
-exchange holding the matching op. `ExchangeIndex` holds every posted op as flat
-arrays (its transfer, the global op index holding it, where its peer op is);
+exchange holding the matching op. The programs are `RankArrays`; `ExchangeIndex`
+adds, per posted op, where its peer op is (made once per programs);
 `advance` runs the ranks over them; `stuck_waits` says who waits for whom
 where they stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-from ppdsl.ir.rank import Exchange, RankProgram, Transfer
+from ppdsl.ir.rank import RankArrays, RankProgram, Transfer
 
-__all__ = ["Wait", "ExchangeIndex", "advance", "stuck_waits"]
+__all__ = ["Wait", "ExchangeIndex", "advance", "as_arrays", "stuck_waits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,41 +92,29 @@ def _match(keys: np.ndarray, against: np.ndarray, against_ids: np.ndarray) -> np
     return out
 
 
-class ExchangeIndex:
-    """Every posted send and receive as flat arrays (in rank, op order): its
-    transfer, the global op index holding it, and where its peer op is."""
+def as_arrays(programs: RankArrays | Sequence[RankProgram]) -> RankArrays:
+    """Programs as arrays (objects are converted; arrays pass through)."""
+    return programs if isinstance(programs, RankArrays) else RankArrays.of_programs(programs)
 
-    def __init__(self, programs: tuple[RankProgram, ...]):
-        offsets = [0]
-        for prog in programs:
-            offsets.append(offsets[-1] + len(prog.ops))
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.total = offsets[-1]
-        transfers: list[Transfer] = []
-        keys: list[int] = []
-        where: list[int] = []
-        sending: list[bool] = []
-        for r, prog in enumerate(programs):
-            base = offsets[r]
-            for i, op in enumerate(prog.ops):
-                if type(op) is not Exchange:
-                    continue
-                for group, flag in ((op.sends, True), (op.recvs, False)):
-                    for t in group:
-                        transfers.append(t)
-                        # a transfer's identity as one integer (Transfer's hash is slow)
-                        keys.append(
-                            (t.microbatch << 42)
-                            | (t.src_stage << 22)
-                            | (t.dst_stage << 2)
-                            | t.kind.code
-                        )
-                        where.append(base + i)
-                        sending.append(flag)
-        self.transfers = transfers
-        key = np.asarray(keys, dtype=np.int64)
-        self.where = np.asarray(where, dtype=np.int64)
-        self.sending = np.asarray(sending, dtype=bool)
+
+class ExchangeIndex:
+    """Every posted send and receive of `RankArrays` (in rank, op order) with
+    where its peer op is; made once per programs (`of`)."""
+
+    @staticmethod
+    def of(programs: RankArrays) -> ExchangeIndex:
+        ix = programs.derived.get("exchange_index")
+        if ix is None:
+            ix = programs.derived["exchange_index"] = ExchangeIndex(programs)
+        return ix
+
+    def __init__(self, programs: RankArrays):
+        self.programs = programs
+        self.offsets = programs.offsets
+        self.total = programs.total
+        self.where = programs.where
+        self.sending = programs.sending
+        key = programs._keys()
         self.rank = np.searchsorted(self.offsets, self.where, side="right") - 1
         is_send = self.sending
         # the mirror of a send is the receive of the same transfer, and back
@@ -163,11 +152,12 @@ class ExchangeIndex:
 
 
 def stuck_waits(
-    programs: tuple[RankProgram, ...], sends_block: bool = True
+    programs: RankArrays | Sequence[RankProgram], sends_block: bool = True
 ) -> tuple[list[list[Wait]], list[tuple], list[tuple]]:
     """(cycles of waits, unmatched ops, duplicated ops); unmatched and duplicated
     as (rank, op index, transfer, sending). All empty: no deadlock."""
-    ix = ExchangeIndex(programs)
+    arrays = as_arrays(programs)
+    ix = ExchangeIndex.of(arrays)
     use = np.ones(len(ix.where), dtype=bool) if sends_block else ~ix.sending
     use[ix.unmatched] = True  # an unmatched op waits forever, send or not
     chosen = np.flatnonzero(use)
@@ -176,7 +166,7 @@ def stuck_waits(
     enabled = np.ones(len(chosen), dtype=bool)
     advance(position, ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen], enabled)
     waits: dict[int, Wait] = {}
-    for r in range(len(programs)):
+    for r in range(arrays.num_ranks):
         k = int(position[r])
         if k >= ix.offsets[r + 1]:
             continue
@@ -184,7 +174,7 @@ def stuck_waits(
         for e in chosen[lo:hi].tolist():
             q = int(ix.peer_rank[e])
             if ix.peer_op[e] <= ix.total and position[q] < ix.peer_op[e]:
-                t = ix.transfers[e]
+                t = arrays.transfer_of(e)
                 waits[r] = Wait(r, ix.op_index(e), q, t, bool(ix.sending[e]))
                 break
     cycles: list[list[Wait]] = []
@@ -203,7 +193,7 @@ def stuck_waits(
 
     def described(indices) -> list[tuple]:
         return [
-            (int(ix.rank[e]), ix.op_index(e), ix.transfers[e], bool(ix.sending[e])) for e in indices
+            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e])) for e in indices
         ]
 
     return cycles, described(ix.unmatched.tolist()), described(ix.duplicates)
