@@ -79,17 +79,37 @@ def advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragm
             position[r] = k
 
 
-def _match(keys: np.ndarray, against: np.ndarray, against_ids: np.ndarray) -> np.ndarray:
-    """For each key, the id of the entry of `against` that holds it (-1 if none)."""
-    out = np.full(len(keys), -1, dtype=np.int64)
-    if len(against) == 0:
-        return out
-    order = np.argsort(against, kind="stable")
-    sorted_keys = against[order]
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    found = sorted_keys[at] == keys
-    out[found] = against_ids[order[at[found]]]
-    return out
+def _mirrors(key: np.ndarray, sending: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """For each entry the first entry of the other side with the same key (-1
+    if none), and the entries that repeat a key on their side (sends' repeats,
+    then receives', each in entry order). One sort of (key, side)."""
+    n = len(key)
+    mirror = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return mirror, []
+    # stable: within a key, its sends then its receives, each in entry order
+    order = np.argsort(key * 2 + ~sending, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    group = np.repeat(np.arange(len(starts)), sizes)
+    group_sends = np.add.reduceat(sending[order].astype(np.int64), starts)
+    first_send = starts  # valid where the group has a send
+    first_recv = starts + group_sends  # valid where the group has a receive
+    has_send = group_sends > 0
+    has_recv = group_sends < sizes
+    is_send = sending[order]
+    g = group
+    mirror[order] = np.where(
+        is_send,
+        np.where(has_recv[g], order[np.minimum(first_recv[g], n - 1)], -1),
+        np.where(has_send[g], order[first_send[g]], -1),
+    )
+    position = np.arange(n) - starts[g]
+    repeated = np.where(is_send, position > 0, position > group_sends[g])
+    extra = order[repeated]
+    duplicates = np.sort(extra[sending[extra]]).tolist() + np.sort(extra[~sending[extra]]).tolist()
+    return mirror, duplicates
 
 
 def as_arrays(programs: RankArrays | Sequence[RankProgram]) -> RankArrays:
@@ -108,36 +128,28 @@ class ExchangeIndex:
             ix = programs.derived["exchange_index"] = ExchangeIndex(programs)
         return ix
 
-    def __init__(self, programs: RankArrays):
+    def __init__(self, programs: RankArrays, mirror: np.ndarray | None = None):
+        """`mirror`, where known (the same transfers in another order), saves the
+        matching; the programs then have no unmatched or duplicated op."""
         self.programs = programs
         self.offsets = programs.offsets
         self.total = programs.total
         self.where = programs.where
         self.sending = programs.sending
-        key = programs._keys()
-        self.rank = np.searchsorted(self.offsets, self.where, side="right") - 1
-        is_send = self.sending
+        op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(self.offsets))
+        self.rank = op_rank[self.where]
         # the mirror of a send is the receive of the same transfer, and back
-        ids = np.arange(len(key), dtype=np.int64)
-        mirror = np.empty(len(key), dtype=np.int64)
-        mirror[is_send] = _match(key[is_send], key[~is_send], ids[~is_send])
-        mirror[~is_send] = _match(key[~is_send], key[is_send], ids[is_send])
+        if mirror is None:
+            mirror, self.duplicates = _mirrors(programs._keys(), self.sending)
+        else:
+            self.duplicates = []
         self.mirror = mirror
         never = self.total + 1  # a global index no rank reaches: waits forever
-        peer = np.where(mirror >= 0, self.where[np.maximum(mirror, 0)], never)
+        matched = mirror >= 0
+        peer = np.where(matched, self.where[np.maximum(mirror, 0)], never)
         self.peer_op = peer
-        self.peer_rank = np.where(
-            peer == never, self.rank, np.searchsorted(self.offsets, peer, side="right") - 1
-        )
-        self.unmatched = np.flatnonzero(peer == never)
-        self.duplicates: list[int] = []
-        for flag in (True, False):
-            chosen = np.flatnonzero(self.sending == flag)
-            _, first, counts = np.unique(key[chosen], return_index=True, return_counts=True)
-            if np.any(counts > 1):
-                seen = np.zeros(len(chosen), dtype=bool)
-                seen[first] = True
-                self.duplicates += chosen[~seen].tolist()
+        self.peer_rank = np.where(matched, op_rank[np.minimum(peer, self.total - 1)], self.rank)
+        self.unmatched = np.flatnonzero(~matched)
 
     def requirement_offsets(self, chosen: np.ndarray) -> np.ndarray:
         """CSR offsets, per global op, into the requirements `chosen` (which are

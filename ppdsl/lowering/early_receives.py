@@ -124,11 +124,13 @@ def pull_receives_forward(programs: P) -> P:
         )
     if len(receives) == 0:
         return programs
-    moved = _moved(arrays, receives, targets)
+    moved = _moved(arrays, receives, targets, ix.mirror)
     return moved if isinstance(programs, RankArrays) else moved.programs()  # type: ignore[return-value]
 
 
-def _moved(arrays: RankArrays, receives: np.ndarray, targets: np.ndarray) -> RankArrays:
+def _moved(
+    arrays: RankArrays, receives: np.ndarray, targets: np.ndarray, mirror: np.ndarray
+) -> RankArrays:
     """`arrays` with receive entries `receives` moved to the exchanges `targets`
     (after that exchange's own receives, in the order given) and the exchanges
     left with nothing dropped."""
@@ -144,7 +146,7 @@ def _moved(arrays: RankArrays, receives: np.ndarray, targets: np.ndarray) -> Ran
     new_index = np.cumsum(keep) - 1
     offsets = np.zeros_like(arrays.offsets)
     offsets[1:] = np.cumsum(keep)[arrays.offsets[1:] - 1] * (arrays.offsets[1:] > 0)
-    return RankArrays(
+    moved = RankArrays(
         offsets,
         arrays.op_pass[keep],
         arrays.passes,
@@ -158,3 +160,8 @@ def _moved(arrays: RankArrays, receives: np.ndarray, targets: np.ndarray) -> Ran
         arrays.dst_rank[order],
         arrays.entry_pass[order],
     )
+    # the same transfers, reordered: the matching carries over
+    new_place = np.empty(n, dtype=np.int64)
+    new_place[order] = np.arange(n)
+    moved.derived["exchange_index"] = ExchangeIndex(moved, new_place[mirror[order]])
+    return moved

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tests.oracles.rendezvous import ExchangeIndex, advance
 from ppdsl.ir.rank import Exchange, RankProgram
+from tests.oracles.rendezvous import ExchangeIndex, advance
 
 __all__ = ["pull_receives_forward"]
 
