@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ppdsl.analysis import checks
 from ppdsl.analysis.checks import deadlock, expectations, memory
 from ppdsl.analysis.simulate import Timeline, simulate
-from ppdsl.backend import codegen
-from ppdsl.backend.codegen import GeneratedFiles
 from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
@@ -28,6 +27,9 @@ from ppdsl.ir.rank import RankArrays, RankProgram
 from ppdsl.ir.schedule import Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
+
+if TYPE_CHECKING:
+    from ppdsl.backend.codegen import GeneratedFiles
 
 __all__ = [
     "Compiled",
@@ -138,7 +140,18 @@ def compile_file(
 
 def generate(compiled: Compiled) -> GeneratedFiles:
     """Codegen, the last pass: one torch program per rank, the launcher and the
-    manifest of a compiled schedule (`ppdsl.backend.codegen`)."""
+    manifest of a compiled schedule (`ppdsl.backend.codegen`, imported here:
+    jinja2 is for the commands that write programs)."""
+    from ppdsl.backend import codegen
+
     return codegen.generate(
         compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GeneratedFiles":
+        from ppdsl.backend.codegen import GeneratedFiles
+
+        return GeneratedFiles
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from ppdsl.ir.rank import RankArrays, RankProgram, Transfer
+from ppdsl.jit import kernel
 
 __all__ = ["Wait", "ExchangeIndex", "advance", "as_arrays", "stuck_waits"]
 
@@ -54,7 +54,7 @@ class Wait:
         return f"rank {self.rank} waits for recv {what} from rank {self.peer}"
 
 
-@numba.njit(cache=True)
+@kernel
 def advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragma: no cover
     """Advance every rank (from `position`, updated in place) while each enabled
     requirement of its next op holds: rank `req_rank[k]` has reached global op

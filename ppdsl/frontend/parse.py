@@ -79,6 +79,7 @@ def _parser() -> tuple[Lark, _Postlex]:
         propagate_positions=True,
         maybe_placeholders=False,
         start=["start", "expr"],
+        cache=True,  # the LALR tables, in the temp directory (keyed by grammar and lark version)
     )
     return lark, postlex
 

@@ -17,18 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-import numba
 import numpy as np
 
 from ppdsl.analysis.rendezvous import ExchangeIndex, advance, as_arrays
 from ppdsl.ir.rank import RankArrays, RankProgram
+from ppdsl.jit import kernel
 
 P = TypeVar("P", RankArrays, Sequence[RankProgram])
 
 __all__ = ["pull_receives_forward"]
 
 
-@numba.njit(cache=True)
+@kernel
 def _pull(
     position, offsets, req_offsets, peer_rank, req_op, enabled, sending, mirror
 ):  # pragma: no cover
