@@ -16,7 +16,7 @@ from typing import Any
 
 import jinja2
 
-from ppdsl import __version__
+from ppdsl import __version__, json_text
 from ppdsl._resources import templates_dir
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer, TransferKind
@@ -124,7 +124,7 @@ def generate(
     manifest = plan.to_json()
     manifest["generated_by"] = f"ppdsl {__version__}"
     manifest["placement_kind"] = schedule.placement.kind
-    files["manifest.json"] = json.dumps(manifest, indent=1, ensure_ascii=True) + "\n"
+    files["manifest.json"] = json_text.dumps(manifest, 1) + "\n"
     return GeneratedFiles(files, plan)
 
 

@@ -7,13 +7,12 @@ written by codegen and read by the runtime; plain Python, no torch.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ppdsl import __version__
+from ppdsl import __version__, json_text
 from ppdsl.ir.rank import RankProgram, format_rank_programs
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
@@ -167,4 +166,4 @@ def plan_from_schedule(
 
 
 def dumps(plan: Plan) -> str:
-    return json.dumps(plan.to_json(), indent=1)
+    return json_text.dumps(plan.to_json(), 1)
