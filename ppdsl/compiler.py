@@ -145,7 +145,7 @@ def generate(compiled: Compiled) -> GeneratedFiles:
     from ppdsl.backend import codegen
 
     return codegen.generate(
-        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
+        compiled.schedule, compiled.lowered, compiled.timeline, costs_from=compiled.costs_from
     )
 
 

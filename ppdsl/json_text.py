@@ -9,6 +9,7 @@ escapes) with every list of plain scalars joined in one go.
 from __future__ import annotations
 
 import json
+import math
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -41,6 +42,20 @@ def _scalar(x: Any) -> str | None:
     return None
 
 
+def _scalars(values: Any) -> list[str] | None:
+    """The texts of a sequence of JSON scalars (None if one is not a scalar);
+    one C-level map where all are floats, ints or strings."""
+    kinds = set(map(type, values))
+    if kinds == {float} and not any(map(math.isinf, values)) and not any(map(math.isnan, values)):
+        return list(map(float.__repr__, values))
+    if kinds == {int}:
+        return list(map(int.__repr__, values))
+    if kinds == {str}:
+        return list(map(encode_basestring_ascii, values))
+    texts = [_scalar(x) for x in values]
+    return None if None in texts else texts  # type: ignore[return-value]
+
+
 def dumps(obj: Any, indent: int = 2) -> str:
     """`json.dumps(obj, indent=indent)` (dicts with str keys, lists, tuples, str,
     int, float, bool, None; anything else goes to `json.dumps` as is)."""
@@ -60,10 +75,22 @@ def _encode(obj: Any, level: int, step: str, out: list[str]) -> None:
         if not obj:
             out.append("[]")
             return
-        texts = [_scalar(x) for x in obj]
-        if None not in texts:
-            out.append("[" + inner + ("," + inner).join(texts) + "\n" + step * level + "]")  # type: ignore[arg-type]
+        texts = _scalars(obj)
+        if texts is not None:
+            out.append("[" + inner + ("," + inner).join(texts) + "\n" + step * level + "]")
             return
+        if all(type(x) is list or type(x) is tuple for x in obj):
+            # a list of scalar lists (a memory profile's (time, level) pairs)
+            texts = _scalars([v for x in obj for v in x])
+            if texts is not None:
+                inner2 = "\n" + step * (level + 2)
+                close = "\n" + step * (level + 1) + "]"
+                parts, i = [], 0
+                for n in map(len, obj):
+                    parts.append("[" + inner2 + ("," + inner2).join(texts[i : i + n]) + close if n else "[]")
+                    i += n
+                out.append("[" + inner + ("," + inner).join(parts) + "\n" + step * level + "]")
+                return
         out.append("[")
         for k, x in enumerate(obj):
             out.append(inner if k == 0 else "," + inner)

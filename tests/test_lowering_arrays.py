@@ -20,6 +20,7 @@ from oracles import rendezvous as old_rendezvous
 
 from ppdsl.analysis import rendezvous
 from ppdsl.analysis.checks import deadlock
+from ppdsl.backend.codegen import generate
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import Exchange, RankArrays, RankProgram, format_rank_programs
@@ -42,7 +43,8 @@ def _agree(s) -> None:
     expected = old_lower.lower(s)
     arrays = lower_arrays(s)
     assert arrays.programs() == expected
-    assert format_rank_programs(arrays.programs()) == format_rank_programs(expected)
+    assert format_rank_programs(arrays) == format_rank_programs(expected)
+    assert format_rank_programs(arrays, False) == format_rank_programs(expected, False)
     assert arrays.receive_buffers_peaks() == [old_lower.receive_buffers_peak(p) for p in expected]
     for sends_block in (True, False):
         assert _waits(rendezvous.stuck_waits(arrays, sends_block)) == _waits(
@@ -55,6 +57,7 @@ def _agree(s) -> None:
             pull_receives_forward(arrays)
         return
     moved = pull_receives_forward(arrays)
+    assert format_rank_programs(moved) == format_rank_programs(pulled)
     assert moved.programs() == pulled
     assert pull_receives_forward(expected) == pulled
     assert moved.receive_buffers_peaks() == [old_lower.receive_buffers_peak(p) for p in pulled]
@@ -121,3 +124,7 @@ def test_examples_at_random_sizes(path, d, extra):
         return
     _agree(s)
     assert lower(s) == old_lower.lower(s)
+    moved = pull_receives_forward(lower_arrays(s))
+    objects = moved.programs()
+    moved.derived.clear()  # codegen from the arrays, not from the cached objects
+    assert generate(s, moved).files == generate(s, objects).files

@@ -19,7 +19,15 @@ import jinja2
 from ppdsl import __version__, json_text
 from ppdsl._resources import templates_dir
 from ppdsl.backend.plan import Plan, plan_from_schedule
-from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer, TransferKind
+from ppdsl.ir.rank import (
+    Compute,
+    Exchange,
+    RankArrays,
+    RankProgram,
+    Transfer,
+    TransferKind,
+    entry_groups,
+)
 from ppdsl.ir.schedule import Schedule
 
 __all__ = ["GeneratedFiles", "generate", "write"]
@@ -82,6 +90,46 @@ def _op_lines(program: RankProgram) -> list[dict[str, str | None]]:
     return lines
 
 
+def _op_lines_of_arrays(programs: RankArrays) -> list[list[dict[str, str | None]]]:
+    """`_op_lines` of every rank, from the arrays (no op objects made)."""
+    act = TransferKind.ACT.code
+    texts = [
+        f"{'act' if k == act else 'grad'}({j}, {a}, {b}, {ra}, {rb}), "
+        for k, j, a, b, ra, rb in zip(
+            programs.transfer.tolist(),
+            programs.microbatch.tolist(),
+            programs.src_stage.tolist(),
+            programs.dst_stage.tolist(),
+            programs.src_rank.tolist(),
+            programs.dst_rank.tolist(),
+            strict=True,
+        )
+    ]
+    sending = programs.sending.tolist()
+    first = entry_groups(programs)
+    passes = programs.passes
+    op_pass = programs.op_pass.tolist()
+    offsets = programs.offsets.tolist()
+    out = []
+    for r in range(programs.num_ranks):
+        lines: list[dict[str, str | None]] = []
+        for g in range(offsets[r], offsets[r + 1]):
+            k = op_pass[g]
+            if k >= 0:
+                p = passes[k]
+                where = f"{p.span.file}:{p.span.line}" if p.span is not None else None
+                code = f"{p.kind.value}({_int(p.microbatch)}, {_int(p.stage)})"
+            else:
+                lo, hi = first[g], first[g + 1]
+                sends = "".join(texts[e] for e in range(lo, hi) if sending[e])
+                recvs = "".join(texts[e] for e in range(lo, hi) if not sending[e])
+                code = f"exchange(sends=({sends.rstrip(' ')}), recvs=({recvs.rstrip(' ')}))"
+                where = None
+            lines.append({"code": code, "where": where})
+        out.append(lines)
+    return out
+
+
 @dataclass(frozen=True)
 class GeneratedFiles:
     """File name -> text of everything `ppdsl compile` writes."""
@@ -92,7 +140,7 @@ class GeneratedFiles:
 
 def generate(
     schedule: Schedule,
-    programs: tuple[RankProgram, ...],
+    programs: tuple[RankProgram, ...] | RankArrays,
     timeline: Any = None,
     costs_from: str | None = None,
 ) -> GeneratedFiles:
@@ -111,13 +159,16 @@ def generate(
         "num_microbatches": _int(schedule.num_microbatches),
     }
     rank_template = env.get_template("rank.py.j2")
-    for program in programs:
-        stages = ", ".join(_int(s) for s in schedule.placement.chunks(program.rank))
-        ops = _op_lines(program)
+    if isinstance(programs, RankArrays):
+        per_rank = list(enumerate(_op_lines_of_arrays(programs)))
+    else:
+        per_rank = [(program.rank, _op_lines(program)) for program in programs]
+    for rank, ops in per_rank:
+        stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
         used = {str(op["code"]).split("(", 1)[0] for op in ops}
         used |= {k for op in ops for k in ("act", "grad") if f"{k}(" in str(op["code"])}
-        files[f"rank{_int(program.rank)}.py"] = rank_template.render(
-            **common, rank=_int(program.rank), stages=stages, ops=ops,
+        files[f"rank{_int(rank)}.py"] = rank_template.render(
+            **common, rank=_int(rank), stages=stages, ops=ops,
             vocabulary=", ".join(sorted(used)) or "F",
         )
     files["launch.py"] = env.get_template("launch.py.j2").render(**common)

@@ -34,6 +34,7 @@ __all__ = [
     "RankArrays",
     "receive_buffers_peak",
     "format_rank_programs",
+    "entry_groups",
 ]
 
 
@@ -265,8 +266,12 @@ def receive_buffers_peak(program: RankProgram) -> int:
     return peak
 
 
-def format_rank_programs(programs: tuple[RankProgram, ...], multi_stage: bool = True) -> str:
+def format_rank_programs(
+    programs: Sequence[RankProgram] | RankArrays, multi_stage: bool = True
+) -> str:
     """Canonical text: one line per op, `send`/`recv` lines inside an exchange."""
+    if isinstance(programs, RankArrays):
+        return _format_arrays(programs, multi_stage)
     lines: list[str] = []
     for prog in programs:
         lines.append(f"rank {prog.rank}:")
@@ -276,4 +281,41 @@ def format_rank_programs(programs: tuple[RankProgram, ...], multi_stage: bool = 
             else:
                 parts = [f"send {t}" for t in op.sends] + [f"recv {t}" for t in op.recvs]
                 lines.append("  exchange { " + "; ".join(parts) + " }")
+    return "\n".join(lines) + "\n"
+
+
+def entry_groups(programs: RankArrays) -> list[int]:
+    """`first[g]:first[g + 1]` are the entries op `g` posts."""
+    return np.searchsorted(programs.where, np.arange(programs.total + 1)).tolist()
+
+
+def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
+    """`format_rank_programs` of the arrays, without making the op objects."""
+    names = [k.value for k in _TRANSFER_KINDS]
+    entries = [
+        f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
+        for s, k, j, a, b, ra, rb in zip(
+            programs.sending.tolist(),
+            programs.transfer.tolist(),
+            programs.microbatch.tolist(),
+            programs.src_stage.tolist(),
+            programs.dst_stage.tolist(),
+            programs.src_rank.tolist(),
+            programs.dst_rank.tolist(),
+            strict=True,
+        )
+    ]
+    first = entry_groups(programs)
+    passes = programs.passes
+    op_pass = programs.op_pass.tolist()
+    offsets = programs.offsets.tolist()
+    lines: list[str] = []
+    for r in range(programs.num_ranks):
+        lines.append(f"rank {r}:")
+        for g in range(offsets[r], offsets[r + 1]):
+            k = op_pass[g]
+            if k >= 0:
+                lines.append(f"  {format_pass(passes[k], multi_stage)}")
+            else:
+                lines.append("  exchange { " + "; ".join(entries[first[g] : first[g + 1]]) + " }")
     return "\n".join(lines) + "\n"
