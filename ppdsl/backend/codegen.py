@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 
 from ppdsl import __version__, json_text
 from ppdsl._resources import templates_dir
@@ -46,6 +48,7 @@ def _py(x: object) -> str:
     return _int(x)
 
 
+@lru_cache(maxsize=4096)
 def _comment(x: object) -> str:
     """Text safe inside a `#` comment: JSON escapes (control characters, quotes,
     non-ASCII) so nothing can start a new line."""
@@ -72,25 +75,40 @@ def _transfer(t: Transfer) -> str:
     return f"{fn}({', '.join(map(_int, args))})"
 
 
-def _op_lines(program: RankProgram) -> list[dict[str, str | None]]:
-    lines: list[dict[str, str | None]] = []
+@dataclass(frozen=True, slots=True)
+class _OpLine:
+    """One line of a rank program's OPS: its code and the source line it
+    comes from (attributes, not dict keys: jinja reads them 700k times at scale)."""
+
+    code: str
+    where: str | None
+
+
+def _vocabulary(lines: list[_OpLine]) -> set[str]:
+    """The program vocabulary a rank's lines call."""
+    used = {op.code.split("(", 1)[0] for op in lines}
+    return used | {k for op in lines for k in ("act", "grad") if f"{k}(" in op.code}
+
+
+def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
+    lines: list[_OpLine] = []
     for op in program.ops:
         if isinstance(op, Compute):
             p = op.pass_
             where = f"{p.span.file}:{p.span.line}" if p.span is not None else None
             code = f"{p.kind.value}({_int(p.microbatch)}, {_int(p.stage)})"
-            lines.append({"code": code, "where": where})
+            lines.append(_OpLine(code, where))
         elif isinstance(op, Exchange):
             sends = "".join(_transfer(t) + ", " for t in op.sends)
             recvs = "".join(_transfer(t) + ", " for t in op.recvs)
             code = f"exchange(sends=({sends.rstrip(' ')}), recvs=({recvs.rstrip(' ')}))"
-            lines.append({"code": code, "where": None})
+            lines.append(_OpLine(code, None))
         else:  # pragma: no cover - the IR has two op kinds
             raise TypeError(f"codegen: unknown op {op!r}")
-    return lines
+    return lines, _vocabulary(lines)
 
 
-def _op_lines_of_arrays(programs: RankArrays) -> list[list[dict[str, str | None]]]:
+def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[str]]]:
     """`_op_lines` of every rank, from the arrays (no op objects made)."""
     act = TransferKind.ACT.code
     texts = [
@@ -105,28 +123,44 @@ def _op_lines_of_arrays(programs: RankArrays) -> list[list[dict[str, str | None]
             strict=True,
         )
     ]
-    sending = programs.sending.tolist()
     first = entry_groups(programs)
+    # an exchange's entries are its sends, then its receives
+    sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total).tolist()
     passes = programs.passes
     op_pass = programs.op_pass.tolist()
     offsets = programs.offsets.tolist()
+    where_of: dict[object, str | None] = {None: None}
+    op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
+    exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
+    carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
+    kinds = int(programs.transfer.max(initial=0)) + 1
+    for pair in np.unique(op_rank[programs.where] * kinds + programs.transfer).tolist():
+        carried[pair // kinds].add(pair % kinds)
     out = []
     for r in range(programs.num_ranks):
-        lines: list[dict[str, str | None]] = []
+        lines: list[_OpLine] = []
+        used: set[str] = set()
         for g in range(offsets[r], offsets[r + 1]):
             k = op_pass[g]
             if k >= 0:
                 p = passes[k]
-                where = f"{p.span.file}:{p.span.line}" if p.span is not None else None
-                code = f"{p.kind.value}({_int(p.microbatch)}, {_int(p.stage)})"
+                span = p.span
+                where = where_of.get(span)
+                if where is None and span is not None:
+                    where = where_of[span] = f"{span.file}:{span.line}"
+                kind = p.kind.value
+                used.add(kind)
+                lines.append(_OpLine(f"{kind}({_int(p.microbatch)}, {_int(p.stage)})", where))
             else:
                 lo, hi = first[g], first[g + 1]
-                sends = "".join(texts[e] for e in range(lo, hi) if sending[e])
-                recvs = "".join(texts[e] for e in range(lo, hi) if not sending[e])
-                code = f"exchange(sends=({sends.rstrip(' ')}), recvs=({recvs.rstrip(' ')}))"
-                where = None
-            lines.append({"code": code, "where": where})
-        out.append(lines)
+                middle = lo + sends_of[g]
+                sends = "".join(texts[lo:middle]).rstrip(" ")
+                recvs = "".join(texts[middle:hi]).rstrip(" ")
+                lines.append(_OpLine(f"exchange(sends=({sends}), recvs=({recvs}))", None))
+        if exchanges[r]:
+            used.add("exchange")
+        used.update("act" if code == act else "grad" for code in carried[r])
+        out.append((lines, used))
     return out
 
 
@@ -163,10 +197,8 @@ def generate(
         per_rank = list(enumerate(_op_lines_of_arrays(programs)))
     else:
         per_rank = [(program.rank, _op_lines(program)) for program in programs]
-    for rank, ops in per_rank:
+    for rank, (ops, used) in per_rank:
         stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
-        used = {str(op["code"]).split("(", 1)[0] for op in ops}
-        used |= {k for op in ops for k in ("act", "grad") if f"{k}(" in str(op["code"])}
         files[f"rank{_int(rank)}.py"] = rank_template.render(
             **common, rank=_int(rank), stages=stages, ops=ops,
             vocabulary=", ".join(sorted(used)) or "F",
