@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ppdsl.ir.rank import (
     entry_groups,
 )
 from ppdsl.ir.schedule import Schedule
+from ppdsl.semantics import KINDS
 
 __all__ = ["GeneratedFiles", "generate", "write"]
 
@@ -108,6 +110,17 @@ def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
     return lines, _vocabulary(lines)
 
 
+def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
+    """Kind letters, microbatches, stages and spans of `passes` (read in C)."""
+    value = {k: k.value for k in KINDS}
+    kinds = list(map(value.__getitem__, map(attrgetter("kind"), passes)))
+    microbatches = list(map(attrgetter("microbatch"), passes))
+    stages = list(map(attrgetter("stage"), passes))
+    for x in (*microbatches, *stages):
+        _int(x)
+    return kinds, microbatches, stages, list(map(attrgetter("span"), passes))
+
+
 def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[str]]]:
     """`_op_lines` of every rank, from the arrays (no op objects made)."""
     act = TransferKind.ACT.code
@@ -126,16 +139,21 @@ def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[s
     first = entry_groups(programs)
     # an exchange's entries are its sends, then its receives
     sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total).tolist()
-    passes = programs.passes
     op_pass = programs.op_pass.tolist()
     offsets = programs.offsets.tolist()
-    where_of: dict[object, str | None] = {None: None}
+    kinds, microbatches, stages, spans = _pass_columns(programs.passes)
+    where_of: dict[int, str | None] = {id(None): None}
+    for span in spans:
+        if id(span) not in where_of:
+            where_of[id(span)] = f"{span.file}:{span.line}"
+    codes = [f"{k}({j}, {s})" for k, j, s in zip(kinds, microbatches, stages, strict=True)]
+    wheres = [where_of[id(span)] for span in spans]
     op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
     exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
     carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
-    kinds = int(programs.transfer.max(initial=0)) + 1
-    for pair in np.unique(op_rank[programs.where] * kinds + programs.transfer).tolist():
-        carried[pair // kinds].add(pair % kinds)
+    width = int(programs.transfer.max(initial=0)) + 1
+    for pair in np.unique(op_rank[programs.where] * width + programs.transfer).tolist():
+        carried[pair // width].add(pair % width)
     out = []
     for r in range(programs.num_ranks):
         lines: list[_OpLine] = []
@@ -143,14 +161,8 @@ def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[s
         for g in range(offsets[r], offsets[r + 1]):
             k = op_pass[g]
             if k >= 0:
-                p = passes[k]
-                span = p.span
-                where = where_of.get(span)
-                if where is None and span is not None:
-                    where = where_of[span] = f"{span.file}:{span.line}"
-                kind = p.kind.value
-                used.add(kind)
-                lines.append(_OpLine(f"{kind}({_int(p.microbatch)}, {_int(p.stage)})", where))
+                used.add(kinds[k])
+                lines.append(_OpLine(codes[k], wheres[k]))
             else:
                 lo, hi = first[g], first[g + 1]
                 middle = lo + sends_of[g]

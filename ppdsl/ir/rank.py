@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from ppdsl.ir.schedule import Pass, format_pass
-from ppdsl.semantics import TransferKind, receives
+from ppdsl.semantics import KINDS, TransferKind, receives
 
 __all__ = [
     "TransferKind",
@@ -307,6 +308,14 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
     ]
     first = entry_groups(programs)
     passes = programs.passes
+    value = {k: k.value for k in KINDS}
+    kinds = map(value.__getitem__, map(attrgetter("kind"), passes))
+    columns = zip(kinds, map(attrgetter("microbatch"), passes), map(attrgetter("stage"), passes))
+    # format_pass's text
+    if multi_stage:
+        texts = [f"  {k}{j}:s{s}" for k, j, s in columns]
+    else:
+        texts = [f"  {k}{j}" for k, j, _ in columns]
     op_pass = programs.op_pass.tolist()
     offsets = programs.offsets.tolist()
     lines: list[str] = []
@@ -315,7 +324,7 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
         for g in range(offsets[r], offsets[r + 1]):
             k = op_pass[g]
             if k >= 0:
-                lines.append(f"  {format_pass(passes[k], multi_stage)}")
+                lines.append(texts[k])
             else:
                 lines.append("  exchange { " + "; ".join(entries[first[g] : first[g + 1]]) + " }")
     return "\n".join(lines) + "\n"
