@@ -88,30 +88,45 @@ def lower_arrays(schedule: Schedule) -> RankArrays:
     op_pass = np.full(int(offsets[-1]), -1, dtype=np.int64)
     op_pass[compute_op] = np.arange(n, dtype=np.int64)
     # entries: per pass its receives (in the exchange before it), then its sends
-    # (in the exchange after it); that is rank, op order already
+    # (in the exchange after it); that is rank, op order already. int32: entries
+    # run to millions
+    small = np.int32
     per_pass = nr + ns
-    entry_pass = np.repeat(np.arange(n, dtype=np.int64), per_pass)
-    start = np.cumsum(per_pass) - per_pass
-    local = np.arange(len(entry_pass), dtype=np.int64) - start[entry_pass]
-    k, s = kind[entry_pass], stage[entry_pass]
+    entry_pass = np.repeat(np.arange(n, dtype=small), per_pass)
+    first_entry = (np.cumsum(per_pass) - per_pass).astype(small)
+    local = np.arange(len(entry_pass), dtype=small) - first_entry[entry_pass]
+    del first_entry
     is_recv = local < nr[entry_pass]
-    route = np.where(is_recv, local, local - nr[entry_pass])
-    code = np.where(is_recv, in_code[k, s, route], out_code[k, s, route])
-    src = np.where(is_recv, in_src[k, s, route], out_src[k, s, route])
-    dst = np.where(is_recv, in_dst[k, s, route], out_dst[k, s, route])
-    where = compute_op[entry_pass] + np.where(is_recv, -1, 1)
+    code = np.empty(len(entry_pass), dtype=np.int8)
+    src = np.empty(len(entry_pass), dtype=small)
+    dst = np.empty(len(entry_pass), dtype=small)
+    for receiving, (codes, srcs, dsts) in (
+        (True, (in_code, in_src, in_dst)),
+        (False, (out_code, out_src, out_dst)),
+    ):
+        chosen = np.flatnonzero(is_recv if receiving else ~is_recv)
+        p = entry_pass[chosen]
+        route = local[chosen] if receiving else local[chosen] - nr[p]
+        k, s = kind[p], stage[p]
+        code[chosen] = codes[k, s, route]
+        src[chosen] = srcs[k, s, route]
+        dst[chosen] = dsts[k, s, route]
+        del chosen, p, route, k, s
+    del local
+    where = compute_op[entry_pass].astype(small)
+    where += np.where(is_recv, -1, 1).astype(small)
     return RankArrays(
         offsets,
-        op_pass,
+        op_pass.astype(small),
         flat.passes,
         where,
         ~is_recv,
         code,
-        flat.microbatch[entry_pass],
+        flat.microbatch[entry_pass].astype(small),
         src,
         dst,
-        dev[src],
-        dev[dst],
+        dev[src].astype(small),
+        dev[dst].astype(small),
         entry_pass,
     )
 
