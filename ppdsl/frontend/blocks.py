@@ -51,8 +51,10 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
+import numpy as np
+
 from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
-from ppdsl.semantics import needs, peak_of_deltas
+from ppdsl.semantics import needs
 
 __all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
 
@@ -218,51 +220,45 @@ def _first_fit(
     limit: tuple[int, ...],
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
-    `duration` fits from `ready` on without raising the peak over `limit`."""
+    `duration` fits from `ready` on without raising the peak over `limit`.
+    Every place at once (numpy): the levels after each placed pass and their
+    running maxima from both ends, for either memory extreme."""
     n = len(row)
-    levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
-    for i, (_, _, q) in enumerate(row):
-        dq = _EXTREME_DELTAS[q.kind]
-        for c in (0, 1):
-            levels[c][i + 1] = levels[c][i] + dq[c]
-    prefix_max = [[0] * (n + 1), [0] * (n + 1)]
-    suffix_max = [[0] * (n + 1), [0] * (n + 1)]
+    starts = np.fromiter((r[0] for r in row), dtype=np.float64, count=n)
+    ends = np.fromiter((r[1] for r in row), dtype=np.float64, count=n)
+    fits = np.ones(n + 1, dtype=bool)
     for c in (0, 1):
-        top = 0
-        for i in range(n + 1):
-            top = max(top, levels[c][i])
-            prefix_max[c][i] = top
-        low = -(10**9)
-        for i in range(n, -1, -1):
-            suffix_max[c][i] = low
-            if i > 0:
-                low = max(low, levels[c][i])
-    free = 0.0
-    for index in range(n + 1):
-        start = max(free, ready)
-        following = row[index][0] if index < n else float("inf")
-        if start + duration <= following + 1e-9 and all(
-            max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
-            <= limit[c]
-            for c in (0, 1)
-        ):
-            return index, start
-        if index < n:
-            free = row[index][1]
-    return None
+        deltas = np.fromiter((_EXTREME_DELTAS[r[2].kind][c] for r in row), dtype=np.int64, count=n)
+        levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
+        np.cumsum(deltas, out=levels[1:])
+        before = np.maximum.accumulate(levels)
+        after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
+        if n:
+            after[:n] = np.maximum.accumulate(levels[:0:-1])[::-1]
+        top = np.maximum(np.maximum(before, levels + delta[c]), after + delta[c])
+        fits &= top <= limit[c]
+    free = np.concatenate(([0.0], ends))
+    start = np.maximum(free, ready)
+    following = np.concatenate((starts, [np.inf]))
+    fits &= start + duration <= following + 1e-9
+    found = np.flatnonzero(fits)
+    if len(found) == 0:
+        return None
+    index = int(found[0])
+    return index, float(start[index])
 
 
 def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
     """Per device, the peak number of microbatch-stages holding activations,
-    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)."""
-    num_stages = 1 + max((p.stage for order in orders for p in order), default=0)
-    extremes = [
-        MemoryModel((Fraction(1),) * num_stages, (Fraction(w),) * num_stages) for w in (1, 0)
-    ]
-    return [
-        tuple(peak_of_deltas(m.delta(p.kind, p.stage) for p in order) for m in extremes)  # type: ignore[misc]
-        for order in orders
-    ]
+    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)
+    (whole numbers: prefix sums of `_EXTREME_DELTAS`, never below 0)."""
+    found = []
+    for order in orders:
+        deltas = np.array([_EXTREME_DELTAS[p.kind] for p in order], dtype=np.int64)
+        deltas = deltas.reshape(len(order), 2)
+        tops = np.cumsum(deltas, axis=0).max(axis=0, initial=0)
+        found.append((Fraction(int(tops[0])), Fraction(int(tops[1]))))
+    return found
 
 
 class _Run:
