@@ -193,6 +193,7 @@ def _compact(
         for k, p in enumerate(order)
     )
     placed: list[list[tuple[float, float, Pass]]] = [[] for _ in orders]
+    arrays = [_Placed() for _ in orders]
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
@@ -202,12 +203,13 @@ def _compact(
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
-        row = placed[dev]
-        at = _first_fit(row, ready, duration, _EXTREME_DELTAS[p.kind], tuple(int(x) for x in peaks[dev]))
+        limit = tuple(int(x) for x in peaks[dev])
+        at = arrays[dev].first_fit(ready, duration, _EXTREME_DELTAS[p.kind], limit)
         if at is None:
             return None
         index, start = at
-        row.insert(index, (start, start + duration, p))
+        placed[dev].insert(index, (start, start + duration, p))
+        arrays[dev].insert(index, start, start + duration, p.kind)
         end_of[p.key] = start + duration
     return tuple(tuple(p for _, _, p in row) for row in placed)
 
@@ -220,32 +222,51 @@ def _first_fit(
     limit: tuple[int, ...],
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
-    `duration` fits from `ready` on without raising the peak over `limit`.
-    Every place at once (numpy): the levels after each placed pass and their
-    running maxima from both ends, for either memory extreme."""
-    n = len(row)
-    starts = np.fromiter((r[0] for r in row), dtype=np.float64, count=n)
-    ends = np.fromiter((r[1] for r in row), dtype=np.float64, count=n)
-    fits = np.ones(n + 1, dtype=bool)
-    for c in (0, 1):
-        deltas = np.fromiter((_EXTREME_DELTAS[r[2].kind][c] for r in row), dtype=np.int64, count=n)
-        levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
-        np.cumsum(deltas, out=levels[1:])
-        before = np.maximum.accumulate(levels)
-        after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
-        if n:
-            after[:n] = np.maximum.accumulate(levels[:0:-1])[::-1]
-        top = np.maximum(np.maximum(before, levels + delta[c]), after + delta[c])
-        fits &= top <= limit[c]
-    free = np.concatenate(([0.0], ends))
-    start = np.maximum(free, ready)
-    following = np.concatenate((starts, [np.inf]))
-    fits &= start + duration <= following + 1e-9
-    found = np.flatnonzero(fits)
-    if len(found) == 0:
-        return None
-    index = int(found[0])
-    return index, float(start[index])
+    `duration` fits from `ready` on without raising the peak over `limit`."""
+    placed = _Placed()
+    for k, (s, e, q) in enumerate(row):
+        placed.insert(k, s, e, q.kind)
+    return placed.first_fit(ready, duration, delta, limit)
+
+
+class _Placed:
+    """A device's placed passes as arrays, in start order: starts, ends and each
+    pass's deltas under either memory extreme (`_EXTREME_DELTAS`)."""
+
+    def __init__(self) -> None:
+        self.starts = np.zeros(0, dtype=np.float64)
+        self.ends = np.zeros(0, dtype=np.float64)
+        self.deltas = np.zeros((0, 2), dtype=np.int64)
+
+    def insert(self, index: int, start: float, end: float, kind: PassKind) -> None:
+        self.starts = np.insert(self.starts, index, start)
+        self.ends = np.insert(self.ends, index, end)
+        self.deltas = np.insert(self.deltas, index, _EXTREME_DELTAS[kind], axis=0)
+
+    def first_fit(
+        self, ready: float, duration: float, delta: tuple[int, ...], limit: tuple[int, ...]
+    ) -> tuple[int, float] | None:
+        """`_first_fit`, every place at once: the levels after each placed pass
+        and their running maxima from both ends, for either memory extreme."""
+        n = len(self.starts)
+        fits = np.ones(n + 1, dtype=bool)
+        for c in (0, 1):
+            levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
+            np.cumsum(self.deltas[:, c], out=levels[1:])
+            before = np.maximum.accumulate(levels)
+            after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
+            if n:
+                after[:n] = np.maximum.accumulate(levels[:0:-1])[::-1]
+            top = np.maximum(np.maximum(before, levels + delta[c]), after + delta[c])
+            fits &= top <= limit[c]
+        start = np.maximum(np.concatenate(([0.0], self.ends)), ready)
+        following = np.concatenate((self.starts, [np.inf]))
+        fits &= start + duration <= following + 1e-9
+        found = np.flatnonzero(fits)
+        if len(found) == 0:
+            return None
+        index = int(found[0])
+        return index, float(start[index])
 
 
 def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
