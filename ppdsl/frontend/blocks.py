@@ -236,12 +236,16 @@ class _Placed:
     def __init__(self) -> None:
         self.starts = np.zeros(0, dtype=np.float64)
         self.ends = np.zeros(0, dtype=np.float64)
-        self.deltas = np.zeros((0, 2), dtype=np.int64)
+        self.deltas = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     def insert(self, index: int, start: float, end: float, kind: PassKind) -> None:
-        self.starts = np.insert(self.starts, index, start)
-        self.ends = np.insert(self.ends, index, end)
-        self.deltas = np.insert(self.deltas, index, _EXTREME_DELTAS[kind], axis=0)
+        def put(a: np.ndarray, value: float | int) -> np.ndarray:
+            return np.concatenate((a[:index], np.array([value], dtype=a.dtype), a[index:]))
+
+        self.starts = put(self.starts, start)
+        self.ends = put(self.ends, end)
+        extreme = _EXTREME_DELTAS[kind]
+        self.deltas = (put(self.deltas[0], extreme[0]), put(self.deltas[1], extreme[1]))
 
     def first_fit(
         self, ready: float, duration: float, delta: tuple[int, ...], limit: tuple[int, ...]
@@ -252,7 +256,7 @@ class _Placed:
         fits = np.ones(n + 1, dtype=bool)
         for c in (0, 1):
             levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
-            np.cumsum(self.deltas[:, c], out=levels[1:])
+            np.cumsum(self.deltas[c], out=levels[1:])
             before = np.maximum.accumulate(levels)
             after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
             if n:
