@@ -72,9 +72,12 @@ def _environment() -> jinja2.Environment:
 
 
 def _transfer(t: Transfer) -> str:
-    fn = "act" if t.kind is TransferKind.ACT else "grad"
+    fn = t.kind.value  # the runtime's vocabulary: act(...), grad(...)
     args = (t.microbatch, t.src_stage, t.dst_stage, t.src_rank, t.dst_rank)
     return f"{fn}({', '.join(map(_int, args))})"
+
+
+_TRANSFER_CALLS = tuple(t.value for t in TransferKind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,7 @@ class _OpLine:
 def _vocabulary(lines: list[_OpLine]) -> set[str]:
     """The program vocabulary a rank's lines call."""
     used = {op.code.split("(", 1)[0] for op in lines}
-    return used | {k for op in lines for k in ("act", "grad") if f"{k}(" in op.code}
+    return used | {k for op in lines for k in _TRANSFER_CALLS if f"{k}(" in op.code}
 
 
 def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
@@ -123,9 +126,9 @@ def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
 
 def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[str]]]:
     """`_op_lines` of every rank, from the arrays (no op objects made)."""
-    act = TransferKind.ACT.code
+    call = {t.code: t.value for t in TransferKind}
     texts = [
-        f"{'act' if k == act else 'grad'}({j}, {a}, {b}, {ra}, {rb}), "
+        f"{call[k]}({j}, {a}, {b}, {ra}, {rb}), "
         for k, j, a, b, ra, rb in zip(
             programs.transfer.tolist(),
             programs.microbatch.tolist(),
@@ -171,7 +174,7 @@ def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[s
                 lines.append(_OpLine(f"exchange(sends=({sends}), recvs=({recvs}))", None))
         if exchanges[r]:
             used.add("exchange")
-        used.update("act" if code == act else "grad" for code in carried[r])
+        used.update(call[code] for code in carried[r])
         out.append((lines, used))
     return out
 

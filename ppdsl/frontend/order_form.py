@@ -28,7 +28,7 @@ from ppdsl.frontend.expressions import (
     number,
 )
 from ppdsl.ir.schedule import Pass, Placement
-from ppdsl.semantics import pass_kinds
+from ppdsl.semantics import PassKind, pass_kinds
 
 __all__ = ["DeviceOrder", "elaborate_order"]
 
@@ -184,7 +184,7 @@ class _GuardedPass:
     """A pass call of a loop body with the conditions (value, wanted truth) of
     the `if`s around it."""
 
-    kind: object
+    kind: PassKind
     span: Span
     guards: tuple[tuple[VectorEval, bool], ...]
     microbatch: VectorEval

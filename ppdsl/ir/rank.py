@@ -224,6 +224,7 @@ class RankArrays:
                     op_pass.append(len(passes))
                     passes.append(op.pass_)
                 else:
+                    assert isinstance(op, Exchange)
                     op_pass.append(-1)
                     entries += [(g, True, t) for t in op.sends]
                     entries += [(g, False, t) for t in op.recvs]
@@ -310,7 +311,7 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
     passes = programs.passes
     value = {k: k.value for k in KINDS}
     kinds = map(value.__getitem__, map(attrgetter("kind"), passes))
-    columns = zip(kinds, map(attrgetter("microbatch"), passes), map(attrgetter("stage"), passes))
+    columns = zip(kinds, map(attrgetter("microbatch"), passes), map(attrgetter("stage"), passes), strict=True)
     # format_pass's text
     if multi_stage:
         texts = [f"  {k}{j}:s{s}" for k, j, s in columns]
