@@ -68,16 +68,24 @@ def main() -> None:
             f"{c} {w:.2f} s ({cpu:.2f} s CPU) / {r:.0f} MB" for c, (w, r, cpu) in startup.items()))
         print(f"{'d':>4} {'m':>5} {'passes':>8} {'command':>8} {'wall s':>7} {'CPU s':>6} "
               f"{'above s':>8} {'peak MB':>8} {'KB/pass':>8} {'target':>8}")
+        peaks: dict[str, list[tuple[int, float]]] = {c: [] for c in commands}
         for d, m in sizes:
             passes = 6 * d * m  # F, B, W of m microbatches on 2d stages
             for c in commands:
                 wall, rss, cpu = _run(_argv(c, d, m, tmp))
+                peaks[c].append((passes, rss))
                 s_wall, s_rss, _ = startup[c]
                 target = TARGETS.get((c, d))
                 verdict = "" if target is None else f"{'<=' if wall <= target else '>'} {target:g} s"
                 per_pass = (rss - s_rss) * 1024 / passes
                 print(f"{d:>4} {m:>5} {passes:>8} {c:>8} {wall:7.2f} {cpu:6.2f} {wall - s_wall:8.2f} "
                       f"{rss:8.0f} {per_pass:8.2f} {verdict:>8}", flush=True)
+        if len(sizes) > 1:
+            # the slope between the two sizes: memory per pass without fixed costs
+            # (numba and llvmlite, loaded once a kernel's input is large, are ~100 MB)
+            print("KB/pass between the two sizes: " + ", ".join(
+                f"{c} {(b[1] - a[1]) * 1024 / (b[0] - a[0]):.2f}"
+                for c, (a, b) in ((c, peaks[c][:2]) for c in commands)))
     print("KB/pass: (peak - start-up peak) / passes, target <= 0.3; start-up target: check "
           "of a small file <= 0.5 s")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
