@@ -127,6 +127,18 @@ def test_block_lines():
     assert isinstance(lines[3], ast.Fill) and lines[3].kind == "W"
 
 
+def test_grouped_block_header():
+    """`block period T group G every U`: the group's size and spacing as expressions,
+    spanning from `group`; a plain block has no group."""
+    (block,) = stmts("schedule s { block period 3 * v * g group g every 3 { F at i } }")
+    assert isinstance(block.group, ast.Group)
+    assert isinstance(block.group.size, ast.Name) and block.group.size.id == "g"
+    assert block.group.spacing == ast.Number(Fraction(3), block.group.spacing.span)
+    assert block.group.span.column == 37
+    (plain,) = stmts("schedule s { block period 3 { F at i } }")
+    assert plain.group is None
+
+
 def test_order_constructs():
     """Interleave (with `with` on the next line), else-if chains, reversed ranges."""
     order = next(s for s in stmts(EVERYTHING) if isinstance(s, ast.OrderDecl))
