@@ -24,7 +24,7 @@ __all__ = ["check"]
 class _Copy(NamedTuple):
     """One slot for microbatch `position` of a group (0 without groups)."""
 
-    index: int  # the slot's place in the block, then the position: the report order
+    order: int  # the slot's place in the block, then the position: the report order
     position: int
     slot: BlockSlot
     start: Fraction
@@ -73,8 +73,8 @@ def _meeting_pairs(copies: list[_Copy], period: Fraction) -> list[tuple[_Copy, _
         for n in (*hits, *wrapped):
             if n != k:
                 b = circle[n]
-                pairs.add((a, b) if (a.index, a.position) < (b.index, b.position) else (b, a))
-    return sorted(pairs, key=lambda p: (p[0].index, p[0].position, p[1].index, p[1].position))
+                pairs.add((a, b) if (a.order, a.position) < (b.order, b.position) else (b, a))
+    return sorted(pairs, key=lambda p: (p[0].order, p[0].position, p[1].order, p[1].position))
 
 
 def check(schedule: Schedule) -> list[Diagnostic]:
