@@ -97,18 +97,59 @@ def test_the_generator_is_not_trivially_equal():
     assert _ours(2, 2, 8, 4) != megatron_orders(2, 2, 8, 2)
 
 
+def torch_interleaved_zb_orders(p: int, v: int, m: int) -> tuple[list[Order], int]:
+    """torch.distributed.pipelining's ScheduleInterleavedZeroBubble per rank
+    (computed without a process group) and the microbatches per round it
+    chose (its group size)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    kind = schedules._ComputationType
+    obj = object.__new__(schedules.ScheduleInterleavedZeroBubble)
+    obj.pp_group_size, obj._n_microbatches, obj.n_local_stages = p, m, v
+    obj.number_of_rounds = max(1, m // p)  # as its __init__ computes them
+    obj.microbatches_per_round = m // obj.number_of_rounds
+    letters = {kind.FORWARD: "F", kind.BACKWARD_INPUT: "B", kind.BACKWARD_WEIGHT: "W"}
+    orders = [
+        [
+            (letters[a.computation_type], a.microbatch_index, a.stage_index)
+            for a in obj._calculate_single_rank_operations(rank)
+            if a is not None
+        ]
+        for rank in range(p)
+    ]
+    return orders, obj.microbatches_per_round
+
+
+# (p, v, m): m a multiple of p, and m = 6 over 4 ranks (one round of 6), m = 10
+# over 4 (two rounds of 5), m = 8 over 3 (two rounds of 4)
+@pytest.mark.parametrize(
+    ("p", "v", "m"),
+    [(1, 2, 3), (2, 2, 4), (2, 3, 6), (3, 2, 9), (4, 2, 8), (4, 3, 12), (8, 2, 16),
+     (4, 2, 6), (4, 2, 10), (3, 3, 8)],
+)
+def test_interleaved_zb_is_torchs_interleaved_zero_bubble(p, v, m):
+    """interleaved_zb.pp with g = torch's microbatches per round gives torch's
+    ScheduleInterleavedZeroBubble order on every rank, pass for pass."""
+    torch_orders, group = torch_interleaved_zb_orders(p, v, m)
+    overrides = {"d": str(p), "v": str(v), "m": str(m), "g": str(group)}
+    schedule = compile_file(EXAMPLES / "interleaved_zb.pp", overrides).schedule
+    ours = [[(x.kind.value, x.microbatch, x.stage) for x in order] for order in schedule.orders]
+    assert ours == torch_orders
+
+
 @pytest.mark.parametrize(("p", "v", "m", "g"), [(4, 2, 8, 4), (3, 3, 8, 4), (2, 2, 9, 3)])
-def test_interleaved_zb_keeps_megatrons_forwards_and_saves_bubble_and_memory(p, v, m, g):
-    """interleaved_zb.pp runs each rank's forwards in Megatron's order, and against
-    interleaved 1F1B at the same (p, v, m, g) its expectations hold, its per-device
-    bubble is (p-1) T_W shorter and device 0 holds p - 1 fewer chunk activations."""
+def test_interleaved_zb_against_interleaved_1f1b(p, v, m, g):
+    """interleaved_zb.pp keeps Megatron's forward order; against interleaved 1F1B
+    at the same (p, v, m, g) and unit costs its makespan is 2(p-1) shorter (ZB-H1's
+    bubble saves 2 T_W per hop) and device 0 holds p - 1 fewer chunk activations."""
     overrides = {"d": str(p), "v": str(v), "m": str(m), "g": str(g)}
     zb = compile_file(EXAMPLES / "interleaved_zb.pp", overrides)
     one = compile_file(EXAMPLES / "interleaved_1f1b.pp", overrides)
-    forwards = [[(p_.kind.value, p_.microbatch, p_.stage) for p_ in o if p_.kind.value == "F"]
-                for o in zb.schedule.orders]
+    forwards = [
+        [(x.kind.value, x.microbatch, x.stage) for x in order if x.kind.value == "F"]
+        for order in zb.schedule.orders
+    ]
     assert forwards == [[x for x in o if x[0] == "F"] for o in megatron_orders(p, v, m, g)]
-    assert zb.timeline.makespan == one.timeline.makespan - (p - 1)  # T_W = 1
+    assert zb.timeline.makespan == one.timeline.makespan - 2 * (p - 1)
     assert peak_memory(zb.schedule)[0] == peak_memory(one.schedule)[0] - (p - 1)
 
 
