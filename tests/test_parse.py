@@ -246,6 +246,26 @@ def test_printed_expression_parses_back(expr):
             (4, 7),
             "expected a value after 'at'",
         ),
+        (
+            "schedule s {\n block period 6 group 2 every {\n  F at i\n }\n}\n",
+            (2, 31),
+            "expected a value after 'every'",
+        ),
+        (
+            "schedule s {\n block period 6 group every 3 {\n  F at i\n }\n}\n",
+            (2, 23),
+            "expected a value after 'group'",
+        ),
+        (
+            "schedule s {\n block period 6 group 2 {\n  F at i\n }\n}\n",
+            (2, 25),
+            "unexpected '{'; expected 'every'",
+        ),
+        (
+            "schedule s {\n block period 6 grup 2 every 3 {\n  F at i\n }\n}\n",
+            (2, 17),
+            "unexpected name 'grup'; did you mean 'group'?",
+        ),
         ("schedule s {\n param m = 2 *\n}\n", (2, 15), "expected a value after '*'"),
         ("schedule s {\n param m =\n}\n", (2, 11), "expected a value after '='"),
         (
