@@ -13,7 +13,8 @@ schedules.py, `forward_backward_pipelining_with_interleaving`):
   of the backwards.
 
 Megatron asks p <= g <= m and a last group of 0 or at least p microbatches; a
-grouped block needs g to divide m, which the grid keeps."""
+grouped block needs g to divide m, which the grid keeps. torch's
+ScheduleInterleaved1F1B (its own orders) is a second reference."""
 
 from __future__ import annotations
 
@@ -97,17 +98,22 @@ def test_the_generator_is_not_trivially_equal():
     assert _ours(2, 2, 8, 4) != megatron_orders(2, 2, 8, 2)
 
 
-def torch_interleaved_zb_orders(p: int, v: int, m: int) -> tuple[list[Order], int]:
-    """torch.distributed.pipelining's ScheduleInterleavedZeroBubble per rank
-    (computed without a process group) and the microbatches per round it
-    chose (its group size)."""
+def torch_orders(cls_name: str, p: int, v: int, m: int) -> tuple[list[Order], int]:
+    """torch.distributed.pipelining's interleaved schedule `cls_name` per rank
+    (computed without a process group), a full backward as BW, and the
+    microbatches per round it chose (its group size)."""
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     kind = schedules._ComputationType
-    obj = object.__new__(schedules.ScheduleInterleavedZeroBubble)
+    obj = object.__new__(getattr(schedules, cls_name))
     obj.pp_group_size, obj._n_microbatches, obj.n_local_stages = p, m, v
     obj.number_of_rounds = max(1, m // p)  # as its __init__ computes them
     obj.microbatches_per_round = m // obj.number_of_rounds
-    letters = {kind.FORWARD: "F", kind.BACKWARD_INPUT: "B", kind.BACKWARD_WEIGHT: "W"}
+    letters = {
+        kind.FORWARD: "F",
+        kind.FULL_BACKWARD: "BW",
+        kind.BACKWARD_INPUT: "B",
+        kind.BACKWARD_WEIGHT: "W",
+    }
     orders = [
         [
             (letters[a.computation_type], a.microbatch_index, a.stage_index)
@@ -126,14 +132,23 @@ def torch_interleaved_zb_orders(p: int, v: int, m: int) -> tuple[list[Order], in
     [(1, 2, 3), (2, 2, 4), (2, 3, 6), (3, 2, 9), (4, 2, 8), (4, 3, 12), (8, 2, 16),
      (4, 2, 6), (4, 2, 10), (3, 3, 8)],
 )
-def test_interleaved_zb_is_torchs_interleaved_zero_bubble(p, v, m):
-    """interleaved_zb.pp with g = torch's microbatches per round gives torch's
-    ScheduleInterleavedZeroBubble order on every rank, pass for pass."""
-    torch_orders, group = torch_interleaved_zb_orders(p, v, m)
+@pytest.mark.parametrize(
+    ("name", "cls_name"),
+    [
+        ("interleaved_zb", "ScheduleInterleavedZeroBubble"),
+        ("interleaved_1f1b", "ScheduleInterleaved1F1B"),
+    ],
+)
+def test_orders_equal_torchs(name, cls_name, p, v, m):
+    """interleaved_zb.pp and interleaved_1f1b.pp, with g = torch's microbatches per
+    round, give torch's ScheduleInterleavedZeroBubble / ScheduleInterleaved1F1B
+    orders on every rank, pass for pass (for interleaved 1F1B a second reference
+    beside the generator above)."""
+    expected, group = torch_orders(cls_name, p, v, m)
     overrides = {"d": str(p), "v": str(v), "m": str(m), "g": str(group)}
-    schedule = compile_file(EXAMPLES / "interleaved_zb.pp", overrides).schedule
+    schedule = compile_file(EXAMPLES / f"{name}.pp", overrides).schedule
     ours = [[(x.kind.value, x.microbatch, x.stage) for x in order] for order in schedule.orders]
-    assert ours == torch_orders
+    assert ours == expected
 
 
 @pytest.mark.parametrize(("p", "v", "m", "g"), [(4, 2, 8, 4), (3, 3, 8, 4), (2, 2, 9, 3)])
