@@ -8,6 +8,11 @@ times; the simulator later re-times that order as soon as possible (the paper's
 "squeeze"), and warm-up and cool-down are what is left of the repetitions for
 the microbatches that exist (0 <= j < m).
 
+A grouped block (`group G every U`, Megatron's microbatch groups of its
+interleaved 1F1B and the zero-bubble repository's grouped building block)
+shifts microbatch j by (j // G) * T + (j % G) * U instead of j * T
+(`Block.shift`); everything below is the same for it.
+
 Ties between equal start times (only possible for slots that collide, which
 the collision check reports, or for zero-length slots) are broken by the
 slot's position in the block (the order the file wrote it), then by
@@ -75,14 +80,14 @@ def repeat_block(
     W placed by `w_fill` carries the span of its B's line."""
     if w_fill and not split_backward:
         raise ValueError("W fill needs a split backward (F, B, W)")
-    period = Fraction(block.period)
+    shifts = [block.shift(j) for j in range(num_microbatches)]
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
         [] for _ in range(placement.num_devices)
     ]
     for index, slot in enumerate(block.slots):
-        for j in range(num_microbatches):
-            start = Fraction(slot.start) + j * period
-            timed[slot.device].append((start, index, j, slot))
+        start = Fraction(slot.start)
+        for j, shift in enumerate(shifts):
+            timed[slot.device].append((start + shift, index, j, slot))
     for device_slots in timed:
         device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
     if w_fill:

@@ -205,7 +205,14 @@ class _ToAst(Transformer):
     # the block form
     def block(self, meta, children):
         period, *lines = children
-        return ast.BlockDecl(period, tuple(lines), self._span(meta))
+        group = None
+        if lines and isinstance(lines[0], ast.Group):
+            group, *lines = lines
+        return ast.BlockDecl(period, tuple(lines), self._span(meta), group)
+
+    def group(self, meta, children):
+        size, spacing = children
+        return ast.Group(size, spacing, self._span(meta))
 
     def slot(self, meta, children):
         kind, start = children
