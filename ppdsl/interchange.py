@@ -308,7 +308,7 @@ def to_pp(schedule: Schedule, source: str = "") -> str:
     stmts: list[ast.Stmt] = [
         ast.Param("d", ast.number(s.num_devices), ast.GENERATED),
         ast.Param("m", ast.number(s.num_microbatches), ast.GENERATED),
-        ast.place(s.placement.stage_device, s.num_devices),
+        ast.place(s.placement.stage_device, s.num_devices, s.placement.lanes),
         ast.Backward("split" if s.split_backward else "fused", ast.GENERATED, ast.GENERATED),
     ]
     if not any(e.metric == "peak_memory" for e in s.expects):

@@ -53,8 +53,12 @@ def parse_rows(text: str) -> list[list[tuple]]:
 
 
 def placement(kind: str, num_devices: int, v: int = 2) -> Placement:
-    """parallel, looped (v chunks), vshape, wave (v chunks)."""
+    """parallel, looped (v chunks), vshape, wave (v chunks), dualpipe (DualPipe's
+    two pipelines: stage s on device s, its copy d+s on device d-1-s)."""
     d = num_devices
+    if kind == "dualpipe":
+        down = tuple(range(d))
+        return Placement("dualpipe", d, down + tuple(d - 1 - k for k in range(d)), lanes=2)
     if kind == "parallel":
         return Placement("parallel", d, tuple(range(d)))
     if kind == "looped":
@@ -138,13 +142,27 @@ def one_f_one_b_orders(
     return orders
 
 
-def _needs(kind: PassKind, j: int, s: int, S: int, split: bool) -> list[tuple[PassKind, int, int]]:
+def _needs(
+    kind: PassKind, j: int, s: int, S: int, split: bool, lanes: int = 1
+) -> list[tuple[PassKind, int, int]]:
+    """The zero-bubble paper's dependencies within one pipeline; with two lanes
+    (DualPipe) each half of the stages is a pipeline of its own."""
     bk = B if split else BW
+    first = s - s % (S // lanes)  # the first and last stage of s's pipeline
+    last = first + S // lanes - 1
     if kind is F:
-        return [(F, j, s - 1)] if s > 0 else []
+        return [(F, j, s - 1)] if s > first else []
     if kind in (B, BW):
-        return [(F, j, s)] + ([(bk, j, s + 1)] if s < S - 1 else [])
+        return [(F, j, s)] + ([(bk, j, s + 1)] if s < last else [])
     return [(B, j, s)]
+
+
+def _stages_of(j: int, m: int, S: int, lanes: int) -> range:
+    """The stages microbatch j goes through: all of them, or under DualPipe the
+    first half (down) for the first half of the microbatches, else the second."""
+    if lanes == 1:
+        return range(S)
+    return range(S // 2) if 2 * j < m else range(S // 2, S)
 
 
 def oracle_peaks(s: Schedule) -> tuple[Fraction, ...]:
@@ -180,7 +198,8 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                 if end[dev][k] is not None:
                     continue
                 ready = [end[dev][k - 1]] if k else [0.0]
-                for q in _needs(p.kind, p.microbatch, p.stage, s.num_stages, s.split_backward):
+                for q in _needs(p.kind, p.microbatch, p.stage, s.num_stages, s.split_backward,
+                                s.placement.lanes):
                     qd, qk = where[q]
                     comm = s.costs.comm if qd != dev else 0.0
                     ready.append(None if end[qd][qk] is None else end[qd][qk] + comm)
@@ -200,11 +219,12 @@ def random_valid_orders(place: Placement, m: int, split: bool, rng: random.Rando
     device order is consistent with one global order, so the schedule is valid."""
     S = place.num_stages
     kinds = (F, B, W) if split else (F, BW)
-    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in range(S)]
+    lanes = place.lanes
+    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in _stages_of(j, m, S, lanes)]
     needers: dict[tuple, list[tuple]] = {}
     waiting = {}
     for p in all_passes:
-        n = _needs(*p, S, split)
+        n = _needs(*p, S, split, lanes)
         waiting[p] = len(n)
         for q in n:
             needers.setdefault(q, []).append(p)
@@ -231,7 +251,7 @@ def random_costs(S: int, rng: random.Random, comm: float) -> Costs:
 def schedules(draw, max_devices: int = 4, max_microbatches: int = 6) -> Schedule:
     """A valid schedule: random placement, random valid orders, random costs."""
     d = draw(st.integers(1, max_devices))
-    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave"]))
+    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave", "dualpipe"]))
     v = draw(st.integers(1, 3)) if kind in ("looped", "wave") else 2
     place = placement(kind, d, v)
     m = draw(st.integers(1, max_microbatches))
@@ -277,6 +297,14 @@ def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
         bad = replace(p, microbatch=s.num_microbatches + rng.randrange(3))
         orders[dev][k] = bad
         return Corruption(_rebuild(s, orders), "passes", f"microbatch out of range {p}", p.span)
+    if how == "wrong_lane":
+        # DualPipe: a microbatch of the other direction on this stage
+        others = [j for j in range(s.num_microbatches) if (2 * j < s.num_microbatches)
+                  != (2 * p.microbatch < s.num_microbatches)]
+        if s.placement.lanes == 1 or not others:
+            return corrupt(s, "drop", rng)
+        orders[dev][k] = replace(p, microbatch=rng.choice(others))
+        return Corruption(_rebuild(s, orders), "passes", f"other lane's microbatch {p}", p.span)
     if how == "wrong_device":
         if s.num_devices < 2:
             return corrupt(s, "drop", rng)
@@ -304,7 +332,9 @@ def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
     raise ValueError(how)
 
 
-CORRUPTIONS = ("drop", "duplicate", "out_of_range", "wrong_device", "dependency", "memory")
+CORRUPTIONS = (
+    "drop", "duplicate", "out_of_range", "wrong_device", "dependency", "memory", "wrong_lane"
+)
 
 
 @st.composite

@@ -150,6 +150,28 @@ def test_zero_bubble_when_pass_times_are_equal(d):
         assert simulate(example("v_zb", d=d, m=m)).makespan == 6 * m + d - 1
 
 
+@pytest.mark.parametrize("costs", COSTS)
+@pytest.mark.parametrize("d", [2, 4, 6, 8])
+def test_dualpipe_table(d, costs):
+    """DualPipe's table (deepseek-ai/DualPipe, PP = d): every device holds PP + 1
+    microbatch-stages at its peak (activations held until W), its parameters twice
+    (a stage of each direction: model stage i and d-1-i), and idles at most
+    (PP/2 - 1)(F&B + B - 3W) beyond its work, B there our B + W and F&B run back to
+    back; d = 8, m = 20 is its figure."""
+    t_f, t_b, t_w = costs
+    for m in (2 * d, 2 * d + 2, 20 if d == 8 else 4 * d):
+        schedule = with_costs(example("dualpipe", d=d, m=m), t_f, t_b, t_w)
+        timeline = simulate(schedule)
+        assert timeline.peak_memory == (d + 1,) * d
+        placement = schedule.placement
+        for i in range(d):
+            held = sorted(placement.model_stage(s) for s in placement.chunks(i))
+            assert held == sorted({i, d - 1 - i}) + ([i] if 2 * i == d - 1 else [])
+        busy = m * (t_f + t_b + t_w)
+        bound = (d / 2 - 1) * ((t_f + t_b + t_w) + (t_b + t_w) - 3 * t_w)
+        assert timeline.makespan - busy <= bound + 1e-9, (m, timeline.makespan - busy, bound)
+
+
 def test_v_min_bubble_grows_with_m_when_pass_times_differ():
     """Controllable-memory paper: V-Min's bubble grows with m when pass times differ
     (3, 4, 2), while at equal times it is constant."""

@@ -45,12 +45,12 @@ class Needs:
 
 @numba.njit(cache=True)
 def pass_needs(
-    kind, microbatch, stage, table, num_stages, need_kind, need_offset
+    kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (`table[kind,
     microbatch, stage]` is a pass's flat index, -1 when absent), and how many
-    needed passes are absent. A need beyond the first or last stage does not
-    exist."""
+    needed passes are absent. A need beyond the first or last stage of its lane
+    (`lane_length` consecutive stages; `semantics.same_lane`) does not exist."""
     n = kind.shape[0]
     width = need_kind.shape[1]
     needs = np.full((n, width), -1, dtype=np.int64)
@@ -62,7 +62,7 @@ def pass_needs(
             if nk < 0:
                 continue
             ns = stage[k] + need_offset[kd, slot]
-            if ns < 0 or ns >= num_stages:
+            if ns < 0 or ns >= num_stages or ns // lane_length != stage[k] // lane_length:
                 continue
             q = table[nk, microbatch[k], ns]
             needs[k, slot] = q
@@ -82,6 +82,7 @@ def dependencies(flat: FlatSchedule) -> Needs:
             flat.stage,
             flat.index_table(),
             flat.num_stages,
+            flat.num_stages // flat.lanes,
             NEED_KIND,
             NEED_STAGE_OFFSET,
         )
@@ -183,7 +184,9 @@ def _timed(
     table = np.full((num_kinds, num_microbatches, num_stages), -1, dtype=np.int64)
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
-    needs, missing = pass_needs(kind, microbatch, stage, table, num_stages, need_kind, need_offset)
+    needs, missing = pass_needs(
+        kind, microbatch, stage, table, num_stages, num_stages, need_kind, need_offset
+    )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
         device[offsets[dev] : offsets[dev + 1]] = dev

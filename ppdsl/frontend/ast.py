@@ -557,10 +557,13 @@ def per_stage(values: tuple, index: str = "s") -> Expr:
     return expr
 
 
-def place(stage_device: tuple[int, ...], num_devices: int) -> Place:
-    """The `place` statement that gives exactly this stage -> device map."""
-    named = identify_placement(stage_device, num_devices)
+def place(stage_device: tuple[int, ...], num_devices: int, lanes: int = 1) -> Place:
+    """The `place` statement that gives exactly this stage -> device map (with
+    `lanes` pipelines: a named bidirectional placement)."""
+    named = identify_placement(stage_device, num_devices, lanes)
     if named is None:
+        if lanes != 1:
+            raise ValueError(f"no named placement with {lanes} lanes gives {list(stage_device)}")
         devices = tuple(number(d) for d in stage_device)
         return Place("list", None, devices, GENERATED, GENERATED)
     kind, v = named

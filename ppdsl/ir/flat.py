@@ -43,6 +43,8 @@ class FlatSchedule:
     num_stages: int
     stage_device: np.ndarray
     """int64[S]: the placement."""
+    lanes: int = 1
+    """The placement's pipelines (`Placement.lanes`)."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
     """What passes compute from these arrays once (the needs, the index table)."""
 
@@ -105,6 +107,7 @@ def flatten(schedule: Schedule) -> FlatSchedule:
         schedule.num_microbatches,
         schedule.num_stages,
         np.asarray(schedule.placement.stage_device, dtype=np.int64),
+        schedule.placement.lanes,
     )
     _flat_cache[:] = [(weakref.ref(schedule), flat)]
     return flat

@@ -49,15 +49,35 @@ class Pass:
 @dataclass(frozen=True)
 class Placement:
     """Which device holds each stage. `kind` is how the file asked for it
-    (parallel, looped, vshape, wave, list); `stage_device[s]` is the device."""
+    (parallel, looped, vshape, wave, dualpipe, list); `stage_device[s]` is the
+    device. `lanes`: how many pipelines the stages form (2 for DualPipe's two
+    directions, `semantics.LANES`), each of S / lanes consecutive stages."""
 
     kind: str
     num_devices: int
     stage_device: tuple[int, ...]
+    lanes: int = 1
 
     @property
     def num_stages(self) -> int:
         return len(self.stage_device)
+
+    @property
+    def num_model_stages(self) -> int:
+        """Stages of the model: S, or S / lanes where each lane holds a copy."""
+        return len(self.stage_device) // self.lanes
+
+    def lane_of_stage(self, stage: int) -> int:
+        """The lane (pipeline) that `stage` belongs to."""
+        return stage // self.num_model_stages
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage that `stage` runs (a copy of, with several lanes)."""
+        return semantics.model_stage(stage, self.num_stages, self.lanes)
+
+    def microbatch_lane(self, microbatch: int, num_microbatches: int) -> int:
+        """The lane microbatch j goes through (`semantics.microbatch_lane`)."""
+        return semantics.microbatch_lane(microbatch, num_microbatches, self.lanes)
 
     def chunks(self, device: int) -> tuple[int, ...]:
         """Stages on `device` in model order: chunk c of the device is the c-th."""
@@ -67,11 +87,16 @@ class Placement:
     def named(name: str, num_devices: int, chunks: int | None = None) -> Placement:
         """The placement `name` (`semantics.PLACEMENTS`) with `chunks` stages per
         device where it takes a count; raises ValueError for an unknown name."""
-        return Placement(name, num_devices, semantics.placement_devices(name, num_devices, chunks))
+        return Placement(
+            name,
+            num_devices,
+            semantics.placement_devices(name, num_devices, chunks),
+            semantics.placement_lanes(name),
+        )
 
     def spelling(self) -> str:
         """The `place` argument that gives exactly this map (`looped(2)`, `[0, 1, 1]`)."""
-        return semantics.placement_spelling(self.stage_device, self.num_devices)
+        return semantics.placement_spelling(self.stage_device, self.num_devices, self.lanes)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ppdsl.ir.rank import Compute, Exchange, Op, RankProgram, Transfer
 from ppdsl.ir.schedule import Schedule
-from ppdsl.semantics import KINDS, TransferKind, receives, sends
+from ppdsl.semantics import KINDS, TransferKind, receives, same_lane, sends
 
 __all__ = ["lower", "receive_buffers_peak"]
 
@@ -23,9 +23,9 @@ __all__ = ["lower", "receive_buffers_peak"]
 _Routes = list[list[tuple[tuple[TransferKind, int, int], ...]]]
 
 
-def _routes(stage_device: tuple[int, ...]) -> tuple[_Routes, _Routes]:
+def _routes(stage_device: tuple[int, ...], lanes: int) -> tuple[_Routes, _Routes]:
     """The transfer rule per (kind, stage): a tensor a pass takes from, or hands
-    to, a stage on another device (`semantics.receives` / `sends`)."""
+    to, a stage of its lane on another device (`semantics.receives` / `sends`)."""
     S = len(stage_device)
     incoming: _Routes = []
     outgoing: _Routes = []
@@ -36,14 +36,14 @@ def _routes(stage_device: tuple[int, ...]) -> tuple[_Routes, _Routes]:
                 tuple(
                     (t, s + off, s)
                     for t, off in receives(kind)
-                    if 0 <= s + off < S and stage_device[s + off] != stage_device[s]
+                    if same_lane(s, s + off, S, lanes) and stage_device[s + off] != stage_device[s]
                 )
             )
             outs.append(
                 tuple(
                     (t, s, s + off)
                     for t, off in sends(kind)
-                    if 0 <= s + off < S and stage_device[s + off] != stage_device[s]
+                    if same_lane(s, s + off, S, lanes) and stage_device[s + off] != stage_device[s]
                 )
             )
         incoming.append(ins)
@@ -59,7 +59,7 @@ def lower(schedule: Schedule) -> tuple[RankProgram, ...]:
     s-1). Each transfer is built once and shared by its sender's and
     receiver's programs."""
     dev = schedule.placement.stage_device
-    incoming, outgoing = _routes(dev)
+    incoming, outgoing = _routes(dev, schedule.placement.lanes)
     made: dict[tuple[TransferKind, int, int, int], Transfer] = {}
 
     def transfer(route: tuple[TransferKind, int, int], j: int) -> Transfer:
