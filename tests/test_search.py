@@ -95,6 +95,7 @@ def test_evaluator_equals_simulate_on_random_schedules(s):
         s.costs.comm,
         mem,
         s.num_microbatches,
+        s.placement.lanes,
     )
     t = simulate(s)
     assert metrics.ok

@@ -177,7 +177,7 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
 @numba.njit(cache=True)
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, num_kinds, lanes,
 ):  # pragma: no cover - numba
     num_stages = stage_device.shape[0]
     n = kind.shape[0]
@@ -185,7 +185,7 @@ def _timed(
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
     needs, missing = pass_needs(
-        kind, microbatch, stage, table, num_stages, num_stages, need_kind, need_offset
+        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset
     )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
@@ -216,11 +216,11 @@ class Metrics:
 @numba.njit(cache=True)
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, num_kinds, lanes,
 ):  # pragma: no cover - numba
     start, end, ok = _timed(
         offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-        need_kind, need_offset, num_kinds,
+        need_kind, need_offset, num_kinds, lanes,
     )
     if not ok:
         return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
@@ -238,14 +238,15 @@ def evaluate(
     comm: float,
     delta: np.ndarray,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> Metrics:
     """Time flat orders as soon as possible (`run_orders` under the dependency
     relation and the transfer rule) and `measure` them, in one kernel call (a
     search times thousands of candidates). `duration[kind code, stage]` and
-    `delta[kind code, stage]` as in `measure`."""
+    `delta[kind code, stage]` as in `measure`; `lanes`: the placement's pipelines."""
     ok, makespan, bubble, idle, peak = _evaluate(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -259,9 +260,11 @@ def timed(
     duration: np.ndarray,
     comm: float,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(start, end, ok) of flat orders timed as soon as possible."""
+    """(start, end, ok) of flat orders timed as soon as possible (`lanes`: the
+    placement's pipelines)."""
     return _timed(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
     )
