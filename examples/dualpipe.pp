@@ -7,19 +7,22 @@
 # the parameters are held twice and the two copies' gradients are summed.
 # Device i's "phase 0" is the direction whose stage it holds nearer that direction's
 # start (down on the first half of the devices, up on the second), as in DualPipe.
-# A full backward there is B then W here.
+# A full backward there is B then W here; an overlapped F&B (`F(..) & B(..)`) is one
+# pass lasting `overlap` x (F + B), then its W.
 # Works for every d that is even and every even m >= 2d (DualPipe's own constraints).
 schedule dualpipe {
     param d = 8
     param m = 2 * d + 4               # the figure's 20 microbatches at d = 8
     place dualpipe                    # chunk 0 = stage i (down), chunk 1 = stage 2d-1-i (up)
     backward split
+    cost overlap = 3/4                # an overlapped F&B takes 3/4 of F + B (an assumption)
     memory M_W = M_B                  # activations count until W ends, as DualPipe's table
     # DualPipe's table (deepseek-ai/DualPipe README, PP = d): activation PP + 1 per
     # device; bubble (PP/2 - 1)(F&B + B - 3W), B its full backward (our B + W) and F&B
-    # an overlapped forward and backward, here still one after the other (F + B + W)
-    let busy = m * (T_F + T_B + T_W)  # every device runs F, B, W of every microbatch once
-    let fb = T_F + T_B + T_W
+    # a forward overlapped with a full backward (our overlapped pair, then its W)
+    let pairs = m - 2*d + 1 + d // 2 - (d == 2 ? 1 : 0)   # overlapped pairs on device 0 (the fewest)
+    let busy = m * (T_F + T_B + T_W) - pairs * (1 - T_overlap) * (T_F + T_B)
+    let fb = T_overlap * (T_F + T_B) + T_W
     expect peak_memory <= (d + 1) * M_B
     expect makespan <= busy + (d / 2 - 1) * (fb + (T_B + T_W) - 3 * T_W)
     order {
@@ -37,16 +40,22 @@ schedule dualpipe {
         for k in 0..h + 1 { F(o0 + 2*(n - h - 1) + k, c0); F(o1 + k, c1) }
         # 3: zero-bubble B/W of phase 1, and its next forward
         for k in 0..n - h - 1 { B(o1 + k, c1); W(o1 + k, c1); F(o1 + h + 1 + k, c1) }
-        # 4: the main step, F0 with B1 then F1 with B0
+        # 4: the main step, F0 overlapped with B1, then F1 with B0 (the middle devices
+        # run their first pair one after the other, to shorten the bubble)
         for k in 0..half_m - d + h + 1 {
-            F(o0 + 2*n - h - 1 + k, c0); B(o1 + n - h - 1 + k, c1); W(o1 + n - h - 1 + k, c1)
-            F(o1 + n + k, c1); B(o0 + k, c0); W(o0 + k, c0)
+            if k == 0 and h == n - 1 {
+                F(o0 + 2*n - h - 1, c0); B(o1 + n - h - 1, c1)
+            } else {
+                F(o0 + 2*n - h - 1 + k, c0) & B(o1 + n - h - 1 + k, c1)
+            }
+            W(o1 + n - h - 1 + k, c1)
+            F(o1 + n + k, c1) & B(o0 + k, c0); W(o0 + k, c0)
         }
         # 5: B1, then F1 with B0
         for k in 0..n - h - 1 {
             B(o1 + half_m - n + k, c1); W(o1 + half_m - n + k, c1)
-            F(o1 + half_m - n + h + 1 + k, c1)
-            B(o0 + half_m - 2*n + h + 1 + k, c0); W(o0 + half_m - 2*n + h + 1 + k, c0)
+            F(o1 + half_m - n + h + 1 + k, c1) & B(o0 + half_m - 2*n + h + 1 + k, c0)
+            W(o0 + half_m - 2*n + h + 1 + k, c0)
         }
         # 6: B1 B0; the second half defers its W
         for k in 0..h + 1 {

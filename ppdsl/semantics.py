@@ -76,6 +76,7 @@ __all__ = [
     "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
+    "DEFAULT_OVERLAP",
     "DEFAULT_ACTIVATION",
     "DEFAULT_WEIGHT_FRACTION",
     "with_default_durations",
@@ -446,6 +447,9 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
 costs of the kinds listed (of the same stage)."""
 DEFAULT_COMM = 0
 """A transfer between devices costs nothing unless the file says `cost comm`."""
+DEFAULT_OVERLAP = 1
+"""An overlapped F&B (a forward and a backward run as one pass) lasts this share
+of the two passes' costs unless the file says `cost overlap`: 1, back to back."""
 DEFAULT_ACTIVATION = 1
 """M_B: one unit of activation per microbatch and stage."""
 DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)

@@ -86,8 +86,23 @@ def dependencies(flat: FlatSchedule) -> Needs:
             NEED_KIND,
             NEED_STAGE_OFFSET,
         )
+        if flat.joined is not None:
+            index = _unit_needs(index, flat.joined)
         found = flat.derived["needs"] = Needs(index, int(missing))
     return found
+
+
+def _unit_needs(index: np.ndarray, joined: np.ndarray) -> np.ndarray:
+    """An overlapped pair runs as one unit: its forward starts only once the
+    passes its backward needs have ended too, so the forward's row takes the
+    backward's needs as well (a backward needing its own pair's forward then
+    waits for itself: a cycle, which the dependency check reports)."""
+    n, width = index.shape
+    wide = np.full((n, 2 * width), -1, dtype=np.int64)
+    wide[:, :width] = index
+    second = np.flatnonzero(joined)
+    wide[second - 1, width:] = index[second]
+    return wide
 
 
 @numba.njit(cache=True)

@@ -27,6 +27,7 @@ __all__ = [
     "Block",
     "Schedule",
     "format_pass",
+    "format_order",
     "format_schedule",
     "torch_action",
 ]
@@ -34,12 +35,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """One compute pass of one microbatch through one stage."""
+    """One compute pass of one microbatch through one stage. `overlapped`: it
+    runs together with the pass before it in its device's order as one
+    combined pass (a forward, then this backward: DualPipe's overlapped F&B)."""
 
     kind: PassKind
     microbatch: int
     stage: int
     span: Span | None = None
+    overlapped: bool = False
 
     @property
     def key(self) -> tuple[PassKind, int, int]:
@@ -102,10 +106,13 @@ class Placement:
 @dataclass(frozen=True)
 class Costs:
     """Duration of each pass kind per stage, and of one cross-device transfer.
-    `durations[kind.code][stage]`; build one with `Costs.of`."""
+    `durations[kind.code][stage]`; build one with `Costs.of`. `overlap`: an
+    overlapped F&B pair lasts this share of its two passes' durations (each
+    pass scaled by it; 1: back to back)."""
 
     durations: tuple[tuple[float, ...], ...]
     comm: float
+    overlap: float = float(semantics.DEFAULT_OVERLAP)
 
     @staticmethod
     def of(
@@ -123,7 +130,10 @@ class Costs:
 
     @staticmethod
     def by_kind(
-        durations: Mapping[PassKind, Sequence[float]], comm: float, num_stages: int | None = None
+        durations: Mapping[PassKind, Sequence[float]],
+        comm: float,
+        num_stages: int | None = None,
+        overlap: float = float(semantics.DEFAULT_OVERLAP),
     ) -> Costs:
         """Per-stage durations of the kinds given, the others by default
         (`semantics.DEFAULT_DURATION`), and the transfer cost. `num_stages` is
@@ -131,7 +141,9 @@ class Costs:
         if num_stages is None:
             num_stages = len(next(iter(durations.values())))
         every = semantics.with_default_durations(durations, num_stages)
-        return Costs(tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm))
+        return Costs(
+            tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm), float(overlap)
+        )
 
     @staticmethod
     def unit(num_stages: int) -> Costs:
@@ -144,9 +156,15 @@ class Costs:
         """The duration of `kind` on every stage."""
         return self.durations[kind.code]
 
-    def duration(self, kind: PassKind, stage: int) -> float:
-        """How long a pass of `kind` on `stage` takes."""
-        return self.durations[kind.code][stage]
+    def duration(self, kind: PassKind, stage: int, overlapped: bool = False) -> float:
+        """How long a pass of `kind` on `stage` takes (`overlapped`: as part of an
+        overlapped F&B pair)."""
+        base = self.durations[kind.code][stage]
+        return base * self.overlap if overlapped else base
+
+    def pass_duration(self, p: Pass, joined: bool) -> float:
+        """How long pass `p` takes; `joined`: the pass after it is overlapped with it."""
+        return self.duration(p.kind, p.stage, p.overlapped or joined)
 
     @property
     def forward(self) -> tuple[float, ...]:
@@ -275,6 +293,19 @@ def format_pass(p: Pass, show_stage: bool) -> str:
     return f"{text}:s{p.stage}" if show_stage else text
 
 
+def format_order(order: Sequence[Pass], show_stage: bool) -> str:
+    """A device's order as text: passes by spaces, an overlapped pair joined
+    by `&` (`F3&B1`)."""
+    parts: list[str] = []
+    for p in order:
+        text = format_pass(p, show_stage)
+        if p.overlapped and parts:
+            parts[-1] += "&" + text
+        else:
+            parts.append(text)
+    return " ".join(parts)
+
+
 def _fmt_per_stage(values: tuple) -> str:
     if len(set(values)) == 1:
         return format_number(values[0])
@@ -295,10 +326,11 @@ def format_schedule(schedule: Schedule) -> str:
         f"  backward {backward}",
         "  costs "
         + " ".join(f"{k.value}={_fmt_per_stage(c.per_stage(k))}" for k in KINDS)
-        + f" comm={format_number(c.comm)}",
+        + f" comm={format_number(c.comm)}"
+        + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else ""),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}",
     ]
     for device, order in enumerate(s.orders):
         show_stage = len(s.placement.chunks(device)) > 1
-        lines.append(f"  rank {device}: " + " ".join(format_pass(p, show_stage) for p in order))
+        lines.append(f"  rank {device}: " + format_order(order, show_stage))
     return "\n".join(lines) + "\n"

@@ -142,6 +142,20 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             )
         found.append(Diagnostic("error", msg, span))
 
+    # an overlapped pass is the backward of a pair whose forward runs just before it
+    backwards = set(s.backward_kinds)
+    for device, order in enumerate(s.orders):
+        for k, p in enumerate(order):
+            if p.overlapped and (k == 0 or order[k - 1].kind is not PassKind.F
+                                 or p.kind not in backwards):
+                before = f"after {_name(order[k - 1])}" if k else "first"
+                found.append(Diagnostic(
+                    "error",
+                    f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
+                    "pair is a forward then a backward (F(j, c) & B(k, c2))",
+                    p.span,
+                ))
+
     valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
     size = NUM_KINDS * m * S
