@@ -5,9 +5,9 @@ Each slot line gives, for microbatch 0, the start of a pass kind for every
 chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
 (`chunk c:`); `W fill` leaves W to the greedy rule. A header `group G every U`
 makes the block a grouped one: G microbatches a group, one every U, a group
-every T (Megatron's microbatch groups of its interleaved 1F1B). The slot table is evaluated
-for every stage of every device and handed to `ppdsl.frontend.blocks`, which
-repeats it m times into per-device orders.
+every T (Megatron's microbatch groups of its interleaved 1F1B). The slot table
+is evaluated for every stage of every device and handed to
+`ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
 """
 
 from __future__ import annotations
