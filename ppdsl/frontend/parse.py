@@ -275,6 +275,9 @@ class _ToAst(Transformer):
         kind, *args = children
         return ast.PassCall(str(kind), tuple(args), self._span(meta))
 
+    def overlap(self, meta, children):
+        return ast.Overlap(children[0], children[1], self._span(meta))
+
     # expectations
     def expect(self, meta, children):
         metric = children[0]
