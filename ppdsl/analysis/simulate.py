@@ -96,11 +96,15 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
             f"cannot simulate: devices {stuck} wait on each other in a cycle "
             "(the dependency check shows the cycle)"
         )
+    # one float object per distinct time, not one per pass (24 bytes each): the
+    # same value is the same object (not where a -0.0 could turn into 0.0)
+    times: dict[float, float] = {}
+    intern = times.setdefault if not (np.signbit(start).any() or np.signbit(end).any()) else None
     starts, ends = [], []
     for dev in range(schedule.num_devices):
         a, b = flat.offsets[dev], flat.offsets[dev + 1]
-        starts.append(tuple(start[a:b].tolist()))
-        ends.append(tuple(end[a:b].tolist()))
+        for row, out in ((start[a:b].tolist(), starts), (end[a:b].tolist(), ends)):
+            out.append(tuple(map(intern, row, row)) if intern else tuple(row))
     # fsum: correctly rounded, so both simulators agree to the last bit
     duration = table[kind, flat.stage]
     busy = [

@@ -265,14 +265,27 @@ class _VectorLoop:
         if len(order.passes) + int(taken.sum()) > order.limit:
             return False  # value by value, to stop at the pass past the limit
         it, k = np.nonzero(taken)
-        js = np.stack(micro, axis=1)[it, k].tolist()
-        ss = np.stack(stage, axis=1)[it, k].tolist()
+        # the same int objects for the same values: one per pass would be 28 bytes each
+        ints = _ints(max(self.num_microbatches, max(stages, default=0) + 1))
+        js = list(map(ints.__getitem__, np.stack(micro, axis=1)[it, k].tolist()))
+        ss = list(map(ints.__getitem__, np.stack(stage, axis=1)[it, k].tolist()))
         kinds = [c.kind for c in self.calls]
         spans = [c.span for c in self.calls]
         order.passes.extend(
             Pass(kinds[q], j, s, spans[q]) for q, j, s in zip(k.tolist(), js, ss, strict=True)
         )
         return True
+
+
+_INTS: list[int] = []
+
+
+def _ints(n: int) -> list[int]:
+    """A shared list whose item i is i (at least n items), to intern the
+    microbatch and stage numbers of the passes a vector loop lays out."""
+    if len(_INTS) < n:
+        _INTS.extend(range(len(_INTS), n))
+    return _INTS
 
 
 def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
