@@ -124,7 +124,13 @@ def pull_receives_forward(programs: P) -> P:
         )
     if len(receives) == 0:
         return programs
-    moved = _moved(arrays, receives, targets, ix.mirror)
+    # the index of the programs before the move is not needed again: freed before
+    # the moved programs and their index are made (rebuilt if ever asked for)
+    mirror = ix.mirror
+    del ix, req_offsets, req_op, enabled, position
+    arrays.derived.pop("exchange_index", None)
+    arrays.derived.pop("keys", None)
+    moved = _moved(arrays, receives, targets, mirror)
     return moved if isinstance(programs, RankArrays) else moved.programs()  # type: ignore[return-value]
 
 
