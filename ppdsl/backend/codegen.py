@@ -10,6 +10,7 @@ end a comment early), and the manifest is written with `json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
@@ -81,9 +82,8 @@ _TRANSFER_CALLS = tuple(t.value for t in TransferKind)
 
 
 class _OpLine(NamedTuple):
-    """One line of a rank program's OPS: its code and the source line it
-    comes from (attributes, not dict keys: jinja reads them 700k times at scale;
-    a tuple: made 700k times)."""
+    """One line of a rank program's OPS (from op objects): its code and the
+    source line it comes from (`_ops_text` writes them)."""
 
     code: str
     where: str | None
@@ -93,6 +93,17 @@ def _vocabulary(lines: list[_OpLine]) -> set[str]:
     """The program vocabulary a rank's lines call."""
     used = {op.code.split("(", 1)[0] for op in lines}
     return used | {k for op in lines for k in _TRANSFER_CALLS if f"{k}(" in op.code}
+
+
+def _line(code: str, where: str | None) -> str:
+    """One line of OPS: the op's call and, where known, its source line."""
+    return f"    {code},  # {_comment(where)}\n" if where else f"    {code},\n"
+
+
+def _ops_text(lines: list[_OpLine]) -> str:
+    """The body of a rank program's OPS tuple (made here, not by the template:
+    700k lines at scale)."""
+    return "".join(_line(op.code, op.where) for op in lines)
 
 
 def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
@@ -119,13 +130,15 @@ def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
     kinds = list(map(value.__getitem__, map(attrgetter("kind"), passes)))
     microbatches = list(map(attrgetter("microbatch"), passes))
     stages = list(map(attrgetter("stage"), passes))
-    for x in (*microbatches, *stages):
-        _int(x)
+    if not set(map(type, microbatches)) | set(map(type, stages)) <= {int}:
+        for x in (*microbatches, *stages):
+            _int(x)  # raises at the first that is not an int
     return kinds, microbatches, stages, list(map(attrgetter("span"), passes))
 
 
-def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[str]]]:
-    """`_op_lines` of every rank, from the arrays (no op objects made)."""
+def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]:
+    """`_ops_text` and the vocabulary of every rank's `_op_lines`, from the
+    arrays (no op objects made), rank by rank."""
     call = {t.code: t.value for t in TransferKind}
     texts = [
         f"{call[k]}({j}, {a}, {b}, {ra}, {rb}), "
@@ -139,44 +152,50 @@ def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[s
             strict=True,
         )
     ]
-    first = entry_groups(programs)
-    # an exchange's entries are its sends, then its receives
-    sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total).tolist()
-    op_pass = programs.op_pass.tolist()
+    first = np.asarray(entry_groups(programs), dtype=np.int64)
+    sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total)
     offsets = programs.offsets.tolist()
     kinds, microbatches, stages, spans = _pass_columns(programs.passes)
-    where_of: dict[int, str | None] = {id(None): None}
+    # a pass line's end, per span: its source line as a comment (`_line`)
+    end_of: dict[int, str] = {id(None): ",\n"}
     for span in spans:
-        if id(span) not in where_of:
-            where_of[id(span)] = f"{span.file}:{span.line}"
-    codes = [f"{k}({j}, {s})" for k, j, s in zip(kinds, microbatches, stages, strict=True)]
-    wheres = [where_of[id(span)] for span in spans]
+        if id(span) not in end_of:
+            end_of[id(span)] = _line("", f"{span.file}:{span.line}")[4:]
+    ends = [end_of[id(span)] for span in spans]
     op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
     exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
     carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
     width = int(programs.transfer.max(initial=0)) + 1
     for pair in np.unique(op_rank[programs.where] * width + programs.transfer).tolist():
         carried[pair // width].add(pair % width)
-    out = []
+    # every op's line, made without a Python step per op where C can: the passes'
+    # lines, then the exchanges' (an exchange's entries are its sends, then its
+    # receives); each rank's text then joins its ops' lines
+    pass_lines = [
+        f"    {k}({j}, {s}){end}"
+        for k, j, s, end in zip(kinds, microbatches, stages, ends, strict=True)
+    ]
+    ops = programs.op_pass
+    exchange_ops = np.flatnonzero(ops < 0)
+    lo, hi = first[exchange_ops], first[exchange_ops + 1]
+    middle = lo + sends_of[exchange_ops]
+    exchange_lines = [
+        f"    exchange(sends=({''.join(texts[a:m]).rstrip(' ')}), "
+        f"recvs=({''.join(texts[m:b]).rstrip(' ')})),\n"
+        for a, m, b in zip(lo.tolist(), middle.tolist(), hi.tolist(), strict=True)
+    ]
+    pick = ops.astype(np.int64)
+    pick[exchange_ops] = len(pass_lines) + np.arange(len(exchange_ops))
+    every = pass_lines + exchange_lines
+    del pass_lines, exchange_lines, texts
     for r in range(programs.num_ranks):
-        lines: list[_OpLine] = []
-        used: set[str] = set()
-        for g in range(offsets[r], offsets[r + 1]):
-            k = op_pass[g]
-            if k >= 0:
-                used.add(kinds[k])
-                lines.append(_OpLine(codes[k], wheres[k]))
-            else:
-                lo, hi = first[g], first[g + 1]
-                middle = lo + sends_of[g]
-                sends = "".join(texts[lo:middle]).rstrip(" ")
-                recvs = "".join(texts[middle:hi]).rstrip(" ")
-                lines.append(_OpLine(f"exchange(sends=({sends}), recvs=({recvs}))", None))
+        chosen = pick[offsets[r] : offsets[r + 1]]
+        text = "".join(map(every.__getitem__, chosen.tolist()))
+        used = set(map(kinds.__getitem__, chosen[chosen < len(kinds)].tolist()))
         if exchanges[r]:
             used.add("exchange")
         used.update(call[code] for code in carried[r])
-        out.append((lines, used))
-    return out
+        yield text, used
 
 
 @dataclass(frozen=True)
@@ -209,9 +228,15 @@ def generate(
     }
     rank_template = env.get_template("rank.py.j2")
     if isinstance(programs, RankArrays):
-        per_rank = list(enumerate(_op_lines_of_arrays(programs)))
+        per_rank: Iterable[tuple[int, tuple[str, set[str]]]] = enumerate(
+            _ops_texts_of_arrays(programs)
+        )
     else:
-        per_rank = [(program.rank, _op_lines(program)) for program in programs]
+        per_rank = (
+            (program.rank, (_ops_text(lines), used))
+            for program in programs
+            for lines, used in [_op_lines(program)]
+        )
     for rank, (ops, used) in per_rank:
         stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
         files[f"rank{_int(rank)}.py"] = rank_template.render(
