@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ppdsl import __version__, json_text, semantics
-from ppdsl.ir.rank import RankArrays, RankProgram, format_rank_programs
+from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, delta_table, peak_of_deltas
 
@@ -38,10 +38,12 @@ def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -
 
 def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...] | RankArrays) -> str:
     """sha256 of the schedule's canonical text, the rank programs and ppdsl's version."""
-    text = "\n".join(
-        [f"ppdsl {__version__}", format_schedule(schedule), format_rank_programs(programs)]
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
+    # the text is "\n".join([version line, schedule, programs]), hashed piece by
+    # piece: at scale the programs' text is tens of MB
+    digest = hashlib.sha256(f"ppdsl {__version__}\n{format_schedule(schedule)}\n".encode())
+    for text in rank_program_texts(programs):
+        digest.update(text.encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ builds the objects above from them when a command prints or generates code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ __all__ = [
     "RankArrays",
     "receive_buffers_peak",
     "format_rank_programs",
+    "rank_program_texts",
     "entry_groups",
 ]
 
@@ -272,18 +272,26 @@ def format_rank_programs(
     programs: Sequence[RankProgram] | RankArrays, multi_stage: bool = True
 ) -> str:
     """Canonical text: one line per op, `send`/`recv` lines inside an exchange."""
+    return "".join(rank_program_texts(programs, multi_stage))
+
+
+def rank_program_texts(
+    programs: Sequence[RankProgram] | RankArrays, multi_stage: bool = True
+) -> Iterator[str]:
+    """`format_rank_programs`, rank by rank (its text is their concatenation):
+    the text of a large schedule is hashed without being held whole."""
     if isinstance(programs, RankArrays):
-        return _format_arrays(programs, multi_stage)
-    lines: list[str] = []
+        yield from _format_arrays(programs, multi_stage)
+        return
     for prog in programs:
-        lines.append(f"rank {prog.rank}:")
+        lines = [f"rank {prog.rank}:"]
         for op in prog.ops:
             if isinstance(op, Compute):
                 lines.append(f"  {format_pass(op.pass_, multi_stage)}")
             else:
                 parts = [f"send {t}" for t in op.sends] + [f"recv {t}" for t in op.recvs]
                 lines.append("  exchange { " + "; ".join(parts) + " }")
-    return "\n".join(lines) + "\n"
+        yield "\n".join(lines) + "\n"
 
 
 def entry_groups(programs: RankArrays) -> list[int]:
@@ -291,41 +299,39 @@ def entry_groups(programs: RankArrays) -> list[int]:
     return np.searchsorted(programs.where, np.arange(programs.total + 1)).tolist()
 
 
-def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
-    """`format_rank_programs` of the arrays, without making the op objects."""
+def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
+    """`rank_program_texts` of the arrays, without making the op objects; a
+    rank's lines are made from its slice of the arrays only."""
     names = [k.value for k in _TRANSFER_KINDS]
-    entries = [
-        f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
-        for s, k, j, a, b, ra, rb in zip(
-            programs.sending.tolist(),
-            programs.transfer.tolist(),
-            programs.microbatch.tolist(),
-            programs.src_stage.tolist(),
-            programs.dst_stage.tolist(),
-            programs.src_rank.tolist(),
-            programs.dst_rank.tolist(),
-            strict=True,
-        )
-    ]
     first = entry_groups(programs)
     passes = programs.passes
     value = {k: k.value for k in KINDS}
-    kinds = map(value.__getitem__, map(attrgetter("kind"), passes))
-    columns = zip(kinds, map(attrgetter("microbatch"), passes), map(attrgetter("stage"), passes), strict=True)
-    # format_pass's text
-    if multi_stage:
-        texts = [f"  {k}{j}:s{s}" for k, j, s in columns]
-    else:
-        texts = [f"  {k}{j}" for k, j, _ in columns]
-    op_pass = programs.op_pass.tolist()
     offsets = programs.offsets.tolist()
-    lines: list[str] = []
     for r in range(programs.num_ranks):
-        lines.append(f"rank {r}:")
-        for g in range(offsets[r], offsets[r + 1]):
-            k = op_pass[g]
+        lo, hi = first[offsets[r]], first[offsets[r + 1]]
+        entries = [
+            f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
+            for s, k, j, a, b, ra, rb in zip(
+                programs.sending[lo:hi].tolist(),
+                programs.transfer[lo:hi].tolist(),
+                programs.microbatch[lo:hi].tolist(),
+                programs.src_stage[lo:hi].tolist(),
+                programs.dst_stage[lo:hi].tolist(),
+                programs.src_rank[lo:hi].tolist(),
+                programs.dst_rank[lo:hi].tolist(),
+                strict=True,
+            )
+        ]
+        lines = [f"rank {r}:"]
+        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]].tolist()
+        for g, k in enumerate(op_pass, offsets[r]):
             if k >= 0:
-                lines.append(texts[k])
+                p = passes[k]
+                # format_pass's text
+                text = f"  {value[p.kind]}{p.microbatch}"
+                lines.append(f"{text}:s{p.stage}" if multi_stage else text)
             else:
-                lines.append("  exchange { " + "; ".join(entries[first[g] : first[g + 1]]) + " }")
-    return "\n".join(lines) + "\n"
+                lines.append(
+                    "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"
+                )
+        yield "\n".join(lines) + "\n"
