@@ -138,21 +138,11 @@ def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
 
 def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]:
     """`_ops_text` and the vocabulary of every rank's `_op_lines`, from the
-    arrays (no op objects made), rank by rank."""
+    arrays (no op objects made), rank by rank: a rank's lines are made from its
+    slice of the arrays only."""
     call = {t.code: t.value for t in TransferKind}
-    texts = [
-        f"{call[k]}({j}, {a}, {b}, {ra}, {rb}), "
-        for k, j, a, b, ra, rb in zip(
-            programs.transfer.tolist(),
-            programs.microbatch.tolist(),
-            programs.src_stage.tolist(),
-            programs.dst_stage.tolist(),
-            programs.src_rank.tolist(),
-            programs.dst_rank.tolist(),
-            strict=True,
-        )
-    ]
-    first = np.asarray(entry_groups(programs), dtype=np.int64)
+    first = entry_groups(programs)
+    # an exchange's entries are its sends, then its receives
     sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total)
     offsets = programs.offsets.tolist()
     kinds, microbatches, stages, spans = _pass_columns(programs.passes)
@@ -162,40 +152,47 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
         if id(span) not in end_of:
             end_of[id(span)] = _line("", f"{span.file}:{span.line}")[4:]
     ends = [end_of[id(span)] for span in spans]
+    del spans
     op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
     exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
     carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
     width = int(programs.transfer.max(initial=0)) + 1
     for pair in np.unique(op_rank[programs.where] * width + programs.transfer).tolist():
         carried[pair // width].add(pair % width)
-    # every op's line, made without a Python step per op where C can: the passes'
-    # lines, then the exchanges' (an exchange's entries are its sends, then its
-    # receives); each rank's text then joins its ops' lines
-    pass_lines = [
-        f"    {k}({j}, {s}){end}"
-        for k, j, s, end in zip(kinds, microbatches, stages, ends, strict=True)
-    ]
-    ops = programs.op_pass
-    exchange_ops = np.flatnonzero(ops < 0)
-    lo, hi = first[exchange_ops], first[exchange_ops + 1]
-    middle = lo + sends_of[exchange_ops]
-    exchange_lines = [
-        f"    exchange(sends=({''.join(texts[a:m]).rstrip(' ')}), "
-        f"recvs=({''.join(texts[m:b]).rstrip(' ')})),\n"
-        for a, m, b in zip(lo.tolist(), middle.tolist(), hi.tolist(), strict=True)
-    ]
-    pick = ops.astype(np.int64)
-    pick[exchange_ops] = len(pass_lines) + np.arange(len(exchange_ops))
-    every = pass_lines + exchange_lines
-    del pass_lines, exchange_lines, texts
+    del op_rank
     for r in range(programs.num_ranks):
-        chosen = pick[offsets[r] : offsets[r + 1]]
-        text = "".join(map(every.__getitem__, chosen.tolist()))
-        used = set(map(kinds.__getitem__, chosen[chosen < len(kinds)].tolist()))
+        a, b = offsets[r], offsets[r + 1]
+        lo, hi = first[a], first[b]
+        texts = [
+            f"{call[k]}({j}, {s}, {d}, {ra}, {rb}), "
+            for k, j, s, d, ra, rb in zip(
+                programs.transfer[lo:hi].tolist(),
+                programs.microbatch[lo:hi].tolist(),
+                programs.src_stage[lo:hi].tolist(),
+                programs.dst_stage[lo:hi].tolist(),
+                programs.src_rank[lo:hi].tolist(),
+                programs.dst_rank[lo:hi].tolist(),
+                strict=True,
+            )
+        ]
+        sends = sends_of[a:b].tolist()
+        lines: list[str] = []
+        used: set[str] = set()
+        for g, k in enumerate(programs.op_pass[a:b].tolist()):
+            if k >= 0:
+                used.add(kinds[k])
+                lines.append(f"    {kinds[k]}({microbatches[k]}, {stages[k]}){ends[k]}")
+            else:
+                x, y = first[a + g] - lo, first[a + g + 1] - lo
+                m = x + sends[g]
+                lines.append(
+                    f"    exchange(sends=({''.join(texts[x:m]).rstrip(' ')}), "
+                    f"recvs=({''.join(texts[m:y]).rstrip(' ')})),\n"
+                )
         if exchanges[r]:
             used.add("exchange")
         used.update(call[code] for code in carried[r])
-        yield text, used
+        yield "".join(lines), used
 
 
 @dataclass(frozen=True)
