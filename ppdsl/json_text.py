@@ -80,15 +80,18 @@ def _encode(obj: Any, level: int, step: str, out: list[str]) -> None:
             out.append("[" + inner + ("," + inner).join(texts) + "\n" + step * level + "]")
             return
         if all(type(x) is list or type(x) is tuple for x in obj):
-            # a list of scalar lists (a memory profile's (time, level) pairs)
-            texts = _scalars([v for x in obj for v in x])
-            if texts is not None:
-                inner2 = "\n" + step * (level + 2)
-                close = "\n" + step * (level + 1) + "]"
-                parts, i = [], 0
-                for n in map(len, obj):
-                    parts.append("[" + inner2 + ("," + inner2).join(texts[i : i + n]) + close if n else "[]")
-                    i += n
+            # a list of scalar lists (a memory profile's (time, level) pairs, a
+            # manifest's per-rank actions), encoded list by list: the values'
+            # texts of one list at a time
+            inner2 = "\n" + step * (level + 2)
+            close = "\n" + step * (level + 1) + "]"
+            parts = []
+            for x in obj:
+                texts = _scalars(x) if x else []
+                if texts is None:
+                    break
+                parts.append("[" + inner2 + ("," + inner2).join(texts) + close if x else "[]")
+            else:
                 out.append("[" + inner + ("," + inner).join(parts) + "\n" + step * level + "]")
                 return
         out.append("[")
