@@ -248,15 +248,22 @@ def _memory_over_time(
         return _memory_over_time_exact(schedule, start, end)
     deltas = table[flat.kind, flat.stage]
     at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])[flat.kind]
+    # the times are the timeline's own float objects, and one float object per
+    # distinct level (an integer over a positive scale: never -0.0)
+    same_level: dict[float, float] = {}
     out = []
     for dev in range(schedule.num_devices):
         a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
         levels = np.cumsum(deltas[a:b])
         if len(levels) and np.abs(levels).max() >= 2**53:
             return _memory_over_time_exact(schedule, start, end)
-        times = np.where(at_start[a:b], np.asarray(start[dev]), np.asarray(end[dev]))
-        values = levels.astype(np.float64) / scale
-        out.append(tuple(zip(times.tolist(), values.tolist(), strict=True)))
+        times = [
+            s if first else e
+            for s, e, first in zip(start[dev], end[dev], at_start[a:b].tolist(), strict=True)
+        ]
+        values = (levels.astype(np.float64) / scale).tolist()
+        values = list(map(same_level.setdefault, values, values))
+        out.append(tuple(zip(times, values, strict=True)))
     return tuple(out)
 
 
