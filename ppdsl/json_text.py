@@ -16,6 +16,8 @@ from typing import Any
 __all__ = ["dumps"]
 
 _INF = float("inf")
+_BATCH = 1 << 16
+"""Values encoded at once in a list of scalar lists."""
 
 
 def _scalar(x: Any) -> str | None:
@@ -81,16 +83,26 @@ def _encode(obj: Any, level: int, step: str, out: list[str]) -> None:
             return
         if all(type(x) is list or type(x) is tuple for x in obj):
             # a list of scalar lists (a memory profile's (time, level) pairs, a
-            # manifest's per-rank actions), encoded list by list: the values'
-            # texts of one list at a time
+            # manifest's per-rank actions), encoded a batch of lists at a time:
+            # one `_scalars` per batch of about _BATCH values, not per list
             inner2 = "\n" + step * (level + 2)
             close = "\n" + step * (level + 1) + "]"
-            parts = []
-            for x in obj:
-                texts = _scalars(x) if x else []
+            parts: list[str] = []
+            sizes = list(map(len, obj))
+            i = 0
+            while i < len(obj):
+                j, count = i + 1, sizes[i]
+                while j < len(obj) and count + sizes[j] <= _BATCH:
+                    count += sizes[j]
+                    j += 1
+                texts = _scalars([v for x in obj[i:j] for v in x])
                 if texts is None:
                     break
-                parts.append("[" + inner2 + ("," + inner2).join(texts) + close if x else "[]")
+                k = 0
+                for n in sizes[i:j]:
+                    parts.append("[" + inner2 + ("," + inner2).join(texts[k : k + n]) + close if n else "[]")
+                    k += n
+                i = j
             else:
                 out.append("[" + inner + ("," + inner).join(parts) + "\n" + step * level + "]")
                 return
