@@ -123,7 +123,8 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
     }
     if profile is not None:
         for dev, points in enumerate(profile):
-            result["devices"][dev]["memory_over_time"] = [list(x) for x in points]
+            # (time, level) tuples: the JSON's pairs, not copied into lists
+            result["devices"][dev]["memory_over_time"] = list(points)
     return result
 
 
