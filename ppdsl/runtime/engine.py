@@ -169,6 +169,17 @@ class Engine:
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
 
+    @property
+    def first_forward(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its first F."""
+        return dict(self._first_forward)
+
+    @property
+    def grads_final(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its last W or BW, after
+        which its weight gradients are final (derived from the compiled order)."""
+        return dict(self._grads_final)
+
     def set_specs(self, specs: dict[int, Spec]) -> None:
         """Every stage's output spec (the same on every rank)."""
         self.specs = dict(specs)
