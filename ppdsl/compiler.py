@@ -130,9 +130,11 @@ def compile_file(
     return compile_source(text, file, overrides, early_receives=early_receives, costs=costs)
 
 
-def generate(compiled: Compiled) -> GeneratedFiles:
+def generate(compiled: Compiled, dp: int = 1, dp_mode: str = "replicate") -> GeneratedFiles:
     """Codegen, the last pass: one torch program per rank, the launcher and the
-    manifest of a compiled schedule (`ppdsl.backend.codegen`)."""
+    manifest of a compiled schedule (`ppdsl.backend.codegen`); `dp` data-parallel
+    replicas in `dp_mode` by default."""
     return codegen.generate(
-        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
+        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from,
+        dp=dp, dp_mode=dp_mode,
     )
