@@ -1,7 +1,8 @@
 """The compiler driver: a straight list of named passes.
 
     .pp text -> parse -> elaborate -> check -> lower -> early receives
-             -> check deadlock -> simulate -> check expectations -> codegen
+             -> check deadlock -> simulate -> check reductions -> check expectations
+             -> codegen
 
 `compile_source` / `compile_file` run the passes up to the checked timeline and
 return everything a command needs (the schedule IR, the rank programs, the
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ppdsl.analysis import checks
-from ppdsl.analysis.checks import deadlock, expectations, memory
+from ppdsl.analysis.checks import deadlock, expectations, memory, reductions
 from ppdsl.analysis.simulate import Timeline, simulate
 from ppdsl.backend import codegen
 from ppdsl.backend.codegen import GeneratedFiles
@@ -76,6 +77,7 @@ def compile_schedule(
         programs = pull_receives_forward(programs)
     found += _raise_errors(deadlock.check(schedule, programs))
     timeline = simulate(schedule)
+    found += _raise_errors(reductions.check(schedule, programs, timeline))
     found += _raise_errors(expectations.check(schedule, timeline))
     if warn_unbounded:
         found += memory.missing_bound(schedule)

@@ -160,7 +160,8 @@ def plan_from_schedule(
         ),
         fingerprint=fingerprint(schedule, programs),
         predicted_busy_share=busy,
-        costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm},
+        costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm,
+               **{n: list(row) for n, row in c.declared_collectives().items()}},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
         costs_from=costs_from,
     )

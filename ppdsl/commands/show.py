@@ -1,5 +1,7 @@
 """Draw a schedule's simulated timeline in the terminal: one row per device,
-F/B/W coloured like the papers' figures, microbatch numbers in each pass.
+F/B/W coloured like the papers' figures, microbatch numbers in each pass; with
+data parallelism (`--dp N`, or `cost reduce`/`cost gather` declared), a row per
+device for its communication lane (`--dp-mode shard` adds the gathers).
 Colour only on a terminal and when NO_COLOR is unset."""
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import (
+    ExitCode,
+    add_dp_arguments,
+    add_schedule_arguments,
+    check_dp_arguments,
+    compile_from_args,
+)
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.render import TimelineStyle, render_svg, render_timeline
 
@@ -28,9 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--svg", metavar="OUT.svg", default=None,
         help="also write the timeline as an SVG figure (a bar per pass, to scale)",
     )
+    add_dp_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    check_dp_arguments(args)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -40,7 +50,12 @@ def run(args: argparse.Namespace) -> ExitCode:
         color = args.color == "always"
     width = args.width or shutil.get_terminal_size((120, 24)).columns
     style = TimelineStyle(width=max(width, 40), color=color)
-    sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style))
+    lanes = None
+    if args.dp > 1 or compiled.schedule.costs.declared_collectives():
+        from ppdsl.analysis.collectives import comm_lanes
+
+        lanes = comm_lanes(compiled.schedule, compiled.timeline, args.dp_mode)
+    sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style, lanes))
     if args.svg:
         try:
             Path(args.svg).write_text(

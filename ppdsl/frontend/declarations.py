@@ -49,7 +49,7 @@ __all__ = [
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("comm",)
+_COST_NAMES = tuple(k.value for k in KINDS) + semantics.COLLECTIVES + ("comm",)
 _MEMORY_NAMES = ("M_B", "M_W")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -79,6 +79,8 @@ class Declarations:
     """Per pass kind, its cost on each stage (given or by default)."""
     comm: Num = semantics.DEFAULT_COMM
     """The cost of one transfer between devices."""
+    collectives: dict[str, list[Num]] = field(default_factory=dict)
+    """Per data-parallel collective (reduce, gather) given, its cost on each stage."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
     memory: dict[str, list[Num]] = field(default_factory=dict)
@@ -109,7 +111,7 @@ class Declarations:
         """The costs in force, as the IR states them."""
         return Costs.by_kind(
             {k: [float(x) for x in values] for k, values in self.costs.items()}, float(self.comm)
-        )
+        ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()})
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it."""
@@ -312,6 +314,8 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name in semantics.COLLECTIVES:
+        state.collectives[stmt.name] = _per_stage_values(stmt, state, "a cost")
     else:
         state.costs[PassKind(stmt.name)] = _per_stage_values(stmt, state, "a cost")
     state.explicit.add(stmt.name)

@@ -81,6 +81,29 @@ class Costs:
 
     durations: tuple[tuple[float, ...], ...]
     comm: float
+    collectives: tuple[tuple[float, ...], ...] = ()
+    """Per `semantics.COLLECTIVES` name (reduce, gather), its cost on each stage;
+    empty: none declared (all 0)."""
+
+    def collective(self, name: str, stage: int) -> float:
+        """The cost of stage `stage`'s data-parallel collective `name` (reduce, gather)."""
+        if not self.collectives:
+            return float(semantics.DEFAULT_COLLECTIVE)
+        return self.collectives[semantics.COLLECTIVES.index(name)][stage]
+
+    def declared_collectives(self) -> dict[str, tuple[float, ...]]:
+        """The collectives with a non-zero cost on some stage: name -> per stage."""
+        return {n: row for n, row in zip(semantics.COLLECTIVES, self.collectives, strict=False)
+                if any(row)}
+
+    def with_collectives(self, given: Mapping[str, Sequence[float]]) -> Costs:
+        """These costs with the collectives `given` (name -> per stage), the others 0."""
+        if not given:
+            return self
+        num_stages = len(self.durations[0])
+        rows = tuple(tuple(float(x) for x in given.get(n, [semantics.DEFAULT_COLLECTIVE] * num_stages))
+                     for n in semantics.COLLECTIVES)
+        return Costs(self.durations, self.comm, rows)
 
     @staticmethod
     def of(
@@ -270,7 +293,8 @@ def format_schedule(schedule: Schedule) -> str:
         f"  backward {backward}",
         "  costs "
         + " ".join(f"{k.value}={_fmt_per_stage(c.per_stage(k))}" for k in KINDS)
-        + f" comm={format_number(c.comm)}",
+        + f" comm={format_number(c.comm)}"
+        + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items()),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}",
     ]
     for device, order in enumerate(s.orders):

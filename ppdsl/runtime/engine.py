@@ -47,6 +47,7 @@ from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.trace import Tracer
+from ppdsl.semantics import reduction_point
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
 
@@ -151,15 +152,18 @@ class Engine:
                 upcoming = op
         # Per stage: the index of its first F and of its last W/BW (its gradients
         # are final after it).
+        # (`semantics.reduction_point`, the rule the compiler's reductions check proves).
+        computes = [(i, op.pass_) for i, op in enumerate(self.ops) if isinstance(op, Compute)]
+        passes = [p for _, p in computes]
         self._first_forward: dict[int, int] = {}
         self._grads_final: dict[int, int] = {}
-        for index, op in enumerate(self.ops):
-            if isinstance(op, Compute):
-                done = op.pass_
-                if done.kind is PassKind.F:
-                    self._first_forward.setdefault(done.stage, index)
-                if done.kind in (PassKind.W, PassKind.BW):
-                    self._grads_final[done.stage] = index
+        for i, p in computes:
+            if p.kind is PassKind.F:
+                self._first_forward.setdefault(p.stage, i)
+        for stage in {p.stage for p in passes}:
+            at = reduction_point(passes, stage)
+            if at is not None:
+                self._grads_final[stage] = computes[at][0]
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
