@@ -29,6 +29,7 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,6 +141,10 @@ class DataParallel:
         }
         self._pending: list[_Reduction] = []
         self._gathers: dict[int, Any] = {}
+        self.wait_time = 0.0
+        """Seconds this rank spent waiting for its collectives (a gather not done
+        by its stage's first F, reductions not done after the last pass): the
+        exposed communication, summed over steps."""
         self.on_gather: list[Any] = []
         """Callbacks with a stage's gathered parameters (the memory meter's)."""
 
@@ -168,7 +173,9 @@ class DataParallel:
         self._start_gather(stage)
         handle = self._gathers[stage]
         if handle is not None:
+            t0 = time.perf_counter()
             handle.wait()
+            self.wait_time += time.perf_counter() - t0
         at = self._gather_order.index(stage)
         if at + 1 < len(self._gather_order):
             self._start_gather(self._gather_order[at + 1])
@@ -214,8 +221,11 @@ class DataParallel:
         """After the last pass: wait for every reduction, average over the DP group
         and put the gradients in place (shard: on the shards, as DTensors)."""
         pending, self._pending = self._pending, []
+        t0 = time.perf_counter()
         for r in pending:
             r.work.wait()
+        self.wait_time += time.perf_counter() - t0
+        for r in pending:
             r.buffer.div_(self.size)
             offset = 0
             if self.mode == "replicate":
