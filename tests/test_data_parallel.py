@@ -60,7 +60,9 @@ def test_dp_pp_equals_single_process(results: dict, mode: str, name: str) -> Non
     """dp 2 x pp 2: the parameters after 3 optimizer steps equal a single-process,
     non-pipelined run on the whole batch (each replica given its half) within
     1e-5; the peak activation memory measured on every rank equals the
-    schedule's prediction (with the model's measured M_W)."""
+    schedule's prediction (with the model's measured M_W); shard: no microbatch's
+    forward finds its stage sharded (no regather), and every stage is resharded
+    after each step's passes."""
     per_rank = _case(results, f"{mode}-{name}")
     assert sorted(r["replica"] for r in per_rank) == [0, 0, 1, 1]
     for r in per_rank:
@@ -71,6 +73,10 @@ def test_dp_pp_equals_single_process(results: dict, mode: str, name: str) -> Non
         assert measured == Fraction(r["predicted_peak_real_mw"]), r
         if name in ("1f1b", "interleaved_1f1b", "looped_bfs"):
             assert measured == Fraction(r["predicted_peak"]), r
+    if mode == "shard":  # gathered once per step, whole through every microbatch, then resharded
+        for r in per_rank:
+            assert r["forwards"] == 2 * 4 * len(r["stages"]) and r["sharded_at_forward"] == 0, r
+            assert r["resharded_after_step"] == [True] * 3, r
     # the replicas of one pipeline rank hold the same parameters (replicate) or
     # their shards of the same parameters (shard: not the same digest)
     by_stages: dict = {}

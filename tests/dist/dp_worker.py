@@ -46,8 +46,24 @@ def dp_case(case: dict, rank: int, world: int) -> dict:
                             note=lambda text: None)
     optimizer = _optimizer(case, runner.parameters())
     stepper = OptimizerStep(runner, optimizer, max_norm=case.get("max_norm"))
+    # shard: at every microbatch's forward, is the stage whole already (gathered
+    # once at its first F), or would FSDP gather it again? (runs before FSDP's hook)
+    sharded_at_forward = [0]
+    forwards = [0]
+
+    def look(module, args) -> None:
+        forwards[0] += 1
+        if any(hasattr(p, "to_local") for p in module.parameters()):
+            sharded_at_forward[0] += 1
+
+    if case["mode"] == "shard":
+        for module in runner.stages.values():
+            module.register_forward_pre_hook(look, prepend=True)
+    resharded_after_step = []
     losses = []
     for step in range(case["steps"]):
+        if step == 1:  # after the first step's shape probe (which gathers by itself)
+            sharded_at_forward[0] = forwards[0] = 0
         inputs, targets = model.batch(step, dp * per_replica)
         mine = slice(replica * per_replica, (replica + 1) * per_replica)
         optimizer.zero_grad(set_to_none=True)
@@ -58,6 +74,7 @@ def dp_case(case: dict, rank: int, world: int) -> dict:
             peak = runner.engine.meter.peak_units
             real = _with_real_mw(plan.memory, runner.engine.measured_mw_ratio())
         losses.append(float(loss) if loss is not None else None)
+        resharded_after_step.append(all(hasattr(p, "to_local") for p in runner.parameters()))
         stepper.step()
     ref = reference(case, model, plan.num_stages, dp * per_replica)
     param_err = 0.0
@@ -80,7 +97,8 @@ def dp_case(case: dict, rank: int, world: int) -> dict:
             "predicted_peak_real_mw": str(plan.predicted_peak(runner.rank, real)),
             "measured_peak": str(peak),
             "digest": digest, "outcomes": [o.grad_norm for o in stepper.outcomes],
-            "ref_norms": ref["norms"]}
+            "ref_norms": ref["norms"], "forwards": forwards[0],
+            "sharded_at_forward": sharded_at_forward[0], "resharded_after_step": resharded_after_step}
 
 
 def main() -> int:
