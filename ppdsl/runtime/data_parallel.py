@@ -30,6 +30,7 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,13 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
+def _reduce_scatter(output: torch.Tensor, source: torch.Tensor, **kwargs: Any) -> Any:
+    """torch's reduce-scatter of one tensor: `reduce_scatter_single` where it exists
+    (torch 2.13 deprecates `reduce_scatter_tensor` for it), else `reduce_scatter_tensor`."""
+    call = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return call(output, source, **kwargs)
+
+
 def dp_pp_mesh(dp: int, pp: int, device_type: str) -> Any:
     """The 2-D mesh ("dp", "pp") over the world (dp * pp ranks; rank = dp_index * pp
     + pp_rank)."""
@@ -83,6 +91,10 @@ def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
     """Wrap every stage with FSDP2 on `dp_mesh`, its gathers and reductions left to
     `DataParallel` (module docstring)."""
     fully_shard = _fsdp()
+    # FSDP2 warns when a stage returns a view (an in-place op on it would skip its
+    # pre-backward gather); the stage stays gathered from its first F to its last
+    # W here, so that gather is never needed.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     for module in stages.values():
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
         for api in ("set_requires_gradient_sync", "set_reshard_after_backward", "unshard", "reshard"):
@@ -213,7 +225,7 @@ class DataParallel:
         if targets:
             source = torch.cat([torch.cat(b) for b in blocks])
             buffer = torch.empty(source.numel() // self.size, dtype=source.dtype, device=source.device)
-            work = dist.reduce_scatter_tensor(buffer, source, group=self.group, async_op=True)
+            work = _reduce_scatter(buffer, source, group=self.group, async_op=True)
             self._pending.append(_Reduction(stage, work, buffer, targets))
         module.reshard()  # type: ignore[operator]
 
