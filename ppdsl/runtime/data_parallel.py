@@ -121,10 +121,11 @@ class DataParallel:
     """Combines the gradients of a `PipelineRunner`'s stages over their DP group at
     the points of its compiled order, through the runner's hooks.
 
-    `stage_params`: per stage of this rank, its parameters (`shard`: the sharded
-    DTensors, by name). `grads_final`: per stage, the index of its last W/BW in
-    this rank's ops; a parameter shared by two local stages is reduced with the
-    later one. `first_forward`: per stage, the index of its first F."""
+    `mode`: "replicate" or "shard" (the stages already `shard_stages`-wrapped).
+    `dp_mesh`: the 1-D "dp" sub-mesh. `stages`: this rank's stage modules.
+    `grads_final`: per stage, the index in this rank's ops of its last W/BW
+    (`Engine.grads_final`); a parameter shared by two local stages is reduced with
+    the later one. `first_forward`: per stage, the index of its first F."""
 
     def __init__(
         self,
