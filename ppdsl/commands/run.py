@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> ExitCode:
                         ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:
             rank_args += [flag, str(value)]
-    return launch(compiled, rank_args, args.output, dp, args.dp_mode or "replicate")
+    return launch(compiled, rank_args, args.output, dp=dp, dp_mode=args.dp_mode or "replicate")
 
 
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
