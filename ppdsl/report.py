@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from ppdsl.analysis.collectives import comm_lanes, state_bytes
+from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
 from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
@@ -114,14 +114,17 @@ def dp_table(compiled: Compiled, mode: str, dp: int, num_params: float | None = 
     lines.append("exposed: a gather still running when its stage's first pass is due, plus "
                  "reductions still running after the device's last pass")
     if num_params is not None:
-        b = state_bytes(s, t, lanes, num_params, dp)
         lines += ["", f"model state per device for {num_params:g} parameters (split evenly over "
                   f"{s.num_stages} stages; fp32 parameters and gradients, Adam's 2 fp32 moments), "
-                  f"dp {dp} {mode}:"]
-        header = ["rank", "params", "gathered", "grads", "grad buffers", "optimizer", "total"]
-        rows = [[str(dev), _bytes(b.params[dev]), _bytes(b.gathered[dev]), _bytes(b.grads[dev]),
-                 _bytes(b.grad_buffers[dev]), _bytes(b.optimizer[dev]), _bytes(b.total(dev))]
-                for dev in range(s.num_devices)]
+                  f"dp {dp}, replicate vs shard:"]
+        header = ["rank", "mode", "params", "gathered", "grads", "grad buffers", "optimizer", "total"]
+        rows = []
+        for dev in range(s.num_devices):
+            for each in MODES:
+                b = state_bytes(s, t, comm_lanes(s, t, each), num_params, dp)
+                rows.append([str(dev), each, _bytes(b.params[dev]), _bytes(b.gathered[dev]),
+                             _bytes(b.grads[dev]), _bytes(b.grad_buffers[dev]),
+                             _bytes(b.optimizer[dev]), _bytes(b.total(dev))])
         lines += _columns(header, rows)
         lines.append("gathered: whole parameters held at once (shard); grad buffers: gradients in "
                      "flight (replicate: reduced buckets until the step ends; shard: whole "
@@ -143,11 +146,13 @@ def dp_json(compiled: Compiled, mode: str, dp: int, num_params: float | None = N
                     for dev in range(s.num_devices)],
     }
     if num_params is not None:
-        b = state_bytes(s, t, lanes, num_params, dp)
-        for dev, d in enumerate(out["devices"]):
-            d["bytes"] = {"params": b.params[dev], "gathered": b.gathered[dev], "grads": b.grads[dev],
-                          "grad_buffers": b.grad_buffers[dev], "optimizer": b.optimizer[dev],
-                          "total": b.total(dev)}
+        for each in MODES:
+            b = state_bytes(s, t, comm_lanes(s, t, each), num_params, dp)
+            for dev, d in enumerate(out["devices"]):
+                d.setdefault("bytes", {})[each] = {
+                    "params": b.params[dev], "gathered": b.gathered[dev], "grads": b.grads[dev],
+                    "grad_buffers": b.grad_buffers[dev], "optimizer": b.optimizer[dev],
+                    "total": b.total(dev)}
     return out
 
 

@@ -140,14 +140,15 @@ def test_reduction_check_finds_a_missing_microbatch_and_a_late_pass() -> None:
 
 def test_stats_and_show_report_the_lane(capsys: pytest.CaptureFixture[str]) -> None:
     """`stats --dp 2 --params N` prints the exposed communication and the state
-    bytes (JSON too); `show --dp 2` draws a `dp` row under every device."""
+    bytes, replicate vs shard (JSON too); `show --dp 2` draws a `dp` row under every device."""
     pp = str(EXAMPLES / "looped_bfs.pp")
     assert main(["stats", pp, "-D", "d=2", "--dp", "2", "--dp-mode", "shard", "--params", "1e6"]) == 0
     out = capsys.readouterr().out
     assert "data parallel (shard, dp 2)" in out and "model state per device" in out
     assert main(["stats", pp, "-D", "d=2", "--dp", "2", "--params", "1e6", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["data_parallel"]
-    assert data["mode"] == "replicate" and data["devices"][0]["bytes"]["params"] == 2e6
+    assert data["mode"] == "replicate" and data["devices"][0]["bytes"]["replicate"]["params"] == 2e6
+    assert data["devices"][0]["bytes"]["shard"]["params"] == 1e6
     assert main(["show", pp, "-D", "d=2", "--dp", "2", "--color", "never"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n  dp ") == 2 and "R0" in out
