@@ -6,20 +6,17 @@ last weight-gradient pass, and `show` / `stats` drawing and reporting them."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import ZB_H1, make_schedule, parse_rows, placement
+from factories import ZB_H1, B, W, make_schedule, parse_rows, placement
 
 from ppdsl.analysis.checks import reductions
 from ppdsl.analysis.collectives import comm_lanes, state_bytes
 from ppdsl.analysis.simulate import simulate
 from ppdsl.cli import main
 from ppdsl.compiler import compile_file, compile_source
-from ppdsl.ir.rank import Compute, RankProgram
 from ppdsl.ir.schedule import format_schedule
-from ppdsl.lowering.lower import lower
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -111,30 +108,22 @@ def test_state_bytes_replicate_vs_shard() -> None:
     assert sha.total(0) < rep.total(0)
 
 
-def _programs_without(schedule, drop):
-    programs = lower(schedule)
-    return tuple(RankProgram(p.rank, tuple(op for op in p.ops if not (
-        isinstance(op, Compute) and drop(op.pass_)))) for p in programs)
-
-
 def test_reduction_check_finds_a_missing_microbatch_and_a_late_pass() -> None:
     """The proof fails when a microbatch's W is not before the reduction point and
     when a pass writing the stage's weight gradients comes after it."""
-    s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
-    timeline = simulate(s)
-    assert reductions.check(s, lower(s), timeline) == []
+    rows = parse_rows(ZB_H1)
+    s = make_schedule(placement("parallel", 4), 8, rows)
+    assert reductions.check(s, simulate(s)) == []
     # rank 0 without W7: its reduction (after W6) misses microbatch 7
-    found = reductions.check(s, _programs_without(s, lambda p: p.stage == 0 and p.kind.value == "W"
-                                                  and p.microbatch == 7), timeline)
+    missing = [list(r) for r in rows]
+    missing[0] = [x for x in missing[0] if x != (W, 7, 0)]
+    found = reductions.check(make_schedule(placement("parallel", 4), 8, missing))
     assert any("would miss microbatches [7]" in d.message for d in found), found
-    # a B of stage 3 moved after its last W
-    programs = list(lower(s))
-    ops = list(programs[3].ops)
-    b7 = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.pass_.kind.value == "B"
-              and op.pass_.microbatch == 7)
-    ops.append(ops.pop(b7))
-    programs[3] = replace(programs[3], ops=tuple(ops))
-    found = reductions.check(s, tuple(programs), timeline)
+    # rank 3's B7 moved after its last W
+    late = [list(r) for r in rows]
+    late[3].remove((B, 7, 3))
+    late[3].append((B, 7, 3))
+    found = reductions.check(make_schedule(placement("parallel", 4), 8, late))
     assert any("writes stage 3's weight gradients after its reduction" in d.message for d in found)
 
 

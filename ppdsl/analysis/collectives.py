@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ppdsl.analysis.simulate import Timeline
 from ppdsl.ir.schedule import PassKind, Schedule
-from ppdsl.semantics import gather_point, reduction_point
+from ppdsl.semantics import reduction_points
 
 __all__ = ["MODES", "Collective", "CommLanes", "StateBytes", "comm_lanes", "state_bytes"]
 
@@ -87,25 +87,22 @@ def comm_lanes(schedule: Schedule, timeline: Timeline, mode: str = "replicate") 
     costs = schedule.costs
     lanes, exposed, step_end, total = [], [], [], []
     for dev, order in enumerate(schedule.orders):
-        stages = sorted({p.stage for p in order})
+        first_pass: dict[int, int] = {}
+        first_forward: dict[int, int] = {}
+        for i, p in enumerate(order):
+            first_pass.setdefault(p.stage, i)
+            if p.kind is PassKind.F:
+                first_forward.setdefault(p.stage, i)
         wanted: list[tuple[float, int, Collective]] = []
         if mode == "shard":
-            first_forward = {
-                s: next(i for i, p in enumerate(order) if p.stage == s and p.kind is PassKind.F)
-                for s in stages if any(p.stage == s and p.kind is PassKind.F for p in order)
-            }
             by_forward = sorted(first_forward, key=first_forward.__getitem__)
             for k, s in enumerate(by_forward):
-                need = gather_point(order, s)
-                assert need is not None
+                need = first_pass[s]  # semantics.gather_point
                 issue_at = need if k == 0 else first_forward[by_forward[k - 1]]
                 issued = float(timeline.start[dev][issue_at])
                 wanted.append((issued, 0, Collective("gather", s, issued, 0.0, 0.0, need,
                                                      float(timeline.start[dev][need]))))
-        for s in stages:
-            at = reduction_point(order, s)
-            if at is None:
-                continue
+        for s, at in sorted(reduction_points(order).items()):
             issued = float(timeline.end[dev][at])
             wanted.append((issued, 1, Collective("reduce", s, issued, 0.0, 0.0, at, None)))
         wanted.sort(key=lambda x: (x[0], x[1], x[2].after_pass))

@@ -6,9 +6,9 @@ time and the model-state bytes per device."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ppdsl import json_text
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         result = schedule_json(compiled, memory_profile=True)
         if data_parallel:
             result["data_parallel"] = dp_json(compiled, args.dp_mode, args.dp, args.params)
-        print(json.dumps(result, indent=2))
+        print(json_text.dumps(result, 2))
     else:
         sys.stdout.write(stats_table(compiled))
         if data_parallel:
