@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ppdsl import semantics
+from ppdsl import limits, semantics
 from ppdsl.diagnostics import CompileError, Span
 from ppdsl.frontend import ast
 from ppdsl.frontend.expressions import (
@@ -102,8 +102,10 @@ class Declarations:
         self.env[name] = value
 
     def evaluate(self, expr: ast.Expr) -> Value:
-        """The value of a top-level expression."""
-        return compile_expr(expr, self.scope())(self.env)
+        """The value of a top-level expression, within the integer-bits limit."""
+        value = compile_expr(expr, self.scope())(self.env)
+        limits.check_integer(value, expr.span, "this value")
+        return value
 
     def cost_model(self) -> Costs:
         """The costs in force, as the IR states them."""
@@ -146,6 +148,8 @@ def evaluate_override(name: str, text: str, state: Declarations) -> Value:
                 None,
             )
         return state.evaluate(expr)
+    except limits.LimitError as exc:
+        raise ElaborationError(prefix + exc.diagnostic.message, None) from None
     except CompileError:
         raise ElaborationError(
             f"{prefix}not a number or an expression over earlier params", None
@@ -292,6 +296,7 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: st
         for s in range(num_stages):
             env[stmt.index] = s
             values.append(fn(env))
+            limits.check_integer(values[-1], stmt.value.span, f"at stage {s}, the value")
     nums: list[Num] = []
     for value in values:
         if isinstance(value, range) or value < 0:
