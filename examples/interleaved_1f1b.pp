@@ -9,6 +9,7 @@ schedule interleaved_1f1b {
     param d = 4
     param v = 2
     param m = 2 * d
+    require m % d == 0, "Megatron's interleaved order needs m to be a multiple of d"
     place looped(v)
     backward fused
     order {

@@ -45,6 +45,7 @@ __all__ = [
     "ensure_placement",
     "expectation",
     "pass_kind",
+    "require",
 ]
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan")
@@ -331,6 +332,31 @@ def declare_memory(stmt: ast.Memory, state: Declarations) -> None:
     state.memory[stmt.name] = _per_stage_values(stmt, state, "a memory amount")
     state.explicit.add(stmt.name)
     _refresh_names(state)
+
+
+def require(stmt: ast.Require, state: Declarations) -> None:
+    """`require COND, "message"`: an error at the statement when COND is false,
+    quoting the message and the values of the names COND uses."""
+    if number(state.evaluate(stmt.cond), stmt.cond.span, "a requirement"):
+        return
+    names = sorted(_names(stmt.cond), key=lambda n: (n not in ("d", "m"), n))
+    values = ", ".join(f"{n} = {show(state.env[n])}" for n in names if n in state.env)
+    got = f" (here {values})" if values else ""
+    text = ast.format_expr(stmt.cond)
+    why = f"{stmt.message}: " if stmt.message else ""
+    raise ElaborationError(f"{why}this schedule requires {text}{got}", stmt.span)
+
+
+def _names(expr: ast.Expr) -> set[str]:
+    if isinstance(expr, ast.Name):
+        return {expr.id}
+    found: set[str] = set()
+    for child in (getattr(expr, f, None) for f in ("operand", "left", "right", "cond", "then", "else_")):
+        if child is not None:
+            found |= _names(child)
+    for arg in getattr(expr, "args", ()):
+        found |= _names(arg)
+    return found
 
 
 def pass_kind(name: str, span: Span, split_backward: bool) -> PassKind:

@@ -20,6 +20,7 @@ from ppdsl.frontend.declarations import (
     declare_placement,
     ensure_placement,
     expectation,
+    require,
 )
 from ppdsl.frontend.expressions import ElaborationError, did_you_mean, norm
 from ppdsl.frontend.order_form import elaborate_order
@@ -94,6 +95,8 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             value = state.evaluate(stmt.value)
             state.define(stmt.name, value, stmt.span)
             state.params.append((stmt.name, value))
+        elif isinstance(stmt, ast.Require):
+            require(stmt, state)
         elif isinstance(stmt, ast.Place):
             declare_placement(stmt, state)
         elif isinstance(stmt, ast.Backward):

@@ -194,6 +194,10 @@ class _ToAst(Transformer):
     def let(self, meta, children):
         return ast.Let(str(children[0]), children[1], self._span(meta))
 
+    def require(self, meta, children):
+        message = str(children[1])[1:-1] if len(children) > 1 else None
+        return ast.Require(children[0], message, self._span(meta))
+
     def place_named(self, meta, children):
         kind = children[0]
         arg = children[1] if len(children) > 1 else None
