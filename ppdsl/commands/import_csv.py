@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 from ppdsl import limits
-from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_limit_arguments,
+    output_file,
+    write_output,
+)
 from ppdsl.compiler import compile_schedule
 from ppdsl.diagnostics import CompileError, Diagnostic, register_source, render_all
 from ppdsl.interchange import from_torch_csv, to_pp
@@ -40,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", metavar="OUT", default=None, help="write the .pp here instead of stdout"
     )
+    add_limit_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
