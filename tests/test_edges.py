@@ -108,3 +108,21 @@ def test_each_limit_is_located_and_names_its_flag(limit: str, value: int, text: 
     (diag,) = info.value.diagnostics
     assert diag.span is not None and diag.span.file == "r.pp"
     assert flag in diag.message and f"limit is {value:,}" in diag.message
+
+
+def test_long_compile_reports_its_phase(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """With progress on, a compile past the first delay prints its phase and time on
+    stderr; with PPDSL_PROGRESS=0 it prints nothing."""
+    import time
+
+    monkeypatch.setattr(limits, "_PROGRESS_AFTER", 0.01)
+    monkeypatch.setattr(limits, "_PROGRESS_EVERY", 0.01)
+    monkeypatch.setenv("PPDSL_PROGRESS", "1")
+    with limits.progress("big.pp") as phase:
+        phase("elaborate")
+        time.sleep(0.2)
+    assert "ppdsl: big.pp: elaborate... 0 s" in capsys.readouterr().err
+    monkeypatch.setenv("PPDSL_PROGRESS", "0")
+    with limits.progress("big.pp") as phase:
+        time.sleep(0.1)
+    assert capsys.readouterr().err == ""
