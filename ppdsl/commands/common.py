@@ -102,7 +102,8 @@ def output_file(path: str) -> Path:
         raise UsageError(f"cannot write '{path}': no directory '{parent}'")
     if not parent.is_dir():
         raise UsageError(f"cannot write '{path}': '{parent}' is not a directory")
-    if out.exists() and not os.access(out, os.W_OK) or not os.access(parent, os.W_OK | os.X_OK):
+    writable = os.access(out, os.W_OK) if out.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
         raise UsageError(f"cannot write '{path}': permission denied")
     return out
 
