@@ -21,6 +21,7 @@ __all__ = [
     "add_limit_arguments",
     "limits_from_args",
     "output_file",
+    "check_model_file",
     "output_directory",
     "write_output",
     "parse_defines",
@@ -88,6 +89,14 @@ def limits_from_args(args: argparse.Namespace) -> limits.Limits:
             raise UsageError(f"{flag} {text}: expected a positive integer")
         given[field] = value
     return limits.Limits(**given)
+
+
+def check_model_file(spec: str) -> None:
+    """`--model FILE.py:FACTORY` names a file that exists (a UsageError otherwise,
+    before any work); `MODULE:FACTORY` is left to the import."""
+    target = spec.rpartition(":")[0]
+    if (target.endswith(".py") or "/" in target) and not Path(target).is_file():
+        raise UsageError(f"--model {spec}: no such file '{target}'")
 
 
 def output_file(path: str) -> Path:

@@ -16,7 +16,13 @@ import json
 import shlex
 import sys
 
-from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    check_model_file,
+    output_file,
+    write_output,
+)
 from ppdsl.diagnostics import CompileError, Diagnostic
 
 HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--microbatch-size {args.microbatch_size}: need at least 1 sample")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
+    check_model_file(args.model)
     if args.output:
         output_file(args.output)
     device, error = prepare_device(args.device)

@@ -20,6 +20,7 @@ from ppdsl.commands.common import (
     ExitCode,
     UsageError,
     add_schedule_arguments,
+    check_model_file,
     compile_from_args,
     output_directory,
     output_file,
@@ -170,9 +171,7 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
         output_directory(args.json_out)
     if args.trace:
         output_file(args.trace)
-    target = args.model.rpartition(":")[0]
-    if (target.endswith(".py") or "/" in target) and not Path(target).is_file():
-        raise UsageError(f"--model {args.model}: no such file '{target}'")
+    check_model_file(args.model)
 
 
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> ExitCode:
