@@ -43,7 +43,9 @@ def test_torchrun_report_names_the_killed_rank() -> None:
     out = io.StringIO()
     failed = _filter_torchrun(iter(_TORCHRUN_FAILURE.splitlines(keepends=True)), out)
     assert out.getvalue() == "rank 0: step 3 waits for rank 1\n"
-    assert _describe_failures(failed) == "rank 0 (exit code 1), rank 1 (killed by SIGKILL)"
+    assert _describe_failures(failed) == "rank 0 exit code 1, rank 1 killed by SIGKILL"
+    stopped = [(0, -15), (1, -9)]  # torchrun stops the survivors with SIGTERM
+    assert _describe_failures(stopped) == "rank 1 killed by SIGKILL, rank 0 stopped by torchrun (SIGTERM)"
 
 
 def test_model_import_error_has_file_and_line(tmp_path: Path) -> None:

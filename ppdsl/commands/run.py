@@ -113,19 +113,22 @@ def _filter_torchrun(stream, out) -> list[tuple[int, int | None]]:
 
 
 def _describe_failures(failed: list[tuple[int, int | None]]) -> str:
-    """`rank 1 (killed by SIGKILL)`, ... for torchrun's failed ranks."""
+    """`rank 1 killed by SIGKILL, rank 0 exit code 1, ...` for torchrun's failed
+    ranks: the ones that died first, those torchrun stopped (SIGTERM) last."""
     parts = []
-    for rank, code in sorted(set(failed)):
+    for rank, code in sorted(set(failed), key=lambda f: (f[1] == -signal.SIGTERM, f[0])):
         if code is None:
             parts.append(f"rank {rank}")
+        elif code == -signal.SIGTERM:
+            parts.append(f"rank {rank} stopped by torchrun (SIGTERM)")
         elif code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            parts.append(f"rank {rank} (killed by {name})")
+            parts.append(f"rank {rank} killed by {name}")
         else:
-            parts.append(f"rank {rank} (exit code {code})")
+            parts.append(f"rank {rank} exit code {code}")
     return ", ".join(parts)
 
 
@@ -200,7 +203,7 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) 
         if tmp is not None:
             tmp.cleanup()
     if code != 0:
-        which = f": {_describe_failures(failed)} failed first" if failed else ""
+        which = f": {_describe_failures(failed)}" if failed else ""
         print(f"ppdsl run: the ranks failed{which} (torchrun exit status {code})", file=sys.stderr)
         return ExitCode.INVALID
     return ExitCode.OK
