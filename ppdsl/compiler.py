@@ -15,21 +15,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ppdsl import limits
 from ppdsl.analysis import checks
 from ppdsl.analysis.checks import deadlock, expectations, memory
 from ppdsl.analysis.simulate import Timeline, simulate
-from ppdsl.backend import codegen
-from ppdsl.backend.codegen import GeneratedFiles
 from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
-from ppdsl.ir.rank import RankProgram
+from ppdsl.ir.rank import RankArrays, RankProgram
 from ppdsl.ir.schedule import Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
-from ppdsl.lowering.lower import lower
+from ppdsl.lowering.lower import lower_arrays
+
+if TYPE_CHECKING:
+    from ppdsl.backend.codegen import GeneratedFiles
 
 __all__ = [
     "Compiled",
@@ -46,11 +48,17 @@ class Compiled:
     """The result of compiling one schedule."""
 
     schedule: Schedule
-    programs: tuple[RankProgram, ...]
+    lowered: RankArrays
+    """The rank programs as arrays (`programs` as objects)."""
     timeline: Timeline
     warnings: tuple[Diagnostic, ...]
     costs_from: str | None = None
     """The `--costs-from` file whose costs and memory model replaced the schedule's."""
+
+    @property
+    def programs(self) -> tuple[RankProgram, ...]:
+        """The rank programs as objects (built on first use)."""
+        return self.lowered.programs()
 
 
 def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -82,7 +90,7 @@ def compile_schedule(
     # a broken memory bound is reported with every other broken expectation
     bounds = memory.check(schedule)
     phase("lower")
-    programs = lower(schedule)
+    programs = lower_arrays(schedule)
     if early_receives:
         phase("early receives")
         programs = pull_receives_forward(programs)
@@ -162,7 +170,18 @@ def compile_file(
 
 def generate(compiled: Compiled) -> GeneratedFiles:
     """Codegen, the last pass: one torch program per rank, the launcher and the
-    manifest of a compiled schedule (`ppdsl.backend.codegen`)."""
+    manifest of a compiled schedule (`ppdsl.backend.codegen`, imported here:
+    jinja2 is for the commands that write programs)."""
+    from ppdsl.backend import codegen
+
     return codegen.generate(
-        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
+        compiled.schedule, compiled.lowered, compiled.timeline, costs_from=compiled.costs_from
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GeneratedFiles":
+        from ppdsl.backend.codegen import GeneratedFiles
+
+        return GeneratedFiles
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -78,11 +78,12 @@ def test_budget_below_floor_names_the_smallest_feasible_budget():
 
 
 @settings(max_examples=80, deadline=None)
-@given(schedules())
+@given(schedules(overlap=False))
 def test_evaluator_equals_simulate_on_random_schedules(s):
     """The search's metrics (its evaluator over flat arrays) equal ppdsl.simulate
     on any valid schedule: random placements, split or fused backward, random
-    costs and transfer times, random topological orders."""
+    costs and transfer times, random topological orders (no overlapped pairs:
+    the search makes none)."""
     offsets, kind, mb, st = flat_arrays(s.orders)
     mem, scale = delta_table(s.memory.activation, s.memory.weight_retained)
     metrics = evaluate_orders(
@@ -95,6 +96,7 @@ def test_evaluator_equals_simulate_on_random_schedules(s):
         s.costs.comm,
         mem,
         s.num_microbatches,
+        s.placement.lanes,
     )
     t = simulate(s)
     assert metrics.ok

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from ppdsl.ir.flat import FlatSchedule
+from ppdsl.jit import kernel
 from ppdsl.semantics import NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS
 
 __all__ = [
@@ -43,14 +43,14 @@ class Needs:
     missing: int
 
 
-@numba.njit(cache=True)
+@kernel
 def pass_needs(
-    kind, microbatch, stage, table, num_stages, need_kind, need_offset
+    kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (`table[kind,
     microbatch, stage]` is a pass's flat index, -1 when absent), and how many
-    needed passes are absent. A need beyond the first or last stage does not
-    exist."""
+    needed passes are absent. A need beyond the first or last stage of its lane
+    (`lane_length` consecutive stages; `semantics.same_lane`) does not exist."""
     n = kind.shape[0]
     width = need_kind.shape[1]
     needs = np.full((n, width), -1, dtype=np.int64)
@@ -62,7 +62,7 @@ def pass_needs(
             if nk < 0:
                 continue
             ns = stage[k] + need_offset[kd, slot]
-            if ns < 0 or ns >= num_stages:
+            if ns < 0 or ns >= num_stages or ns // lane_length != stage[k] // lane_length:
                 continue
             q = table[nk, microbatch[k], ns]
             needs[k, slot] = q
@@ -82,14 +82,30 @@ def dependencies(flat: FlatSchedule) -> Needs:
             flat.stage,
             flat.index_table(),
             flat.num_stages,
+            flat.num_stages // flat.lanes,
             NEED_KIND,
             NEED_STAGE_OFFSET,
         )
+        if flat.joined is not None:
+            index = _unit_needs(index, flat.joined)
         found = flat.derived["needs"] = Needs(index, int(missing))
     return found
 
 
-@numba.njit(cache=True)
+def _unit_needs(index: np.ndarray, joined: np.ndarray) -> np.ndarray:
+    """An overlapped pair runs as one unit: its forward starts only once the
+    passes its backward needs have ended too, so the forward's row takes the
+    backward's needs as well (a backward needing its own pair's forward then
+    waits for itself: a cycle, which the dependency check reports)."""
+    n, width = index.shape
+    wide = np.full((n, 2 * width), -1, dtype=np.int64)
+    wide[:, :width] = index
+    second = np.flatnonzero(joined)
+    wide[second - 1, width:] = index[second]
+    return wide
+
+
+@kernel
 def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: no cover - numba
     """Run every device's order. Returns (start, end, position): `position[dev]`
     is how far device dev got (offsets[dev+1] when it finished its order).
@@ -136,7 +152,7 @@ def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: 
     return start, end, position
 
 
-@numba.njit(cache=True)
+@kernel
 def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no cover - numba
     """(makespan, bubble ratio, idle fraction, peak[d]) of timed orders.
     `duration[kind, stage]` float, `delta[kind, stage]` integer memory deltas
@@ -173,17 +189,19 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
     return makespan, best_bubble, idle, peak
 
 
-@numba.njit(cache=True)
+@kernel
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, num_kinds, lanes,
 ):  # pragma: no cover - numba
     num_stages = stage_device.shape[0]
     n = kind.shape[0]
     table = np.full((num_kinds, num_microbatches, num_stages), -1, dtype=np.int64)
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
-    needs, missing = pass_needs(kind, microbatch, stage, table, num_stages, need_kind, need_offset)
+    needs, missing = pass_needs(
+        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset
+    )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
         device[offsets[dev] : offsets[dev + 1]] = dev
@@ -210,14 +228,14 @@ class Metrics:
     """False when the orders wait on each other in a cycle (or miss a pass)."""
 
 
-@numba.njit(cache=True)
+@kernel
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, num_kinds, lanes,
 ):  # pragma: no cover - numba
     start, end, ok = _timed(
         offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-        need_kind, need_offset, num_kinds,
+        need_kind, need_offset, num_kinds, lanes,
     )
     if not ok:
         return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
@@ -235,14 +253,15 @@ def evaluate(
     comm: float,
     delta: np.ndarray,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> Metrics:
     """Time flat orders as soon as possible (`run_orders` under the dependency
     relation and the transfer rule) and `measure` them, in one kernel call (a
     search times thousands of candidates). `duration[kind code, stage]` and
-    `delta[kind code, stage]` as in `measure`."""
+    `delta[kind code, stage]` as in `measure`; `lanes`: the placement's pipelines."""
     ok, makespan, bubble, idle, peak = _evaluate(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -256,9 +275,11 @@ def timed(
     duration: np.ndarray,
     comm: float,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(start, end, ok) of flat orders timed as soon as possible."""
+    """(start, end, ok) of flat orders timed as soon as possible (`lanes`: the
+    placement's pipelines)."""
     return _timed(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
     )

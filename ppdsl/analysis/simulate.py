@@ -30,7 +30,7 @@ from ppdsl.analysis.executor import dependencies, run_orders
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
-from ppdsl.semantics import allocates_at_start
+from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
 __all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time"]
 
@@ -81,8 +81,14 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
             f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
         )
     table = np.array(schedule.costs.durations, dtype=np.float64)
+    kind = flat.kind
+    if flat.joined is not None:
+        # the passes of an overlapped pair take rows of their own: scaled by `overlap`
+        paired = flat.joined | np.append(flat.joined[1:], False)
+        table = np.concatenate([table, table * schedule.costs.overlap])
+        kind = kind + NUM_KINDS * paired
     start, end, position = run_orders(
-        flat.offsets, flat.kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
+        flat.offsets, kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
     )
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
@@ -96,7 +102,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         starts.append(tuple(start[a:b].tolist()))
         ends.append(tuple(end[a:b].tolist()))
     # fsum: correctly rounded, so both simulators agree to the last bit
-    duration = table[flat.kind, flat.stage]
+    duration = table[kind, flat.stage]
     busy = [
         math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
         for d in range(len(starts))
@@ -116,12 +122,22 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
             where[p.key] = (dev, k)
 
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
-        p: Pass = schedule.orders[dev][k]
-        keys = semantics.needs(p.kind, p.microbatch, p.stage, schedule.num_stages)
+        order = schedule.orders[dev]
+        p: Pass = order[k]
+        keys = semantics.needs(
+            p.kind, p.microbatch, p.stage, schedule.num_stages, placement.lanes
+        )
+        if k + 1 < len(order) and order[k + 1].overlapped:
+            # an overlapped pair starts as one unit: when its backward's inputs are in too
+            q = order[k + 1]
+            keys += semantics.needs(
+                q.kind, q.microbatch, q.stage, schedule.num_stages, placement.lanes
+            )
+        found_keys = keys
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))
-        for key in keys:
+        for key in found_keys:
             if key not in where:
                 raise SimulationError(
                     f"cannot simulate: {key[0].value}{key[1]}:s{key[2]} is missing"
@@ -134,6 +150,11 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
             )
             found.append((other, cost))
         return found
+
+    def duration_of(dev: int, k: int) -> float:
+        order = schedule.orders[dev]
+        joined = k + 1 < len(order) and order[k + 1].overlapped
+        return schedule.costs.pass_duration(order[k], joined)
 
     ends: dict[tuple[int, int], float] = {}
     starts: dict[tuple[int, int], float] = {}
@@ -161,18 +182,16 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
                 if node in ends:
                     continue
                 begin = max((ends[n] + c for n, c in needs(*node)), default=0.0)
-                p = schedule.orders[node[0]][node[1]]
                 starts[node] = begin
-                ends[node] = begin + schedule.costs.duration(p.kind, p.stage)
+                ends[node] = begin + duration_of(*node)
     start = tuple(
         tuple(starts[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders)
     )
     end = tuple(tuple(ends[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders))
     busy = [
-        math.fsum(schedule.costs.duration(p.kind, p.stage) for p in order)
-        for order in schedule.orders
+        math.fsum(duration_of(d, k) for k in range(len(o))) for d, o in enumerate(schedule.orders)
     ]
-    return _timeline(schedule, start, end, busy, memory_over_time)
+    return _timeline(schedule, start, end, busy, memory_over_time, _memory_over_time_exact)
 
 
 def _timeline(
@@ -181,6 +200,7 @@ def _timeline(
     end: tuple[tuple[float, ...], ...],
     busy: list[float],
     with_memory: bool,
+    profile_of=None,
 ) -> Timeline:
     num_devices = schedule.num_devices
     span_start = tuple(s[0] if s else 0.0 for s in start)
@@ -192,7 +212,7 @@ def _timeline(
     bubble_ratio = bubble_time / spans[longest] if num_devices and spans[longest] > 0 else 0.0
     total = num_devices * makespan
     idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
-    profile = _memory_over_time(schedule, start, end) if with_memory else None
+    profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
     return Timeline(
         start=start,
         end=end,
@@ -209,6 +229,34 @@ def _timeline(
 
 
 def _memory_over_time(
+    schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per device, (time, level) after each pass: the level a prefix sum of the
+    exact integer deltas (`semantics.delta_table`), divided by their scale once
+    (the same float as the exact Fraction's, while both fit a float exactly)."""
+    memory = schedule.memory
+    flat = flatten(schedule)
+    longest = max((len(o) for o in schedule.orders), default=0)
+    table, scale = semantics.delta_table(
+        memory.activation, memory.weight_retained, longest_order=longest
+    )
+    if table.dtype != np.int64 or scale >= 2**53:
+        return _memory_over_time_exact(schedule, start, end)
+    deltas = table[flat.kind, flat.stage]
+    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])[flat.kind]
+    out = []
+    for dev in range(schedule.num_devices):
+        a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
+        levels = np.cumsum(deltas[a:b])
+        if len(levels) and np.abs(levels).max() >= 2**53:
+            return _memory_over_time_exact(schedule, start, end)
+        times = np.where(at_start[a:b], np.asarray(start[dev]), np.asarray(end[dev]))
+        values = levels.astype(np.float64) / scale
+        out.append(tuple(zip(times.tolist(), values.tolist(), strict=True)))
+    return tuple(out)
+
+
+def _memory_over_time_exact(
     schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
     memory = schedule.memory

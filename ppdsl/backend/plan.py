@@ -7,27 +7,36 @@ written by codegen and read by the runtime; plain Python, no torch.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ppdsl import __version__
-from ppdsl.ir.rank import RankProgram, format_rank_programs
+import numpy as np
+
+from ppdsl import __version__, json_text, semantics
+from ppdsl.ir.rank import RankArrays, RankProgram, format_rank_programs
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
-from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
+from ppdsl.semantics import KINDS, PassKind, delta_table, peak_of_deltas
 
 __all__ = ["Plan", "plan_from_schedule", "fingerprint", "predicted_peak"]
 
 
 def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -> Fraction:
     """The memory model's peak for one device: the largest prefix sum of the
-    deltas of its passes (kind, stage) in order."""
-    return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
+    deltas of its passes (kind, stage) in order (exact: integer deltas over their
+    common denominator, `semantics.delta_table`)."""
+    order = list(order)
+    table, scale = delta_table(memory.activation, memory.weight_retained, longest_order=len(order))
+    if table.dtype != np.int64 or not order:
+        return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
+    codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
+    stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
+    top = int(np.cumsum(table[codes, stages]).max())
+    return Fraction(max(top, 0), scale)
 
 
-def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...]) -> str:
+def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...] | RankArrays) -> str:
     """sha256 of the schedule's canonical text, the rank programs and ppdsl's version."""
     text = "\n".join(
         [f"ppdsl {__version__}", format_schedule(schedule), format_rank_programs(programs)]
@@ -57,6 +66,9 @@ class Plan:
     costs_from: str | None = None
     """The `--costs-from` file the costs came from (milliseconds, as `ppdsl profile`
     writes them), or None for the schedule's own costs (its units)."""
+    lanes: int = 1
+    """The placement's pipelines (2 under DualPipe): stage s is a copy of model
+    stage `model_stage(s)`; microbatch j goes through lane `microbatch_lane(j)`."""
 
     @property
     def num_devices(self) -> int:
@@ -65,6 +77,27 @@ class Plan:
     @property
     def num_stages(self) -> int:
         return len(self.stage_device)
+
+    @property
+    def num_model_stages(self) -> int:
+        """The model's stages (the factory builds these): S / lanes."""
+        return len(self.stage_device) // self.lanes
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage that schedule stage `stage` holds a copy of."""
+        return semantics.model_stage(stage, self.num_stages, self.lanes)
+
+    def microbatch_lane(self, microbatch: int) -> int:
+        """The lane microbatch j goes through."""
+        return semantics.microbatch_lane(microbatch, self.num_microbatches, self.lanes)
+
+    def is_lane_first(self, stage: int) -> bool:
+        """Whether `stage` is the first of its lane (it reads the batch's inputs)."""
+        return stage % self.num_model_stages == 0
+
+    def is_lane_last(self, stage: int) -> bool:
+        """Whether `stage` is the last of its lane (it computes the loss)."""
+        return stage % self.num_model_stages == self.num_model_stages - 1
 
     def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
@@ -81,6 +114,7 @@ class Plan:
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
             "placement": list(self.stage_device),
+            "lanes": self.lanes,
             "split_backward": self.split_backward,
             "memory": {
                 "M_B": [str(x) for x in self.memory.activation],
@@ -126,6 +160,7 @@ class Plan:
             costs=data.get("costs"),
             predicted_makespan=data.get("predicted_makespan"),
             costs_from=data.get("costs_from"),
+            lanes=int(data.get("lanes", 1)),
         )
 
 
@@ -137,7 +172,7 @@ def _json_value(v: object) -> Any:
 
 def plan_from_schedule(
     schedule: Schedule,
-    programs: tuple[RankProgram, ...],
+    programs: tuple[RankProgram, ...] | RankArrays,
     timeline: Any = None,
     costs_from: str | None = None,
 ) -> Plan:
@@ -163,8 +198,9 @@ def plan_from_schedule(
         costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
         costs_from=costs_from,
+        lanes=schedule.placement.lanes,
     )
 
 
 def dumps(plan: Plan) -> str:
-    return json.dumps(plan.to_json(), indent=1)
+    return json_text.dumps(plan.to_json(), 1)

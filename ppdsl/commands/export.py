@@ -14,7 +14,7 @@ from ppdsl.commands.common import (
     output_file,
     write_output,
 )
-from ppdsl.diagnostics import render_all
+from ppdsl.diagnostics import Diagnostic, render_all
 from ppdsl.interchange import to_torch_csv
 
 HELP = "write a schedule as torch.distributed.pipelining's action CSV"
@@ -39,6 +39,17 @@ def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    placement = compiled.schedule.placement
+    if placement.lanes > 1:
+        refusal = Diagnostic(
+            "error",
+            f"placement '{placement.kind}' runs {placement.lanes} pipelines; torch's action "
+            "format runs one, so its runtime would send every microbatch through all "
+            f"{placement.num_stages} stages: run it with `ppdsl run` or ppdsl's PipelineRunner",
+            compiled.schedule.span,
+        )
+        print(render_all([refusal], sys.stderr), file=sys.stderr)
+        return ExitCode.INVALID
     text = to_torch_csv(compiled.schedule)
     if args.output:
         # newline="": keep the csv module's CRLF row ends, as torch writes them

@@ -35,12 +35,14 @@ __all__ = [
     "Slot",
     "SlotLine",
     "Fill",
+    "Group",
     "BlockDecl",
     "For",
     "Repeat",
     "If",
     "Interleave",
     "PassCall",
+    "Overlap",
     "OrderDecl",
     "ExpectDecl",
     "Stmt",
@@ -249,12 +251,24 @@ class Fill:
 
 
 @dataclass(frozen=True, slots=True)
+class Group:
+    """`group G every U` in a block's header: G microbatches a group, U apart."""
+
+    size: Expr
+    spacing: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class BlockDecl:
-    """`block period T { lines }`: the building block of the controllable-memory paper."""
+    """`block period T { lines }`: the building block of the controllable-memory paper;
+    `block period T group G every U { lines }` repeats it for groups of G
+    microbatches, one every U, a group every T (Megatron's interleaved 1F1B)."""
 
     period: Expr
     lines: tuple[SlotLine | Fill, ...]
     span: Span
+    group: Group | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +318,17 @@ class PassCall:
     span: Span
 
 
-OrderStmt = Let | For | Repeat | If | Interleave | PassCall
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """`F(j, c) & B(k, c2)`: a forward and a backward (B or BW) of another
+    microbatch run as one combined pass (DualPipe's overlapped F&B)."""
+
+    forward: PassCall
+    backward: PassCall
+    span: Span
+
+
+OrderStmt = Let | For | Repeat | If | Interleave | PassCall | Overlap
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,7 +441,9 @@ def format_range(rng: Range) -> str:
     return format_expr(rng.expr)
 
 
-def _format_call(call: PassCall) -> str:
+def _format_call(call: PassCall | Overlap) -> str:
+    if isinstance(call, Overlap):
+        return f"{_format_call(call.forward)} & {_format_call(call.backward)}"
     return f"{call.kind}({', '.join(format_expr(a) for a in call.args)})"
 
 
@@ -440,7 +466,7 @@ def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
         calls.clear()
 
     for stmt in body:
-        if isinstance(stmt, PassCall):
+        if isinstance(stmt, (PassCall, Overlap)):
             calls.append(_format_call(stmt))
             continue
         flush()
@@ -451,13 +477,13 @@ def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
 
 def _format_order_stmt(stmt: OrderStmt, depth: int) -> list[str]:
     pad = _INDENT * depth
-    if isinstance(stmt, PassCall):
+    if isinstance(stmt, (PassCall, Overlap)):
         return [pad + _format_call(stmt)]
     if isinstance(stmt, Let):
         return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
     if isinstance(stmt, For):
         head = f"{pad}for {stmt.var} in {format_range(stmt.range)} {{"
-        if stmt.body and all(isinstance(x, PassCall) for x in stmt.body):
+        if stmt.body and all(isinstance(x, (PassCall, Overlap)) for x in stmt.body):
             # a loop of passes (a steady state) reads best on one line
             inline = f"{head} {'; '.join(_format_call(x) for x in stmt.body)} }}"  # type: ignore[arg-type]
             if len(inline) <= _WIDTH:
@@ -509,7 +535,13 @@ def _format_stmt(stmt: Stmt) -> list[str]:
         index = "" if stmt.index is None else f"[{stmt.index}]"
         return [f"{pad}{word} {stmt.name}{index} = {format_expr(stmt.value)}"]
     if isinstance(stmt, BlockDecl):
-        lines = [f"{pad}block period {format_expr(stmt.period)} {{"]
+        group = stmt.group
+        grouping = (
+            ""
+            if group is None
+            else f" group {format_expr(group.size)} every {format_expr(group.spacing)}"
+        )
+        lines = [f"{pad}block period {format_expr(stmt.period)}{grouping} {{"]
         for line in stmt.lines:
             if isinstance(line, Fill):
                 lines.append(f"{pad}{_INDENT}{line.kind} fill")
@@ -571,10 +603,13 @@ def per_stage(values: tuple, index: str = "s") -> Expr:
     return expr
 
 
-def place(stage_device: tuple[int, ...], num_devices: int) -> Place:
-    """The `place` statement that gives exactly this stage -> device map."""
-    named = identify_placement(stage_device, num_devices)
+def place(stage_device: tuple[int, ...], num_devices: int, lanes: int = 1) -> Place:
+    """The `place` statement that gives exactly this stage -> device map (with
+    `lanes` pipelines: a named bidirectional placement)."""
+    named = identify_placement(stage_device, num_devices, lanes)
     if named is None:
+        if lanes != 1:
+            raise ValueError(f"no named placement with {lanes} lanes gives {list(stage_device)}")
         devices = tuple(number(d) for d in stage_device)
         return Place("list", None, devices, GENERATED, GENERATED)
     kind, v = named

@@ -8,6 +8,11 @@ times; the simulator later re-times that order as soon as possible (the paper's
 "squeeze"), and warm-up and cool-down are what is left of the repetitions for
 the microbatches that exist (0 <= j < m).
 
+A grouped block (`group G every U`, Megatron's microbatch groups of its
+interleaved 1F1B and the zero-bubble repository's grouped building block)
+shifts microbatch j by (j // G) * T + (j % G) * U instead of j * T
+(`Block.shift`); everything below is the same for it.
+
 Ties between equal start times (only possible for slots that collide, which
 the collision check reports, or for zero-length slots) are broken by the
 slot's position in the block (the order the file wrote it), then by
@@ -51,8 +56,10 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
+import numpy as np
+
 from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
-from ppdsl.semantics import needs, peak_of_deltas
+from ppdsl.semantics import needs
 
 __all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
 
@@ -73,14 +80,14 @@ def repeat_block(
     W placed by `w_fill` carries the span of its B's line."""
     if w_fill and not split_backward:
         raise ValueError("W fill needs a split backward (F, B, W)")
-    period = Fraction(block.period)
+    shifts = [block.shift(j) for j in range(num_microbatches)]
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
         [] for _ in range(placement.num_devices)
     ]
     for index, slot in enumerate(block.slots):
-        for j in range(num_microbatches):
-            start = Fraction(slot.start) + j * period
-            timed[slot.device].append((start, index, j, slot))
+        start = Fraction(slot.start)
+        for j, shift in enumerate(shifts):
+            timed[slot.device].append((start + shift, index, j, slot))
     for device_slots in timed:
         device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
     if w_fill:
@@ -191,6 +198,7 @@ def _compact(
         for k, p in enumerate(order)
     )
     placed: list[list[tuple[float, float, Pass]]] = [[] for _ in orders]
+    arrays = [_Placed() for _ in orders]
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
@@ -200,12 +208,13 @@ def _compact(
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
-        row = placed[dev]
-        at = _first_fit(row, ready, duration, _EXTREME_DELTAS[p.kind], tuple(int(x) for x in peaks[dev]))
+        limit = tuple(int(x) for x in peaks[dev])
+        at = arrays[dev].first_fit(ready, duration, _EXTREME_DELTAS[p.kind], limit)
         if at is None:
             return None
         index, start = at
-        row.insert(index, (start, start + duration, p))
+        placed[dev].insert(index, (start, start + duration, p))
+        arrays[dev].insert(index, start, start + duration, p.kind)
         end_of[p.key] = start + duration
     return tuple(tuple(p for _, _, p in row) for row in placed)
 
@@ -219,50 +228,67 @@ def _first_fit(
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
-    n = len(row)
-    levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
-    for i, (_, _, q) in enumerate(row):
-        dq = _EXTREME_DELTAS[q.kind]
+    placed = _Placed()
+    for k, (s, e, q) in enumerate(row):
+        placed.insert(k, s, e, q.kind)
+    return placed.first_fit(ready, duration, delta, limit)
+
+
+class _Placed:
+    """A device's placed passes as arrays, in start order: starts, ends and each
+    pass's deltas under either memory extreme (`_EXTREME_DELTAS`)."""
+
+    def __init__(self) -> None:
+        self.starts = np.zeros(0, dtype=np.float64)
+        self.ends = np.zeros(0, dtype=np.float64)
+        self.deltas = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def insert(self, index: int, start: float, end: float, kind: PassKind) -> None:
+        def put(a: np.ndarray, value: float | int) -> np.ndarray:
+            return np.concatenate((a[:index], np.array([value], dtype=a.dtype), a[index:]))
+
+        self.starts = put(self.starts, start)
+        self.ends = put(self.ends, end)
+        extreme = _EXTREME_DELTAS[kind]
+        self.deltas = (put(self.deltas[0], extreme[0]), put(self.deltas[1], extreme[1]))
+
+    def first_fit(
+        self, ready: float, duration: float, delta: tuple[int, ...], limit: tuple[int, ...]
+    ) -> tuple[int, float] | None:
+        """`_first_fit`, every place at once: the levels after each placed pass
+        and their running maxima from both ends, for either memory extreme."""
+        n = len(self.starts)
+        fits = np.ones(n + 1, dtype=bool)
         for c in (0, 1):
-            levels[c][i + 1] = levels[c][i] + dq[c]
-    prefix_max = [[0] * (n + 1), [0] * (n + 1)]
-    suffix_max = [[0] * (n + 1), [0] * (n + 1)]
-    for c in (0, 1):
-        top = 0
-        for i in range(n + 1):
-            top = max(top, levels[c][i])
-            prefix_max[c][i] = top
-        low = -(10**9)
-        for i in range(n, -1, -1):
-            suffix_max[c][i] = low
-            if i > 0:
-                low = max(low, levels[c][i])
-    free = 0.0
-    for index in range(n + 1):
-        start = max(free, ready)
-        following = row[index][0] if index < n else float("inf")
-        if start + duration <= following + 1e-9 and all(
-            max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
-            <= limit[c]
-            for c in (0, 1)
-        ):
-            return index, start
-        if index < n:
-            free = row[index][1]
-    return None
+            levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
+            np.cumsum(self.deltas[c], out=levels[1:])
+            before = np.maximum.accumulate(levels)
+            after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
+            if n:
+                after[:n] = np.maximum.accumulate(levels[:0:-1])[::-1]
+            top = np.maximum(np.maximum(before, levels + delta[c]), after + delta[c])
+            fits &= top <= limit[c]
+        start = np.maximum(np.concatenate(([0.0], self.ends)), ready)
+        following = np.concatenate((self.starts, [np.inf]))
+        fits &= start + duration <= following + 1e-9
+        found = np.flatnonzero(fits)
+        if len(found) == 0:
+            return None
+        index = int(found[0])
+        return index, float(start[index])
 
 
 def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
     """Per device, the peak number of microbatch-stages holding activations,
-    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)."""
-    num_stages = 1 + max((p.stage for order in orders for p in order), default=0)
-    extremes = [
-        MemoryModel((Fraction(1),) * num_stages, (Fraction(w),) * num_stages) for w in (1, 0)
-    ]
-    return [
-        tuple(peak_of_deltas(m.delta(p.kind, p.stage) for p in order) for m in extremes)  # type: ignore[misc]
-        for order in orders
-    ]
+    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)
+    (whole numbers: prefix sums of `_EXTREME_DELTAS`, never below 0)."""
+    found = []
+    for order in orders:
+        deltas = np.array([_EXTREME_DELTAS[p.kind] for p in order], dtype=np.int64)
+        deltas = deltas.reshape(len(order), 2)
+        tops = np.cumsum(deltas, axis=0).max(axis=0, initial=0)
+        found.append((Fraction(int(tops[0])), Fraction(int(tops[1]))))
+    return found
 
 
 class _Run:

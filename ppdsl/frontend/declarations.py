@@ -50,7 +50,7 @@ __all__ = [
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("comm",)
+_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap", "comm")
 _MEMORY_NAMES = ("M_B", "M_W")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -79,6 +79,7 @@ class Declarations:
     costs: dict[PassKind, list[Num]] = field(default_factory=dict)
     """Per pass kind, its cost on each stage (given or by default)."""
     comm: Num = semantics.DEFAULT_COMM
+    overlap: Num = semantics.DEFAULT_OVERLAP
     """The cost of one transfer between devices."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
@@ -111,7 +112,9 @@ class Declarations:
     def cost_model(self) -> Costs:
         """The costs in force, as the IR states them."""
         return Costs.by_kind(
-            {k: [float(x) for x in values] for k, values in self.costs.items()}, float(self.comm)
+            {k: [float(x) for x in values] for k, values in self.costs.items()},
+            float(self.comm),
+            overlap=float(self.overlap),
         )
 
     def memory_model(self) -> MemoryModel:
@@ -266,6 +269,7 @@ def _refresh_names(state: Declarations) -> None:
     for kind in KINDS:
         state.env[f"T_{kind.value}"] = state.costs[kind][0]
     state.env["T_comm"] = state.comm
+    state.env["T_overlap"] = state.overlap
     for name in _MEMORY_NAMES:
         state.env[name] = state.memory[name][0]
 
@@ -309,7 +313,7 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: st
 
 
 def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
-    """`cost KIND = x`, `cost KIND[s] = f(s)` or `cost comm = x`."""
+    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x` or `cost overlap = r`."""
     if stmt.name not in _COST_NAMES:
         listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
         hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
@@ -318,6 +322,17 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name == "overlap":
+        if stmt.index is not None:
+            raise ElaborationError("'overlap' is one factor, not per stage", stmt.span)
+        factor = _per_stage_values(stmt, state, "a cost")[0]
+        if not 0 < factor <= 1:
+            raise ElaborationError(
+                f"'overlap' is the share of F + B an overlapped pair takes: more than 0 and "
+                f"at most 1 (1: one after the other), got {show(factor)}",
+                stmt.value.span,
+            )
+        state.overlap = factor
     else:
         state.costs[PassKind(stmt.name)] = _per_stage_values(stmt, state, "a cost")
     state.explicit.add(stmt.name)

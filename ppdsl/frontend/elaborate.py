@@ -123,6 +123,13 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
         if isinstance(stmt, ast.OrderDecl):
             orders = elaborate_order(stmt, state, placement, m)
         elif isinstance(stmt, ast.BlockDecl):
+            if placement.lanes > 1:
+                raise ElaborationError(
+                    f"a block runs every microbatch through all {placement.num_stages} stages, "
+                    f"but '{placement.kind}' runs {placement.lanes} pipelines of "
+                    f"{placement.num_model_stages} stages; write its order with 'order {{ ... }}'",
+                    stmt.span,
+                )
             block, orders = elaborate_block(stmt, state, placement, m, costs)
         else:
             expects.append(expectation(stmt, state, placement.num_devices))

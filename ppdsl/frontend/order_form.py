@@ -9,7 +9,7 @@ has, the limit past which a loop is surely runaway, and the passes so far.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ppdsl import limits
 from ppdsl.diagnostics import Span
@@ -20,13 +20,16 @@ from ppdsl.frontend.expressions import (
     ElaborationError,
     Env,
     Scope,
+    VectorEval,
+    VectorFallback,
     compile_expr,
     compile_range,
+    compile_vector,
     integer,
     number,
 )
 from ppdsl.ir.schedule import Pass, Placement
-from ppdsl.semantics import pass_kinds
+from ppdsl.semantics import PassKind, backward_kinds, pass_kinds
 
 __all__ = ["DeviceOrder", "elaborate_order"]
 
@@ -94,6 +97,8 @@ def _bind(name: str, scope: Scope, span: Span) -> None:
 def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
     if isinstance(stmt, ast.PassCall):
         return _compile_pass(stmt, scope, rules)
+    if isinstance(stmt, ast.Overlap):
+        return _compile_overlap(stmt, scope, rules)
     if isinstance(stmt, ast.Let):
         value = compile_expr(stmt.value, scope)
         _bind(stmt.name, scope, stmt.span)
@@ -113,10 +118,13 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         body = _compile_body(stmt.body, loop_scope, rules)
         var = stmt.var
         span = stmt.range.span
+        vector = _vector_loop(stmt, rules)
 
         def for_(env: Env, order: DeviceOrder) -> None:
             values = rng(env)
             limits.count_iterations(limits.iteration_count(values), span)
+            if vector is not None and len(values) >= _VECTOR_MIN and vector.run(env, values, order):
+                return
             for x in values:
                 env[var] = x
                 body(env, order)
@@ -159,15 +167,145 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         a, b = order.sub(), order.sub()
         first(env, a)
         second(env, b)
-        n = min(len(a.passes), len(b.passes))
+        units_a, units_b = _units(a.passes), _units(b.passes)
+        n = min(len(units_a), len(units_b))
         out = order.passes
-        for x, y in zip(a.passes, b.passes, strict=False):
-            out.append(x)
-            out.append(y)
-        out.extend(a.passes[n:])
-        out.extend(b.passes[n:])
+        for x, y in zip(units_a, units_b, strict=False):
+            out.extend(x)
+            out.extend(y)
+        for unit in units_a[n:] + units_b[n:]:
+            out.extend(unit)
 
     return interleave
+
+
+def _units(passes: list[Pass]) -> list[list[Pass]]:
+    """Passes as the units a device runs: an overlapped pair is one."""
+    units: list[list[Pass]] = []
+    for p in passes:
+        if p.overlapped and units:
+            units[-1].append(p)
+        else:
+            units.append([p])
+    return units
+
+
+def _compile_overlap(stmt: ast.Overlap, scope: Scope, rules: _Rules) -> _Run:
+    forward, backward = stmt.forward, stmt.backward
+    backwards = tuple(k.value for k in backward_kinds(rules.split_backward))
+    if forward.kind != "F" or backward.kind not in backwards:
+        raise ElaborationError(
+            f"an overlapped pass is a forward and a backward of this device: "
+            f"F(j, c) & {backwards[0]}(k, c2), not {forward.kind}(...) & {backward.kind}(...)",
+            stmt.span,
+        )
+    run_forward = _compile_pass(forward, scope, rules)
+    run_backward = _compile_pass(backward, scope, rules)
+
+    def overlap(env: Env, order: DeviceOrder) -> None:
+        run_forward(env, order)
+        run_backward(env, order)
+        order.passes[-1] = replace(order.passes[-1], overlapped=True)
+
+    return overlap
+
+
+_VECTOR_MIN = 16  # shorter loops run value by value (numpy's per-call cost)
+
+
+@dataclass(frozen=True)
+class _GuardedPass:
+    """A pass call of a loop body with the conditions (value, wanted truth) of
+    the `if`s around it."""
+
+    kind: PassKind
+    span: Span
+    guards: tuple[tuple[VectorEval, bool], ...]
+    microbatch: VectorEval
+    chunk: VectorEval | None
+
+
+@dataclass(frozen=True)
+class _VectorLoop:
+    """A `for` loop whose body is pass calls and `if`s only, evaluated for all
+    its values at once: each expression once per loop (numpy over the loop
+    variable), the passes then laid out iteration by iteration. Where the
+    value-by-value run could differ (an error, a name that is not an int, a
+    possible overflow), `run` says no and the loop runs value by value."""
+
+    calls: tuple[_GuardedPass, ...]
+    num_microbatches: int
+
+    def run(self, env: Env, values: range, order: DeviceOrder) -> bool:
+        import numpy as np
+
+        x = np.arange(values.start, values.stop, values.step, dtype=np.int64)
+        bound = max(abs(values.start), abs(values.stop))
+        n, stages = len(x), order.stages
+        try:
+            masks, micro, stage = [], [], []
+            for call in self.calls:
+                mask = np.ones(n, dtype=bool)
+                for cond, wanted in call.guards:
+                    mask &= np.broadcast_to(cond(env, x, bound) != 0, (n,)) == wanted
+                j = np.broadcast_to(call.microbatch(env, x, bound), (n,))
+                c = np.broadcast_to(call.chunk(env, x, bound), (n,)) if call.chunk else 0
+                c = np.broadcast_to(c, (n,))
+                chosen_j, chosen_c = j[mask], c[mask]
+                if np.any((chosen_j < 0) | (chosen_j >= self.num_microbatches)):
+                    return False
+                if np.any((chosen_c < 0) | (chosen_c >= len(stages))):
+                    return False
+                masks.append(mask)
+                micro.append(j)
+                stage.append(np.asarray(stages, dtype=np.int64)[np.where(mask, c, 0)])
+        except VectorFallback:
+            return False
+        taken = np.stack(masks, axis=1)  # iteration-major: value, then call
+        if len(order.passes) + int(taken.sum()) > order.limit:
+            return False  # value by value, to stop at the pass past the limit
+        it, k = np.nonzero(taken)
+        js = np.stack(micro, axis=1)[it, k].tolist()
+        ss = np.stack(stage, axis=1)[it, k].tolist()
+        kinds = [c.kind for c in self.calls]
+        spans = [c.span for c in self.calls]
+        order.passes.extend(
+            Pass(kinds[q], j, s, spans[q]) for q, j, s in zip(k.tolist(), js, ss, strict=True)
+        )
+        return True
+
+
+def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
+    """The vector form of a loop (None where its body has more than pass calls
+    and `if`s, or an expression that needs exact values)."""
+    calls: list[_GuardedPass] = []
+
+    def walk(body, guards) -> bool:
+        for s in body:
+            if isinstance(s, ast.PassCall):
+                if len(s.args) not in (1, 2):
+                    return False
+                micro = compile_vector(s.args[0], stmt.var)
+                chunk = compile_vector(s.args[1], stmt.var) if len(s.args) == 2 else None
+                if micro is None or (len(s.args) == 2 and chunk is None):
+                    return False
+                kind = pass_kind(s.kind, s.span, rules.split_backward)
+                calls.append(_GuardedPass(kind, s.span, guards, micro, chunk))
+            elif isinstance(s, ast.If):
+                cond = compile_vector(s.cond, stmt.var, as_number=False)
+                if cond is None:
+                    return False
+                if not walk(s.then, (*guards, (cond, True))):
+                    return False
+                if not walk(s.else_, (*guards, (cond, False))):
+                    return False
+            else:
+                return False
+        return True
+
+    if not walk(stmt.body, ()) or not calls:
+        return None
+    return _VectorLoop(tuple(calls), rules.num_microbatches)
 
 
 def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:

@@ -80,6 +80,7 @@ def _parser() -> tuple[Lark, _Postlex]:
         propagate_positions=True,
         maybe_placeholders=False,
         start=["start", "expr"],
+        cache=True,  # the LALR tables, in the temp directory (keyed by grammar and lark version)
     )
     return lark, postlex
 
@@ -229,7 +230,14 @@ class _ToAst(Transformer):
     # the block form
     def block(self, meta, children):
         period, *lines = children
-        return ast.BlockDecl(period, tuple(lines), self._span(meta))
+        group = None
+        if lines and isinstance(lines[0], ast.Group):
+            group, *lines = lines
+        return ast.BlockDecl(period, tuple(lines), self._span(meta), group)
+
+    def group(self, meta, children):
+        size, spacing = children
+        return ast.Group(size, spacing, self._span(meta))
 
     def slot(self, meta, children):
         kind, start = children
@@ -291,6 +299,9 @@ class _ToAst(Transformer):
     def pass_(self, meta, children):
         kind, *args = children
         return ast.PassCall(str(kind), tuple(args), self._span(meta))
+
+    def overlap(self, meta, children):
+        return ast.Overlap(children[0], children[1], self._span(meta))
 
     # expectations
     def expect(self, meta, children):

@@ -51,6 +51,11 @@ def torch_schedule(
             f"torch {torch.__version__} has no _PipelineScheduleRuntime (torch 2.6 or later "
             "runs a schedule from action lists)"
         ) from exc
+    if schedule.plan.lanes > 1:
+        raise ValueError(
+            f"schedule {schedule.plan.name!r} runs {schedule.plan.lanes} pipelines (a "
+            "bidirectional placement); torch's runtime runs one: use PipelineRunner"
+        )
     rank = dist.get_rank(group)
     mine = schedule.stages_of(rank)
     missing = [s for s in mine if s not in stages]

@@ -283,7 +283,7 @@ def _run(
     torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
     random.seed(opts.seed)
     try:
-        model = build_model(opts.model, plan.num_stages)
+        model = build_model(opts.model, plan.num_model_stages)
         if batch_size % m:
             raise ModelError(
                 f"--batch-size {batch_size} does not split into {m} microbatches; "
