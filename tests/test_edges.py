@@ -128,3 +128,18 @@ def test_long_compile_reports_its_phase(monkeypatch: pytest.MonkeyPatch, capsys)
     with limits.progress("big.pp") as phase:
         time.sleep(0.1)
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_line_is_quoted_as_a_window_around_the_caret() -> None:
+    """An error deep in a very long line quotes about 120 characters around it,
+    the caret still under the offending name, not the whole line."""
+    from ppdsl.diagnostics import render
+
+    ones = "+".join(["1"] * 400)
+    source = f"schedule s {{\n    param d = 2\n    param m = 2\n    let x = {ones} + y + {ones}\n}}\n"
+    with pytest.raises(CompileError) as info:
+        compile_source(source, "long.pp")
+    (diag,) = info.value.diagnostics
+    _, quoted, caret = render(diag).splitlines()[:3]
+    assert len(quoted) < 140 and quoted.strip().startswith("...") and quoted.endswith("...")
+    assert quoted[caret.index("^")] == "y"
