@@ -13,10 +13,12 @@ from pathlib import Path
 
 from ppdsl.commands.common import (
     ExitCode,
+    UsageError,
     add_dp_arguments,
     add_schedule_arguments,
     check_dp_arguments,
     compile_from_args,
+    output_directory,
 )
 from ppdsl.diagnostics import render_all
 
@@ -43,12 +45,15 @@ def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.compiler import generate
 
     check_dp_arguments(args)
+    out = output_directory(args.output if args.output else default_output(args.file))
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    out = Path(args.output) if args.output else default_output(args.file)
     generated = generate(compiled, args.dp, args.dp_mode)
-    write(generated, out)
+    try:
+        write(generated, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write into '{out}': {exc.strerror or exc}") from None
     d = compiled.schedule.num_devices * args.dp
     print(
         f"wrote {out}/: rank0.py..rank{d - 1}.py, launch.py, manifest.json "
