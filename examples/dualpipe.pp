@@ -13,6 +13,7 @@
 schedule dualpipe {
     param d = 8
     param m = 2 * d + 4               # the figure's 20 microbatches at d = 8
+    require d % 2 == 0 and m % 2 == 0 and m >= 2*d, "DualPipe needs an even d and an even m >= 2d"
     place dualpipe                    # chunk 0 = stage i (down), chunk 1 = stage 2d-1-i (up)
     backward split
     cost overlap = 3/4                # an overlapped F&B takes 3/4 of F + B (an assumption)

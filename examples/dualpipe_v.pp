@@ -10,6 +10,7 @@
 schedule dualpipe_v {
     param d = 4
     param m = 2 * d
+    require m >= 2*d, "DualPipeV needs m >= 2d microbatches"
     place vshape                      # chunk 0 = stage i, chunk 1 = stage 2d-1-i
     backward split
     memory M_W = M_B                  # activations count until W ends, as in V-Min/V-Half

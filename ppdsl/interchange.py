@@ -28,6 +28,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl import limits
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
@@ -116,6 +117,9 @@ def _cells(line: str) -> list[tuple[int, str]]:
     return cells
 
 
+_MAX_INDEX_DIGITS = 7
+
+
 def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[PassKind, int, int]]:
     overlap = _OVERLAP.fullmatch(text)
     parts = [p.strip() for p in overlap.group(1).split(";")] if overlap else [text]
@@ -123,7 +127,16 @@ def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[Pa
     for part in parts:
         m = _ACTION.fullmatch(part)
         if m:
-            actions.append((_LETTER_KIND[m.group(2)], int(m.group(3)), int(m.group(1))))
+            stage, microbatch = m.group(1), m.group(3)
+            if len(stage) > _MAX_INDEX_DIGITS or len(microbatch) > _MAX_INDEX_DIGITS:
+                found.append(Diagnostic(
+                    "error",
+                    f"action {part!r}: a stage or microbatch index of more than "
+                    f"{_MAX_INDEX_DIGITS} digits; ppdsl handles at most a million of each",
+                    span,
+                ))
+                continue
+            actions.append((_LETTER_KIND[m.group(2)], int(microbatch), int(stage)))
             continue
         if _TORCH_NON_COMPUTE.fullmatch(part):
             # torch's compute_comms format: its own transfers and FSDP steps; ppdsl
@@ -270,6 +283,8 @@ def from_torch_csv(
         raise CompileError(found)
 
     m = num_microbatches if num_microbatches is not None else 1 + max(a[1] for r in rows for a in r)
+    kinds = 2 if fused else 3
+    limits.check_passes(num_stages * m * kinds, whole, f"{num_stages} stages x {m} microbatches x {kinds} pass kinds")
     S = num_stages
     def overlapped(row: list, k: int) -> bool:
         # the backward of an OVERLAP_F_B cell, right after the cell's forward

@@ -347,4 +347,6 @@ def test_absurd_nesting_is_an_error_not_a_crash():
     text = "schedule s {\n param d = 1\n param m = " + "+".join(["1"] * 5000) + "\n}\n"
     with pytest.raises(CompileError) as info:
         parse(text, "t.pp")
-    assert "nests expressions or blocks too deeply" in info.value.diagnostics[0].message
+    (diag,) = info.value.diagnostics
+    assert "nest more than 200 levels deep here" in diag.message and "--max-depth" in diag.message
+    assert diag.span is not None and diag.span.line == 3

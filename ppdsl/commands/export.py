@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import (
+    ExitCode,
+    add_schedule_arguments,
+    compile_from_args,
+    output_file,
+    write_output,
+)
 from ppdsl.diagnostics import Diagnostic, render_all
 from ppdsl.interchange import to_torch_csv
 
@@ -29,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if args.output:
+        output_file(args.output)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -46,8 +53,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     text = to_torch_csv(compiled.schedule)
     if args.output:
         # newline="": keep the csv module's CRLF row ends, as torch writes them
-        with Path(args.output).open("w", newline="", encoding="utf-8") as out:
-            out.write(text)
+        write_output(args.output, text, newline="")
     else:
         sys.stdout.write(text)
     return ExitCode.OK

@@ -15,9 +15,14 @@ import argparse
 import json
 import shlex
 import sys
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    check_model_file,
+    output_file,
+    write_output,
+)
 from ppdsl.diagnostics import CompileError, Diagnostic
 
 HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
@@ -40,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the zero-bubble paper's implementation; default) or w (deferred to W)")
     parser.add_argument("--no-transfer", action="store_true",
                         help="skip measuring the transfer between stages (cost comm = 0)")
+    parser.add_argument("--dp", type=int, default=1, metavar="N",
+                        help="also measure each stage's data-parallel collectives over N gloo "
+                        "processes: cost reduce (all-reduce; reduce-scatter with --dp-mode shard) "
+                        "and cost gather (all-gather) of its parameter bytes")
+    parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
+                        help="what cost reduce measures (default replicate: an all-reduce)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("-o", "--output", metavar="COSTS.pp", default=None,
                         help="write cost and memory statements for --costs-from")
@@ -56,8 +67,13 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--stages {args.stages}: need at least 1 stage")
     if args.microbatch_size < 1:
         raise UsageError(f"--microbatch-size {args.microbatch_size}: need at least 1 sample")
+    if args.dp < 1:
+        raise UsageError(f"--dp {args.dp}: need at least 1 rank")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
+    check_model_file(args.model)
+    if args.output:
+        output_file(args.output)
     device, error = prepare_device(args.device)
     if error is not None:
         raise UsageError(error)
@@ -66,7 +82,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         profile = profile_model(
             args.model, args.stages, args.microbatch_size, device,
             warmup=args.warmup, repeats=args.repeats, transfer=not args.no_transfer,
-            progress=bar, norms=args.norms,
+            progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None
@@ -75,10 +91,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.output:
         argv = getattr(args, "argv", None) or sys.argv[1:]
         command = "ppdsl " + " ".join(shlex.quote(a) for a in argv)
-        try:
-            Path(args.output).write_text(to_costs_pp(profile, command), encoding="utf-8")
-        except OSError as exc:
-            raise CompileError([Diagnostic("error", f"cannot write '{args.output}': {exc}")]) from None
+        write_output(args.output, to_costs_pp(profile, command))
     if args.json:
         print(json.dumps(profile.to_json(), indent=2))
     else:

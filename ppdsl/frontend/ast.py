@@ -27,6 +27,7 @@ __all__ = [
     "NamedRange",
     "Param",
     "Let",
+    "Require",
     "Place",
     "Backward",
     "Cost",
@@ -167,6 +168,16 @@ class Let:
 
     name: str
     value: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Require:
+    """`require COND, "message"`: the schedule's valid range (an error at this
+    line, quoting the message, when COND is false)."""
+
+    cond: Expr
+    message: str | None
     span: Span
 
 
@@ -341,7 +352,7 @@ class ExpectDecl:
     metric_span: Span
 
 
-Stmt = Param | Let | Place | Backward | Cost | Memory | BlockDecl | OrderDecl | ExpectDecl
+Stmt = Param | Let | Require | Place | Backward | Cost | Memory | BlockDecl | OrderDecl | ExpectDecl
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +520,9 @@ def _format_stmt(stmt: Stmt) -> list[str]:
         return [f"{pad}param {stmt.name}{value}"]
     if isinstance(stmt, Let):
         return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, Require):
+        message = "" if stmt.message is None else f', "{stmt.message}"'
+        return [f"{pad}require {format_expr(stmt.cond)}{message}"]
     if isinstance(stmt, Place):
         if stmt.kind == "list":
             return [f"{pad}place [{', '.join(format_expr(e) for e in stmt.devices)}]"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from ppdsl import limits
 from ppdsl.frontend import ast
 from ppdsl.frontend.blocks import repeat_block
 from ppdsl.frontend.declarations import MAX_PASSES, Declarations, pass_kind
@@ -110,6 +111,7 @@ def elaborate_block(
                     )
                 slot, start = entry
                 at = number(start(env), slot.start.span, "a start time")
+                limits.check_integer(at, slot.start.span, f"stage {stage}'s start time")
                 pk = PassKind(kind)
                 duration = norm(Fraction(_stage_cost(state, kind, stage)))
                 slots.append(

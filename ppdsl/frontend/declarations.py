@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ppdsl import semantics
+from ppdsl import limits, semantics
 from ppdsl.diagnostics import CompileError, Span
 from ppdsl.frontend import ast
 from ppdsl.frontend.expressions import (
@@ -45,11 +45,12 @@ __all__ = [
     "ensure_placement",
     "expectation",
     "pass_kind",
+    "require",
 ]
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap", "comm")
+_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES + ("comm",)
 _MEMORY_NAMES = ("M_B", "M_W")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -80,6 +81,8 @@ class Declarations:
     comm: Num = semantics.DEFAULT_COMM
     overlap: Num = semantics.DEFAULT_OVERLAP
     """The cost of one transfer between devices."""
+    collectives: dict[str, list[Num]] = field(default_factory=dict)
+    """Per data-parallel collective (reduce, gather) given, its cost on each stage."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
     memory: dict[str, list[Num]] = field(default_factory=dict)
@@ -103,8 +106,10 @@ class Declarations:
         self.env[name] = value
 
     def evaluate(self, expr: ast.Expr) -> Value:
-        """The value of a top-level expression."""
-        return compile_expr(expr, self.scope())(self.env)
+        """The value of a top-level expression, within the integer-bits limit."""
+        value = compile_expr(expr, self.scope())(self.env)
+        limits.check_integer(value, expr.span, "this value")
+        return value
 
     def cost_model(self) -> Costs:
         """The costs in force, as the IR states them."""
@@ -112,7 +117,7 @@ class Declarations:
             {k: [float(x) for x in values] for k, values in self.costs.items()},
             float(self.comm),
             overlap=float(self.overlap),
-        )
+        ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()})
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it."""
@@ -149,6 +154,8 @@ def evaluate_override(name: str, text: str, state: Declarations) -> Value:
                 None,
             )
         return state.evaluate(expr)
+    except limits.LimitError as exc:
+        raise ElaborationError(prefix + exc.diagnostic.message, None) from None
     except CompileError:
         raise ElaborationError(
             f"{prefix}not a number or an expression over earlier params", None
@@ -296,6 +303,7 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: st
         for s in range(num_stages):
             env[stmt.index] = s
             values.append(fn(env))
+            limits.check_integer(values[-1], stmt.value.span, f"at stage {s}, the value")
     nums: list[Num] = []
     for value in values:
         if isinstance(value, range) or value < 0:
@@ -316,6 +324,8 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name in semantics.COLLECTIVES:
+        state.collectives[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "overlap":
         if stmt.index is not None:
             raise ElaborationError("'overlap' is one factor, not per stage", stmt.span)
@@ -341,6 +351,31 @@ def declare_memory(stmt: ast.Memory, state: Declarations) -> None:
     state.memory[stmt.name] = _per_stage_values(stmt, state, "a memory amount")
     state.explicit.add(stmt.name)
     _refresh_names(state)
+
+
+def require(stmt: ast.Require, state: Declarations) -> None:
+    """`require COND, "message"`: an error at the statement when COND is false,
+    quoting the message and the values of the names COND uses."""
+    if number(state.evaluate(stmt.cond), stmt.cond.span, "a requirement"):
+        return
+    names = sorted(_names(stmt.cond), key=lambda n: (n not in ("d", "m"), n))
+    values = ", ".join(f"{n} = {show(state.env[n])}" for n in names if n in state.env)
+    got = f" (here {values})" if values else ""
+    text = ast.format_expr(stmt.cond)
+    why = f"{stmt.message}: " if stmt.message else ""
+    raise ElaborationError(f"{why}this schedule requires {text}{got}", stmt.span)
+
+
+def _names(expr: ast.Expr) -> set[str]:
+    if isinstance(expr, ast.Name):
+        return {expr.id}
+    found: set[str] = set()
+    for child in (getattr(expr, f, None) for f in ("operand", "left", "right", "cond", "then", "else_")):
+        if child is not None:
+            found |= _names(child)
+    for arg in getattr(expr, "args", ()):
+        found |= _names(arg)
+    return found
 
 
 def pass_kind(name: str, span: Span, split_backward: bool) -> PassKind:

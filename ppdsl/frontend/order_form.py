@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ppdsl import limits
 from ppdsl.diagnostics import Span
 from ppdsl.frontend import ast
-from ppdsl.frontend.declarations import MAX_PASSES, Declarations, pass_kind
+from ppdsl.frontend.declarations import Declarations, pass_kind
 from ppdsl.frontend.expressions import (
     BUILTINS,
     ElaborationError,
@@ -102,9 +103,12 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         value = compile_expr(stmt.value, scope)
         _bind(stmt.name, scope, stmt.span)
         name = stmt.name
+        span = stmt.value.span
 
         def let(env: Env, order: DeviceOrder) -> None:
-            env[name] = value(env)
+            env[name] = got = value(env)
+            if type(got) is not int or got.bit_length() > 62:
+                limits.check_integer(got, span, "this value")
 
         return let
     if isinstance(stmt, ast.For):
@@ -118,10 +122,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
 
         def for_(env: Env, order: DeviceOrder) -> None:
             values = rng(env)
-            if len(values) > MAX_PASSES:
-                raise ElaborationError(
-                    f"a loop over {len(values)} values; at most {MAX_PASSES}", span
-                )
+            limits.count_iterations(limits.iteration_count(values), span)
             if vector is not None and len(values) >= _VECTOR_MIN and vector.run(env, values, order):
                 return
             for x in values:
@@ -137,10 +138,9 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
 
         def repeat(env: Env, order: DeviceOrder) -> None:
             n = integer(count(env), cspan, "a repeat count")
-            if not 0 <= n <= MAX_PASSES:
-                raise ElaborationError(
-                    f"a repeat count must be in 0..{MAX_PASSES}, got {n}", cspan
-                )
+            if n < 0:
+                raise ElaborationError(f"a repeat count must be >= 0, got {n}", cspan)
+            limits.count_iterations(n, cspan)
             for _ in range(n):
                 body(env, order)
                 order.check_size(cspan)
