@@ -44,6 +44,8 @@ def _run(argv: list[str]) -> tuple[float, float, float]:
 
 def _argv(command: str, d: int, m: int, out: str) -> list[str]:
     sizes = ["-D", f"d={d}", "-D", f"m={m}"]
+    if 6 * d * m > 1_000_000:  # past the default --max-passes (issue 14's limits)
+        sizes += ["--max-passes", str(6 * d * m)]
     if command == "check":
         return ["check", FILE, *sizes]
     if command == "stats":
