@@ -11,6 +11,7 @@ from factories import brute_force_finishes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppdsl.analysis.lifespans import block_memory
 from ppdsl.compiler import compile_source
 from ppdsl.diagnostics import CompileError
 from ppdsl.ir.schedule import PassKind
@@ -65,6 +66,7 @@ def block_sources(draw) -> str:
             costs.append(f"cost {kind} = {draw(st.integers(1, 4))}")
         costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
     bound = draw(st.integers(1, 2 * m + 1))
+    life = draw(st.one_of(st.none(), st.integers(1, 12 * d + 12)))
     body = "\n".join(
         [
             f"    param d = {d}",
@@ -76,6 +78,7 @@ def block_sources(draw) -> str:
             *(f"        {line}" for line in lines),
             "    }",
             f"    expect peak_memory <= {bound} * M_B",
+            *([f"    expect lifespan <= {life}"] if life is not None else []),
         ]
     )
     return f"schedule random_block {{\n{body}\n}}\n"
@@ -139,5 +142,19 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
         assert peak <= s.num_stages * s.num_microbatches  # sanity
         bound = next(e for e in s.expects if e.metric == "peak_memory").bound
         assert peak <= bound, source
+    # lifespans: a W-less or explicit-W block's run from its F slot to the end of
+    # the slot freeing the last activation, within the file's bound; the steady
+    # state (derived two ways inside the compiler) never exceeds the ⌈l/T⌉ rule
+    found = block_memory(s)
+    slots = {(x.kind, x.stage): x for x in s.block.slots}
+    for x in found.lifespans:
+        if (x.frees, x.stage) in slots:
+            last = slots[(x.frees, x.stage)]
+            assert x.length == last.start + last.duration - slots[(PassKind.F, x.stage)].start
+        for e in s.expects:
+            if e.metric == "lifespan":
+                assert x.length <= e.bound, source
+    if found.steady is not None:
+        assert all(a <= b for a, b in zip(found.steady, found.rule, strict=True)), source
     # the lowered programs run to the end under blocking exchanges
     assert brute_force_finishes(compiled.programs, random.Random(seed)), source

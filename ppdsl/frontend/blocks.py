@@ -54,7 +54,7 @@ from fractions import Fraction
 from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
 from ppdsl.semantics import needs, peak_of_deltas
 
-__all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
+__all__ = ["repeat_block", "timed_slots", "fill_timeline", "tighten_warm_up_and_cool_down"]
 
 _F, _B, _W, _BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 
@@ -73,16 +73,7 @@ def repeat_block(
     W placed by `w_fill` carries the span of its B's line."""
     if w_fill and not split_backward:
         raise ValueError("W fill needs a split backward (F, B, W)")
-    period = Fraction(block.period)
-    timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
-        [] for _ in range(placement.num_devices)
-    ]
-    for index, slot in enumerate(block.slots):
-        for j in range(num_microbatches):
-            start = Fraction(slot.start) + j * period
-            timed[slot.device].append((start, index, j, slot))
-    for device_slots in timed:
-        device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
+    timed = timed_slots(block, placement, num_microbatches)
     if w_fill:
         orders = _fill_w(timed, costs)
     else:
@@ -93,32 +84,62 @@ def repeat_block(
     return tighten_warm_up_and_cool_down(orders, placement, costs)
 
 
+def timed_slots(
+    block: Block, placement: Placement, num_microbatches: int
+) -> list[list[tuple[Fraction, int, int, BlockSlot]]]:
+    """Per device, (start, slot index, microbatch, slot) of every slot repeated
+    for `num_microbatches` microbatches, sorted by start, then slot position,
+    then microbatch (the plain repetition's order)."""
+    period = Fraction(block.period)
+    timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
+        [] for _ in range(placement.num_devices)
+    ]
+    for index, slot in enumerate(block.slots):
+        for j in range(num_microbatches):
+            timed[slot.device].append((Fraction(slot.start) + j * period, index, j, slot))
+    for device_slots in timed:
+        device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
+    return timed
+
+
 def _fill_w(
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]], costs: Costs
 ) -> tuple[tuple[Pass, ...], ...]:
-    """Insert every W into the repeated block's timeline, device by device: a
-    W becomes pending when its B ends; the oldest pending W starts whenever the
-    device is free before its next F/B slot's start; the rest run at the end."""
-    orders = []
+    """Insert every W into the repeated block's timeline (`fill_timeline`)."""
+    return tuple(tuple(p for _, p in row) for row in fill_timeline(timed, costs))
+
+
+def fill_timeline(
+    timed: list[list[tuple[Fraction, int, int, BlockSlot]]], costs: Costs
+) -> tuple[tuple[tuple[Fraction, Pass], ...], ...]:
+    """Per device, (start, pass) of the repeated block with every W inserted, in
+    order: a W becomes pending when its B ends; the oldest pending W starts
+    whenever the device is free before its next F/B slot's start (a W that runs
+    over that start delays the slot); the rest run at the end. `timed` holds per
+    device (start, slot index, microbatch, slot) sorted by start."""
+    rows = []
     for device_slots in timed:
-        order: list[Pass] = []
+        row: list[tuple[Fraction, Pass]] = []
         pending: deque[tuple[Fraction, Pass]] = deque()
         free: Fraction | None = None
         for start, _, j, slot in device_slots:
-            if slot.kind not in (_F, _B):
+            if slot.kind is _W or slot.kind is _BW:
                 raise ValueError(f"a W-fill block holds only F and B slots, not {slot.kind.value}")
             while pending and free is not None and free < start and pending[0][0] <= free:
                 _, w = pending.popleft()
-                order.append(w)
+                row.append((free, w))
                 free += Fraction(costs.duration(_W, w.stage))
             free = max(start, free) if free is not None else start
+            row.append((free, Pass(slot.kind, j, slot.stage, slot.span)))
             free += Fraction(slot.duration)
-            order.append(Pass(slot.kind, j, slot.stage, slot.span))
             if slot.kind is _B:
                 pending.append((free, Pass(_W, j, slot.stage, slot.span)))
-        order += [w for _, w in pending]
-        orders.append(tuple(order))
-    return tuple(orders)
+        for _, w in pending:
+            assert free is not None
+            row.append((free, w))
+            free += Fraction(costs.duration(_W, w.stage))
+        rows.append(tuple(row))
+    return tuple(rows)
 
 
 def tighten_warm_up_and_cool_down(

@@ -47,7 +47,7 @@ __all__ = [
     "pass_kind",
 ]
 
-METRICS = ("peak_memory", "bubble", "idle", "makespan")
+METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
 _COST_NAMES = tuple(k.value for k in KINDS) + ("comm",)
 _MEMORY_NAMES = ("M_B", "M_W")
@@ -360,11 +360,19 @@ def expectation(decl: ast.ExpectDecl, state: Declarations, num_devices: int) -> 
             f"expect takes one of {' '.join(_EXPECT_OPS)}, not '{decl.op}'", decl.span
         )
     device = None
-    if decl.device is not None:
+    if decl.device is not None and decl.metric == "lifespan":
+        num_stages = ensure_placement(state).num_stages
+        device = integer(state.evaluate(decl.device), decl.device.span, "a stage index")
+        if not 0 <= device < num_stages:
+            raise ElaborationError(
+                f"stage {device} out of range: S = {num_stages}, so lifespan[0..{num_stages}]",
+                decl.device.span,
+            )
+    elif decl.device is not None:
         if decl.metric != "peak_memory":
             raise ElaborationError(
                 f"'{decl.metric}' is one value for the schedule; only peak_memory takes "
-                "a device [k]",
+                "a device [k] (and lifespan a stage [s])",
                 decl.device.span,
             )
         device = integer(state.evaluate(decl.device), decl.device.span, "a device index")

@@ -166,10 +166,11 @@ class MemoryModel:
 
 @dataclass(frozen=True)
 class Expect:
-    """`expect METRIC[device] OP bound`. metric: peak_memory, bubble (the
-    zero-bubble paper's ratio), idle (whole-pipeline idle fraction), makespan.
-    device None means "every device" for peak_memory and the schedule-wide value
-    for the others."""
+    """`expect METRIC[index] OP bound`. metric: peak_memory, bubble (the
+    zero-bubble paper's ratio), idle (whole-pipeline idle fraction), makespan,
+    lifespan (a block stage's, controllable-memory paper §3). `device` is the
+    index: a device for peak_memory, a stage for lifespan; None means every
+    device (stage) for those two and the schedule-wide value for the others."""
 
     metric: str
     op: str
