@@ -25,12 +25,14 @@ from __future__ import annotations
 import csv
 import io
 import re
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
+from ppdsl.frontend.parse import parse_expression
 from ppdsl.ir.schedule import (
     Costs,
     MemoryModel,
@@ -40,7 +42,7 @@ from ppdsl.ir.schedule import (
     Schedule,
     torch_action,
 )
-from ppdsl.semantics import KINDS, read_placement
+from ppdsl.semantics import DEFAULT_KEPT_INPUT, KINDS, read_placement
 
 __all__ = [
     "to_torch_actions",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 _LETTER_KIND = {k.torch_letter: k for k in KINDS}
-_ACTION = re.compile(r"(\d+)([FIWB])(\d+)")
+_ACTION = re.compile(r"(\d+)([FIWBR])(\d+)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 
@@ -261,6 +263,14 @@ def from_torch_csv(
     orders = tuple(
         tuple(Pass(kind, mb, stage, span) for kind, mb, stage, span in row) for row in rows
     )
+    # a stage with R actions is recomputed (ppdsl's own letter; torch has none)
+    recomputed = {p.stage for order in orders for p in order if p.kind is PassKind.R}
+    memory = MemoryModel.default(S)
+    if recomputed:
+        kept = Fraction(DEFAULT_KEPT_INPUT)
+        memory = replace(
+            memory, kept_input=tuple(kept if s in recomputed else None for s in range(S))
+        )
     return Schedule(
         name=name or _identifier(Path(file).stem),
         file=file,
@@ -269,7 +279,7 @@ def from_torch_csv(
         placement=place,
         split_backward=not fused,
         costs=Costs.unit(S),
-        memory=MemoryModel.default(S),
+        memory=memory,
         orders=orders,
         span=whole,
     )
@@ -311,6 +321,16 @@ def to_pp(schedule: Schedule, source: str = "") -> str:
         ast.place(s.placement.stage_device, s.num_devices),
         ast.Backward("split" if s.split_backward else "fused", ast.GENERATED, ast.GENERATED),
     ]
+    if s.recompute:
+        marked = sorted(s.recompute)
+        test = " or ".join(f"s == {x}" for x in marked)
+        stmts.append(
+            ast.Recompute(
+                None if len(marked) == s.num_stages else "s",
+                None if len(marked) == s.num_stages else parse_expression(test, "<import>"),
+                ast.GENERATED,
+            )
+        )
     if not any(e.metric == "peak_memory" for e in s.expects):
         header.append(
             "# its memory bound is the imported order's own peak under the default "

@@ -113,14 +113,26 @@ def lifespan_table(compiled: Compiled, found: BlockMemory) -> list[str]:
         "freeing the last activation (controllable-memory paper: a stage holds ⌈l/T⌉ "
         "microbatches)"
     ]
+    recomputes = any(x.restored is not None for x in found.lifespans)
+    extra = ["R starts", "in full", "ceil"] if recomputes else []
     lines += _table(
-        ["stage", "rank", "chunk", "F starts", "freed by", "ends", "lifespan", "ceil(l/T)"],
+        ["stage", "rank", "chunk", "F starts", "freed by", "ends", "lifespan", "ceil(l/T)", *extra],
         [
             [str(x.stage), str(x.device), str(x.chunk), format_exact(x.start), x.frees.value,
              format_exact(x.end), format_exact(x.length), str(found.held(x.stage))]
+            + (
+                [format_exact(x.restored) if x.restored is not None else "-",
+                 format_exact(x.full_length), str(found.held_in_full(x.stage))]
+                if recomputes else []
+            )
             for x in found.lifespans
         ],
     )
+    if recomputes:
+        lines.append(
+            "  (recompute: F keeps only its input, M_I, until R; the whole activation is held "
+            "from R's start)"
+        )
     peaks = compiled.timeline.peak_memory
     rows = []
     for dev in range(s.num_devices):
@@ -130,7 +142,8 @@ def lifespan_table(compiled: Compiled, found: BlockMemory) -> list[str]:
             format_exact(found.steady[dev]) if found.steady is not None else "-",
             format_exact(peaks[dev]),
         ])
-    lines += _table(["rank", "sum ceil(l/T)*M_B", "steady state", "elaborated peak"], rows)
+    rule = "sum ceil(l/T)*M_B" + (" (+M_I)" if s.recompute else "")
+    lines += _table(["rank", rule, "steady state", "elaborated peak"], rows)
     lines += lifespan_notes(compiled, found)
     return lines
 
@@ -152,6 +165,8 @@ def lifespan_notes(compiled: Compiled, found: BlockMemory) -> list[str]:
                 why.append("its stages do not all peak at once")
             if any(s.memory.weight_retained[x] < s.memory.activation[x] for x in stages) and s.split_backward:
                 why.append("B frees M_B - M_W before W ends the lifespan")
+            if any(x in s.recompute for x in stages):
+                why.append("a recomputed stage's ⌈l/T⌉ counts M_I and M_B at their own peaks")
             notes.append(
                 f"  note: rank {dev}: the ⌈l/T⌉ rule counts {format_exact(rule)}, the steady "
                 f"state holds {format_exact(steady)} ({'; '.join(why) or 'rounding up'})"
@@ -234,6 +249,9 @@ def _block_json(found: BlockMemory) -> dict[str, Any]:
                 "freed_by": x.frees.value,
                 "lifespan": _jsonable(x.length),
                 "ceil_lifespan_over_period": found.held(x.stage),
+                "recompute_start": _jsonable(x.restored) if x.restored is not None else None,
+                "held_in_full": _jsonable(x.full_length),
+                "ceil_held_in_full_over_period": found.held_in_full(x.stage),
             }
             for x in found.lifespans
         ],

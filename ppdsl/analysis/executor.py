@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from ppdsl.ir.flat import FlatSchedule
-from ppdsl.semantics import NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS
+from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
 
 __all__ = [
     "Needs",
@@ -45,12 +45,13 @@ class Needs:
 
 @numba.njit(cache=True)
 def pass_needs(
-    kind, microbatch, stage, table, num_stages, need_kind, need_offset
+    kind, microbatch, stage, table, num_stages, need_kind, need_offset, need_optional
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (`table[kind,
     microbatch, stage]` is a pass's flat index, -1 when absent), and how many
     needed passes are absent. A need beyond the first or last stage does not
-    exist."""
+    exist, nor an optional one whose pass the schedule does not run (R of a
+    stage that keeps its activations: the passes check vouches for the set)."""
     n = kind.shape[0]
     width = need_kind.shape[1]
     needs = np.full((n, width), -1, dtype=np.int64)
@@ -65,6 +66,8 @@ def pass_needs(
             if ns < 0 or ns >= num_stages:
                 continue
             q = table[nk, microbatch[k], ns]
+            if q < 0 and need_optional[kd, slot]:
+                continue
             needs[k, slot] = q
             if q < 0:
                 missing += 1
@@ -84,6 +87,7 @@ def dependencies(flat: FlatSchedule) -> Needs:
             flat.num_stages,
             NEED_KIND,
             NEED_STAGE_OFFSET,
+            NEED_OPTIONAL,
         )
         found = flat.derived["needs"] = Needs(index, int(missing))
     return found
@@ -176,14 +180,16 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
 @numba.njit(cache=True)
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, need_optional, num_kinds,
 ):  # pragma: no cover - numba
     num_stages = stage_device.shape[0]
     n = kind.shape[0]
     table = np.full((num_kinds, num_microbatches, num_stages), -1, dtype=np.int64)
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
-    needs, missing = pass_needs(kind, microbatch, stage, table, num_stages, need_kind, need_offset)
+    needs, missing = pass_needs(
+        kind, microbatch, stage, table, num_stages, need_kind, need_offset, need_optional
+    )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
         device[offsets[dev] : offsets[dev + 1]] = dev
@@ -213,11 +219,11 @@ class Metrics:
 @numba.njit(cache=True)
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
-    need_kind, need_offset, num_kinds,
+    need_kind, need_offset, need_optional, num_kinds,
 ):  # pragma: no cover - numba
     start, end, ok = _timed(
         offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-        need_kind, need_offset, num_kinds,
+        need_kind, need_offset, need_optional, num_kinds,
     )
     if not ok:
         return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
@@ -242,7 +248,7 @@ def evaluate(
     `delta[kind code, stage]` as in `measure`."""
     ok, makespan, bubble, idle, peak = _evaluate(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -260,5 +266,5 @@ def timed(
     """(start, end, ok) of flat orders timed as soon as possible."""
     return _timed(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS,
     )

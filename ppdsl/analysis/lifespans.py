@@ -3,7 +3,8 @@
 Qi et al., "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, §3):
 a stage's *lifespan* runs from the start of its F to the end of the pass that
 frees the last of its activations (W for a split backward, B when M_W = 0, BW
-for a fused one); with the block repeated every period T, the stage holds
+for a fused one; on a stage marked `recompute` its F keeps only its input, M_I,
+until R restores the rest); with the block repeated every period T, the stage holds
 ⌈lifespan / T⌉ microbatches at its peak, and a device the sum over its stages.
 
 That rule counts each stage at its own peak and a full M_B until the last free.
@@ -37,7 +38,7 @@ from ppdsl.semantics import PassKind
 
 __all__ = ["Lifespan", "BlockMemory", "block_memory", "steady_peaks"]
 
-_F, _B, _W, _BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
+_F, _B, _W, _BW, _R = PassKind.F, PassKind.B, PassKind.W, PassKind.BW, PassKind.R
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,20 @@ class Lifespan:
     """End of microbatch 0's pass that frees the last of its activations."""
     frees: PassKind
     """That pass's kind."""
+    restored: Fraction | None = None
+    """On a stage marked `recompute`, the start of microbatch 0's R (from F to
+    it the stage holds only its input, M_I); None elsewhere."""
 
     @property
     def length(self) -> Fraction:
         """end - start."""
         return self.end - self.start
+
+    @property
+    def full_length(self) -> Fraction:
+        """How long the stage holds its whole activation: from R (recomputed) or
+        F to the end."""
+        return self.end - (self.start if self.restored is None else self.restored)
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,8 @@ class BlockMemory:
     lifespans: tuple[Lifespan, ...]
     """By stage."""
     rule: tuple[Fraction, ...]
-    """Per device, the paper's rule: sum over its stages of ⌈lifespan/T⌉ · M_B."""
+    """Per device, the paper's rule: sum over its stages of ⌈lifespan/T⌉ · M_B
+    (on a recomputed stage ⌈(end - R start)/T⌉ · M_B + ⌈(R start - F start)/T⌉ · M_I)."""
     steady: tuple[Fraction, ...] | None
     """Per device, the exact steady-state peak (both derivations agree); None
     when the block has no steady state to derive (`why`)."""
@@ -79,6 +90,11 @@ class BlockMemory:
     def held(self, stage: int) -> int:
         """⌈lifespan/T⌉ of `stage`: microbatches it holds at its peak."""
         return math.ceil(self.lifespans[stage].length / self.period)
+
+    def held_in_full(self, stage: int) -> int:
+        """⌈(end - R start)/T⌉ (⌈lifespan/T⌉ without recompute): microbatches
+        whose whole activation `stage` holds at its peak."""
+        return math.ceil(self.lifespans[stage].full_length / self.period)
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,7 @@ def _lifespans(schedule: Schedule, passes: list[_Timed]) -> tuple[Lifespan, ...]
         else:
             frees = _W if memory.weight_retained[stage] > 0 else _B
         first, last = by[(_F, stage)], by[(frees, stage)]
+        recompute = by.get((_R, stage)) if memory.kept(stage) is not None else None
         found.append(
             Lifespan(
                 stage,
@@ -149,6 +166,7 @@ def _lifespans(schedule: Schedule, passes: list[_Timed]) -> tuple[Lifespan, ...]
                 first.start,
                 last.start + last.duration,
                 frees,
+                None if recompute is None else recompute.start,
             )
         )
     return tuple(found)
@@ -160,19 +178,25 @@ def _intervals(
     """(begin, end, amount): the pieces of activation one microbatch of
     `stage` holds, over microbatch 0's time (the lifespan rule, written from
     the zero-bubble paper's memory model: F leaves M_B; B frees all but M_W; W
-    frees M_W; a fused backward frees all)."""
+    frees M_W; a fused backward frees all; a recomputed stage holds M_I from F
+    to R and the rest from R on)."""
     by = {(p.kind, p.stage): p for p in passes}
     memory = schedule.memory
     activation, weight = memory.activation[stage], memory.weight_retained[stage]
     begin = by[(_F, stage)].start
+    pieces = []
+    kept = memory.kept(stage)
+    if kept is not None:  # recomputed: F keeps its input until R restores the rest
+        pieces.append((begin, by[(_R, stage)].start, kept))
+        begin = by[(_R, stage)].start
 
     def end(kind: PassKind) -> Fraction:
         p = by[(kind, stage)]
         return p.start + p.duration
 
     if not schedule.split_backward:
-        return [(begin, end(_BW), activation)]
-    return [(begin, end(_B), activation - weight), (begin, end(_W), weight)]
+        return [*pieces, (begin, end(_BW), activation)]
+    return [*pieces, (begin, end(_B), activation - weight), (begin, end(_W), weight)]
 
 
 def _held(t: Fraction, begin: Fraction, end: Fraction, period: Fraction) -> int:
@@ -271,14 +295,17 @@ def block_memory(schedule: Schedule) -> BlockMemory | None:
     if why is not None:
         return BlockMemory(period, (), (), None, why)
     spans = _lifespans(schedule, passes)
+    memory = schedule.memory
+
+    def by_rule(x: Lifespan) -> Fraction:
+        full = math.ceil(x.full_length / period) * memory.activation[x.stage]
+        if x.restored is None:
+            return full
+        kept = memory.kept(x.stage) or Fraction(0)
+        return full + math.ceil((x.restored - x.start) / period) * kept
+
     rule = tuple(
-        sum(
-            (
-                math.ceil(spans[s].length / period) * schedule.memory.activation[s]
-                for s in schedule.placement.chunks(device)
-            ),
-            Fraction(0),
-        )
+        sum((by_rule(spans[s]) for s in schedule.placement.chunks(device)), Fraction(0))
         for device in range(schedule.num_devices)
     )
     steady, why = steady_peaks(schedule)

@@ -117,7 +117,9 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
 
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
         p: Pass = schedule.orders[dev][k]
-        keys = semantics.needs(p.kind, p.microbatch, p.stage, schedule.num_stages)
+        keys = semantics.needs(
+            p.kind, p.microbatch, p.stage, schedule.num_stages, schedule.recompute
+        )
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))

@@ -85,6 +85,8 @@ class Plan:
             "memory": {
                 "M_B": [str(x) for x in self.memory.activation],
                 "M_W": [str(x) for x in self.memory.weight_retained],
+                # per stage M_I of a stage marked `recompute`, null for one that is not
+                "M_I": [None if x is None else str(x) for x in self.memory.kept_input],
             },
             "costs": self.costs,
             "predicted_makespan": self.predicted_makespan,
@@ -119,6 +121,7 @@ class Plan:
             memory=MemoryModel(
                 tuple(Fraction(x) for x in data["memory"]["M_B"]),
                 tuple(Fraction(x) for x in data["memory"]["M_W"]),
+                tuple(None if x is None else Fraction(x) for x in data["memory"].get("M_I", ())),
             ),
             orders=tuple(orders),
             fingerprint=data["fingerprint"],

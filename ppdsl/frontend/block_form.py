@@ -3,7 +3,9 @@ controllable-memory paper (§3).
 
 Each slot line gives, for microbatch 0, the start of a pass kind for every
 chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
-(`chunk c:`); `W fill` leaves W to the greedy rule. The slot table is evaluated
+(`chunk c:`); `W fill` leaves W to the greedy rule. A stage marked
+`recompute` runs R: where no line places it, R ends as its backward (B or BW)
+starts. The slot table is evaluated
 for every stage of every device and handed to `ppdsl.frontend.blocks`, which
 repeats it m times into per-device orders.
 """
@@ -49,7 +51,7 @@ def elaborate_block(
     base = Scope(["s", "i", "c"], state.scope())
     for line in decl.lines:
         if isinstance(line, ast.Fill):
-            pass_kind(line.kind, line.span, split)
+            pass_kind(line.kind, line.span, split, state.recomputes)
             if line.kind != "W":
                 raise ElaborationError(f"only W passes can be filled, not {line.kind}", line.span)
             if w_fill:
@@ -72,7 +74,7 @@ def elaborate_block(
             table = general
             scope = base
         for slot in line.slots:
-            pass_kind(slot.kind, slot.span, split)
+            pass_kind(slot.kind, slot.span, split, state.recomputes)
             if slot.kind in table:
                 other = table[slot.kind][0].span
                 raise ElaborationError(
@@ -84,12 +86,20 @@ def elaborate_block(
             table[slot.kind] = (slot, start, line.chunk) if table is named else (slot, start)
     if w_fill and ("W" in general or "W" in named or any("W" in x for x in numbered.values())):
         raise ElaborationError("W is placed explicitly and by 'W fill'; keep one", decl.span)
-    kinds = [k.value for k in pass_kinds(split) if not (w_fill and k is PassKind.W)]
+    recompute = state.recompute or [False] * placement.num_stages
+    used_r: set[int] = set()  # ids of the R slots some recomputed stage took
     slots = []
     env = dict(state.env)
     for device in range(placement.num_devices):
         for c, stage in enumerate(placement.chunks(device)):
             env["s"], env["i"], env["c"] = stage, device, c
+            kinds = [
+                k.value
+                for k in pass_kinds(split, recompute[stage])
+                if not (w_fill and k is PassKind.W)
+            ]
+            # R last: by default it ends as the backward starts
+            kinds.sort(key=lambda k: k == "R")
             for kind in kinds:
                 entry = numbered.get(c, {}).get(kind)
                 if entry is None and kind in named:
@@ -98,6 +108,22 @@ def elaborate_block(
                     entry = (slot, start)
                 if entry is None:
                     entry = general.get(kind)
+                if entry is None and kind == "R":
+                    backward = next(x for x in reversed(slots) if x.kind in (PassKind.B, PassKind.BW))
+                    duration = norm(Fraction(_stage_cost(state, kind, stage)))
+                    slots.append(
+                        BlockSlot(
+                            PassKind.R,
+                            stage,
+                            device,
+                            backward.start - Fraction(duration),
+                            Fraction(duration),
+                            backward.span,
+                        )
+                    )
+                    continue
+                if kind == "R" and entry is not None:
+                    used_r.add(id(entry[0]))
                 if entry is None:
                     raise ElaborationError(
                         f"the block places no {kind} for stage {stage} (chunk {c} of device "
@@ -111,6 +137,14 @@ def elaborate_block(
                 slots.append(
                     BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
                 )
+    for table in (general, named, *numbered.values()):
+        entry = table.get("R")
+        if entry is not None and id(entry[0]) not in used_r:
+            raise ElaborationError(
+                "this R applies to no stage marked `recompute`: mark its stages "
+                "(`recompute[s] = ...`) or remove it",
+                entry[0].span,
+            )
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
     slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))
     block = Block(Fraction(period), tuple(slots), decl.span)
@@ -118,7 +152,15 @@ def elaborate_block(
         raise ElaborationError(
             f"the block repeated m = {m} times makes more than {MAX_PASSES} passes", decl.span
         )
-    orders = repeat_block(block, placement, m, split_backward=split, w_fill=w_fill, costs=costs)
+    orders = repeat_block(
+        block,
+        placement,
+        m,
+        split_backward=split,
+        w_fill=w_fill,
+        costs=costs,
+        recompute=frozenset(s for s, on in enumerate(recompute) if on),
+    )
     return block, orders
 
 

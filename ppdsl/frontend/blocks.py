@@ -67,10 +67,12 @@ def repeat_block(
     split_backward: bool,
     w_fill: bool,
     costs: Costs,
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...]:
     """Per-device pass orders of `block` repeated for `num_microbatches`
     microbatches. Every Pass carries the span of the block line that made it; a
-    W placed by `w_fill` carries the span of its B's line."""
+    W placed by `w_fill` carries the span of its B's line. `recompute`: the
+    stages marked `recompute` (their B waits for their R)."""
     if w_fill and not split_backward:
         raise ValueError("W fill needs a split backward (F, B, W)")
     timed = timed_slots(block, placement, num_microbatches)
@@ -81,7 +83,7 @@ def repeat_block(
             tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
             for device_slots in timed
         )
-    return tighten_warm_up_and_cool_down(orders, placement, costs)
+    return tighten_warm_up_and_cool_down(orders, placement, costs, recompute)
 
 
 def timed_slots(
@@ -143,11 +145,15 @@ def fill_timeline(
 
 
 def tighten_warm_up_and_cool_down(
-    orders: tuple[tuple[Pass, ...], ...], placement: Placement, costs: Costs
+    orders: tuple[tuple[Pass, ...], ...],
+    placement: Placement,
+    costs: Costs,
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...]:
     """The orders with warm-up and cool-down tightened (module docstring), or
-    the orders themselves when that would not help or would raise a peak."""
-    plain = _Run(orders, placement, costs, improve=False)
+    the orders themselves when that would not help or would raise a peak.
+    `recompute`: the stages marked `recompute`."""
+    plain = _Run(orders, placement, costs, recompute, improve=False)
     if not plain.finished:
         return orders  # the dependency check reports why
     peaks = _peaks(orders)
@@ -163,15 +169,19 @@ def tighten_warm_up_and_cool_down(
 
     chosen: _Run | None = None
     for hoist_forwards in (True, False):
-        better = _Run(orders, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+        better = _Run(
+            orders, placement, costs, recompute, improve=True, hoist_forwards=hoist_forwards
+        )
         if acceptable(better):
             chosen = better
             break
     # Compaction first, then the same step: kept only where strictly better.
-    compact = _compact(orders, placement, costs, plain.ends, peaks)
+    compact = _compact(orders, placement, costs, plain.ends, peaks, recompute)
     if compact is not None:
         for hoist_forwards in (True, False):
-            better = _Run(compact, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+            better = _Run(
+                compact, placement, costs, recompute, improve=True, hoist_forwards=hoist_forwards
+            )
             best = chosen or plain
             if acceptable(better) and (better.worst_idle, better.makespan) < (
                 best.worst_idle,
@@ -197,6 +207,7 @@ def _compact(
     costs: Costs,
     ends: dict[tuple[PassKind, int, int], float],
     peaks: list[tuple[Fraction, Fraction]],
+    recompute: frozenset[int],
 ) -> tuple[tuple[Pass, ...], ...] | None:
     """Compaction (the paper's reordering, done with the file's costs): every
     pass, in the order the plain repetition starts them, takes the earliest
@@ -215,7 +226,7 @@ def _compact(
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, num_stages):
+        for key in needs(p.kind, p.microbatch, p.stage, num_stages, recompute):
             if key not in end_of:
                 return None
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
@@ -296,6 +307,7 @@ class _Run:
         orders: tuple[tuple[Pass, ...], ...],
         placement: Placement,
         costs: Costs,
+        recompute: frozenset[int],
         *,
         improve: bool,
         hoist_forwards: bool = True,
@@ -303,6 +315,7 @@ class _Run:
         self.stage_device = placement.stage_device
         self.num_stages = placement.num_stages
         self.costs = costs
+        self.recompute = recompute
         # how far down its order a device looks for a pass to run early: far enough
         # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
         self.window = 8 * placement.num_stages + 16
@@ -380,7 +393,7 @@ class _Run:
     def _ready_at(self, p: Pass) -> float | None:
         """When p's inputs are all there; None while one has not run yet."""
         at = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages):
+        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages, self.recompute):
             end = self.ends.get(key)
             if end is None:
                 return None

@@ -1,6 +1,6 @@
 """Elaborate the AST into the schedule IR: the driver of the front end's second
 half. Top-level statements run in order (`declarations`: params with `-D`
-overrides, lets, placement, backward form, costs, memory); then the order form
+overrides, lets, placement, backward form, costs, memory, recompute); then the order form
 (`order_form`, run once per device) or the block form (`block_form`, repeated
 by `blocks`), then the expectations. Every error is located at the source that
 caused it (`expressions.ElaborationError` becomes one CompileError).
@@ -17,6 +17,7 @@ from ppdsl.frontend.declarations import (
     declare_memory,
     declare_param,
     declare_placement,
+    declare_recompute,
     ensure_placement,
     expectation,
 )
@@ -78,9 +79,14 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
                     stmt.span,
                 )
             seen[kind] = stmt.span
-        if isinstance(stmt, (ast.Place, ast.Cost, ast.Memory)) and "d" not in state.env:
+        if isinstance(stmt, (ast.Place, ast.Cost, ast.Memory, ast.Recompute)) and "d" not in state.env:
             d_span = next(s.span for s in module.stmts if isinstance(s, ast.Param) and s.name == "d")
-            what = {ast.Place: "'place'", ast.Cost: "'cost'", ast.Memory: "'memory'"}[type(stmt)]
+            what = {
+                ast.Place: "'place'",
+                ast.Cost: "'cost'",
+                ast.Memory: "'memory'",
+                ast.Recompute: "'recompute'",
+            }[type(stmt)]
             raise ElaborationError(
                 f"{what} depends on the number of devices, but 'param d' comes later "
                 f"(at {d_span.line}:{d_span.column}); move 'param d' above it",
@@ -103,6 +109,8 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             declare_cost(stmt, state)
         elif isinstance(stmt, ast.Memory):
             declare_memory(stmt, state)
+        elif isinstance(stmt, ast.Recompute):
+            declare_recompute(stmt, state)
         else:
             deferred.append(stmt)
     placement = ensure_placement(state)

@@ -36,6 +36,8 @@ class _Rules:
 
     split_backward: bool
     num_microbatches: int
+    recompute: bool = False
+    """Whether some stage is marked `recompute` (R is then a pass of the file)."""
 
 
 @dataclass
@@ -171,7 +173,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
 
 
 def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
-    kind = pass_kind(stmt.kind, stmt.span, rules.split_backward)
+    kind = pass_kind(stmt.kind, stmt.span, rules.split_backward, rules.recompute)
     if len(stmt.args) not in (1, 2):
         raise ElaborationError(
             f"{stmt.kind}(j) or {stmt.kind}(j, c) takes a microbatch and optionally a chunk, "
@@ -225,10 +227,10 @@ def elaborate_order(
 ) -> tuple[tuple[Pass, ...], ...]:
     """Every device's order: the body run once per device with `i` and
     `chunks` bound."""
-    rules = _Rules(state.split_backward, m)
+    rules = _Rules(state.split_backward, m, state.recomputes)
     scope = Scope(["i", "chunks"], state.scope())
     body = _compile_body(decl.body, scope, rules)
-    kinds_per_stage = len(pass_kinds(state.split_backward))
+    kinds_per_stage = len(pass_kinds(state.split_backward, state.recomputes))
     orders = []
     for device in range(placement.num_devices):
         stages = placement.chunks(device)
