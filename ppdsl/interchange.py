@@ -323,11 +323,12 @@ def to_pp(schedule: Schedule, source: str = "") -> str:
     ]
     if s.recompute:
         marked = sorted(s.recompute)
-        test = " or ".join(f"s == {x}" for x in marked)
+        every = len(marked) == s.num_stages
+        condition = " or ".join(f"s == {x}" for x in marked)
         stmts.append(
             ast.Recompute(
-                None if len(marked) == s.num_stages else "s",
-                None if len(marked) == s.num_stages else parse_expression(test, "<import>"),
+                None if every else "s",
+                None if every else parse_expression(condition, "<import>"),
                 ast.GENERATED,
             )
         )

@@ -33,6 +33,11 @@ def block_sources(draw) -> str:
     fill = split and draw(st.booleans())
     kinds = ["F", "B"] if fill else (["F", "B", "W"] if split else ["F", "BW"])
     S = 2 * d if vshape else d
+    # recomputation: none, every stage, or a condition on s; R written or left to
+    # its default (ending as the backward starts)
+    recompute = draw(st.sampled_from(["", "recompute", "recompute[s] = s % 2 == 0",
+                                      "recompute[s] = s < d"]))
+    write_r = bool(recompute) and draw(st.booleans())
     if draw(st.booleans()):
         period = draw(st.integers(1, 14))
 
@@ -40,6 +45,9 @@ def block_sources(draw) -> str:
             a = draw(st.integers(-3, 4))
             b = draw(st.integers(0, 6 * d + 4))
             return f"{kind} at {a}*i + {b}"
+
+        def r_slot(chunk: int) -> str:
+            return slot("R", chunk)
     else:
         x, y = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         gap, wait = draw(st.integers(0, 3)), draw(st.integers(0, 3))
@@ -54,9 +62,15 @@ def block_sources(draw) -> str:
             b = f"{b0 - y * base} + {-sign * y}*i"
             return f"{kind} at {b}" if kind in ("B", "BW") else f"{kind} at {b} + {1 + wait}"
 
+        def r_slot(chunk: int) -> str:  # R just before the backward, or a slot earlier
+            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
+            return f"R at {b0 - y * base} + {-sign * y}*i - {draw(st.integers(1, 2))}"
+
     lines = []
     for chunk in range(2 if vshape else 1):
         slots = ", ".join(slot(k, chunk) for k in kinds)
+        if write_r and (recompute != "recompute[s] = s < d" or chunk == 0):
+            slots += ", " + r_slot(chunk)
         lines.append(f"chunk {chunk}: {slots}" if vshape else slots)
     if fill:
         lines.append("W fill")
@@ -74,6 +88,8 @@ def block_sources(draw) -> str:
             f"    place {'vshape' if vshape else 'parallel'}",
             f"    backward {'split' if split else 'fused'}",
             *(f"    {c}" for c in costs),
+            *([f"    {recompute}", f"    memory M_I = {draw(st.sampled_from(['0', '1/4']))}"]
+              if recompute else []),
             f"    block period {period} {{",
             *(f"        {line}" for line in lines),
             "    }",
@@ -84,13 +100,16 @@ def block_sources(draw) -> str:
     return f"schedule random_block {{\n{body}\n}}\n"
 
 
-def _needs(kind: PassKind, j: int, s: int, last: int, split: bool):
+def _needs(kind: PassKind, j: int, s: int, last: int, split: bool, recompute=frozenset()):
     if kind is PassKind.F:
         return [(PassKind.F, j, s - 1)] if s > 0 else []
     if kind is PassKind.W:
         return [(PassKind.B, j, s)]
+    if kind is PassKind.R:
+        return [(PassKind.F, j, s)]
     back = PassKind.B if split else PassKind.BW
-    return [(PassKind.F, j, s)] + ([(back, j, s + 1)] if s < last else [])
+    mine = [(PassKind.R, j, s)] if s in recompute else [(PassKind.F, j, s)]
+    return mine + ([(back, j, s + 1)] if s < last else [])
 
 
 @settings(max_examples=200, deadline=None)
@@ -116,11 +135,12 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
             assert key not in seen, (key, source)
             assert s.placement.stage_device[p.stage] == dev
             seen[key] = (dev, index)
+    marked = s.recompute
     expected = {
         (k, j, st_)
-        for k in kinds
         for j in range(s.num_microbatches)
         for st_ in range(s.num_stages)
+        for k in (*kinds, *((PassKind.R,) if st_ in marked else ()))
     }
     assert set(seen) == expected
     # dependencies: in the timeline, each pass starts after what it needs ends
@@ -128,7 +148,7 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
     last = s.num_stages - 1
     for key, (dev, index) in seen.items():
         start = t.start[dev][index]
-        for need in _needs(key[0], key[1], key[2], last, split):
+        for need in _needs(key[0], key[1], key[2], last, split, marked):
             ndev, nindex = seen[need]
             assert t.end[ndev][nindex] <= start + 1e-9, (key, need, source)
     # memory: the prefix-sum peak on every device is within the file's bound
@@ -137,7 +157,13 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
         level = peak = 0
         for p in order:
             a, w = mm.activation[p.stage], mm.weight_retained[p.stage]
-            level += {PassKind.F: a, PassKind.B: w - a, PassKind.W: -w, PassKind.BW: -a}[p.kind]
+            kept = mm.kept(p.stage)
+            if kept is None:
+                change = {PassKind.F: a, PassKind.B: w - a, PassKind.W: -w, PassKind.BW: -a}
+            else:  # recomputed: F keeps its input, R restores the rest
+                change = {PassKind.F: kept, PassKind.R: a - kept, PassKind.B: w - a,
+                          PassKind.W: -w, PassKind.BW: -a}
+            level += change[p.kind]
             peak = max(peak, level)
         assert peak <= s.num_stages * s.num_microbatches  # sanity
         bound = next(e for e in s.expects if e.metric == "peak_memory").bound

@@ -88,6 +88,21 @@ def test_measured_memory_equals_prediction(dist_results, d: int, name: str) -> N
         assert r["measured_peak_bytes"] > 0
 
 
+@pytest.mark.parametrize("d", [2, 4])
+def test_recomputed_stages_keep_only_their_input(dist_results, d: int) -> None:
+    """examples/1f1b_recompute.pp: on every rank the recomputed stage's F keeps
+    under a tenth of what its R restores (its input, not its activations), and
+    the measured peak is the prediction with that measured M_I, below 1F1B's."""
+    plain = {r["rank"]: Fraction(r["measured_peak"]) for r in _case(dist_results, d, "1f1b")}
+    for r in _case(dist_results, d, "1f1b_recompute"):
+        assert [int(s) for s in r["mi_ratio"]] == r["recompute"] == r["stages"], r
+        assert all(0 < Fraction(x) < Fraction(1, 10) for x in r["mi_ratio"].values()), r
+        assert Fraction(r["measured_peak"]) == Fraction(r["predicted_peak_real_mw"]), r
+        assert Fraction(r["measured_peak"]) <= plain[r["rank"]], r
+        if r["rank"] == 0:  # 1F1B's first rank holds d whole activations, this one about 1
+            assert Fraction(r["measured_peak"]) < Fraction(3, 2) < plain[0], (r, plain)
+
+
 NAMES_D2 = [name for d, name in CASES if d == 2]
 
 

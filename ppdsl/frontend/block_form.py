@@ -88,7 +88,7 @@ def elaborate_block(
         raise ElaborationError("W is placed explicitly and by 'W fill'; keep one", decl.span)
     recompute = state.recompute or [False] * placement.num_stages
     used_r: set[int] = set()  # ids of the R slots some recomputed stage took
-    slots = []
+    slots: list[BlockSlot] = []
     env = dict(state.env)
     for device in range(placement.num_devices):
         for c, stage in enumerate(placement.chunks(device)):
@@ -137,13 +137,14 @@ def elaborate_block(
                 slots.append(
                     BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
                 )
-    for table in (general, named, *numbered.values()):
-        entry = table.get("R")
-        if entry is not None and id(entry[0]) not in used_r:
+    tables: list[dict] = [general, named, *numbered.values()]
+    r_slots = [t["R"][0] for t in tables if "R" in t]
+    for r_slot in r_slots:
+        if id(r_slot) not in used_r:
             raise ElaborationError(
                 "this R applies to no stage marked `recompute`: mark its stages "
                 "(`recompute[s] = ...`) or remove it",
-                entry[0].span,
+                r_slot.span,
             )
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
     slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))

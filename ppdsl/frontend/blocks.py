@@ -51,8 +51,8 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
-from ppdsl.semantics import needs, peak_of_deltas
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
+from ppdsl.semantics import memory_delta, needs
 
 __all__ = ["repeat_block", "timed_slots", "fill_timeline", "tighten_warm_up_and_cool_down"]
 
@@ -156,7 +156,7 @@ def tighten_warm_up_and_cool_down(
     plain = _Run(orders, placement, costs, recompute, improve=False)
     if not plain.finished:
         return orders  # the dependency check reports why
-    peaks = _peaks(orders)
+    peaks = _peaks(orders, recompute)
 
     def acceptable(run: _Run) -> bool:
         return (
@@ -164,7 +164,10 @@ def tighten_warm_up_and_cool_down(
             and run.makespan <= plain.makespan
             and run.worst_idle <= plain.worst_idle
             and (run.makespan, run.worst_idle) != (plain.makespan, plain.worst_idle)
-            and all(b <= p for b, p in zip(_peaks(run.orders), peaks, strict=True))
+            and all(
+                all(x <= y for x, y in zip(b, p, strict=True))
+                for b, p in zip(_peaks(run.orders, recompute), peaks, strict=True)
+            )
         )
 
     chosen: _Run | None = None
@@ -191,14 +194,25 @@ def tighten_warm_up_and_cool_down(
     return chosen.orders if chosen is not None else orders
 
 
+_CHANNELS = ((1, 1), (0, 1), (1, 0), (0, 0))
+"""The extreme memory models `_peaks` counts in, as (M_W, M_I) in units of M_B:
+W holding all of M_B or none of it; a recomputed stage's F keeping all of it or
+none (M_I). The first counts an F as one microbatch-stage, as `_Run` does."""
+
+
 _EXTREME_DELTAS = {
-    kind: tuple(
-        int(MemoryModel((Fraction(1),), (Fraction(w),)).delta(kind, 0)) for w in (1, 0)
+    (kind, recomputed): tuple(
+        int(memory_delta(kind, Fraction(1), Fraction(w), Fraction(i) if recomputed else None))
+        for w, i in _CHANNELS
     )
     for kind in PassKind
+    for recomputed in (False, True)
 }
-"""A pass's memory change in microbatch-stages, counted as `_peaks` counts:
-with W holding all of M_B and with W holding none of it (whole numbers)."""
+
+
+def _extreme_delta(kind: PassKind, stage: int, recompute: frozenset[int]) -> tuple[int, ...]:
+    """A pass's memory change in microbatch-stages in each channel (whole numbers)."""
+    return _EXTREME_DELTAS[(kind, stage in recompute)]
 
 
 def _compact(
@@ -206,7 +220,7 @@ def _compact(
     placement: Placement,
     costs: Costs,
     ends: dict[tuple[PassKind, int, int], float],
-    peaks: list[tuple[Fraction, Fraction]],
+    peaks: list[tuple[Fraction, ...]],
     recompute: frozenset[int],
 ) -> tuple[tuple[Pass, ...], ...] | None:
     """Compaction (the paper's reordering, done with the file's costs): every
@@ -233,7 +247,14 @@ def _compact(
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
         row = placed[dev]
-        at = _first_fit(row, ready, duration, _EXTREME_DELTAS[p.kind], tuple(int(x) for x in peaks[dev]))
+        at = _first_fit(
+            row,
+            ready,
+            duration,
+            _extreme_delta(p.kind, p.stage, recompute),
+            tuple(int(x) for x in peaks[dev]),
+            recompute,
+        )
         if at is None:
             return None
         index, start = at
@@ -248,18 +269,20 @@ def _first_fit(
     duration: float,
     delta: tuple[int, ...],
     limit: tuple[int, ...],
+    recompute: frozenset[int],
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
     n = len(row)
-    levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
+    channels = range(len(_CHANNELS))
+    levels = [[0] * (n + 1) for _ in channels]  # level after the first i passes
     for i, (_, _, q) in enumerate(row):
-        dq = _EXTREME_DELTAS[q.kind]
-        for c in (0, 1):
+        dq = _extreme_delta(q.kind, q.stage, recompute)
+        for c in channels:
             levels[c][i + 1] = levels[c][i] + dq[c]
-    prefix_max = [[0] * (n + 1), [0] * (n + 1)]
-    suffix_max = [[0] * (n + 1), [0] * (n + 1)]
-    for c in (0, 1):
+    prefix_max = [[0] * (n + 1) for _ in channels]
+    suffix_max = [[0] * (n + 1) for _ in channels]
+    for c in channels:
         top = 0
         for i in range(n + 1):
             top = max(top, levels[c][i])
@@ -276,7 +299,7 @@ def _first_fit(
         if start + duration <= following + 1e-9 and all(
             max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
             <= limit[c]
-            for c in (0, 1)
+            for c in channels
         ):
             return index, start
         if index < n:
@@ -284,17 +307,22 @@ def _first_fit(
     return None
 
 
-def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
-    """Per device, the peak number of microbatch-stages holding activations,
-    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)."""
-    num_stages = 1 + max((p.stage for order in orders for p in order), default=0)
-    extremes = [
-        MemoryModel((Fraction(1),) * num_stages, (Fraction(w),) * num_stages) for w in (1, 0)
-    ]
-    return [
-        tuple(peak_of_deltas(m.delta(p.kind, p.stage) for p in order) for m in extremes)  # type: ignore[misc]
-        for order in orders
-    ]
+def _peaks(
+    orders: tuple[tuple[Pass, ...], ...], recompute: frozenset[int]
+) -> list[tuple[Fraction, ...]]:
+    """Per device, the peak number of microbatch-stages holding activations in
+    each of `_CHANNELS`: W releasing them (M_W = M_B) or B (M_W = 0); a
+    recomputed stage's F holding them (M_I = M_B) or R (M_I = 0)."""
+    found = []
+    for order in orders:
+        levels = [0] * len(_CHANNELS)
+        peaks = [0] * len(_CHANNELS)
+        for p in order:
+            for c, x in enumerate(_extreme_delta(p.kind, p.stage, recompute)):
+                levels[c] += x
+                peaks[c] = max(peaks[c], levels[c])
+        found.append(tuple(Fraction(x) for x in peaks))
+    return found
 
 
 class _Run:
@@ -326,7 +354,7 @@ class _Run:
         forwards_left = [sum(1 for p in o if p.kind is _F) for o in orders]
         in_warm_up = [True] * n
         live = [0] * n
-        allowed = [peak for peak, _ in _peaks(orders)]
+        allowed = [peaks[0] for peaks in _peaks(orders, recompute)]
         result: list[list[Pass]] = [[] for _ in orders]
         free = [0.0] * n
         first: list[float | None] = [None] * n

@@ -133,7 +133,7 @@ class Declarations:
     @property
     def recomputes(self) -> bool:
         """Whether some stage is marked `recompute` (so R is a pass of the file)."""
-        return bool(self.recompute) and any(self.recompute)
+        return self.recompute is not None and any(self.recompute)
 
 
 def _at_most(value: int, limit: int, span: Span | None, what: str, prefix: str = "") -> None:
@@ -298,8 +298,10 @@ def _per_stage_values(
     stmt: ast.Cost | ast.Memory | ast.Recompute, state: Declarations, what: str
 ) -> list[Num]:
     num_stages = ensure_placement(state).num_stages
+    expr = stmt.value
+    assert expr is not None  # a bare `recompute` has no value to evaluate
     if stmt.index is None:
-        value = state.evaluate(stmt.value)
+        value = state.evaluate(expr)
         values = [value] * num_stages
     else:
         if stmt.index in state.env:
@@ -307,7 +309,7 @@ def _per_stage_values(
                 f"'{stmt.index}' is already defined; name the stage index something else",
                 stmt.span,
             )
-        fn = compile_expr(stmt.value, Scope([stmt.index], state.scope()))
+        fn = compile_expr(expr, Scope([stmt.index], state.scope()))
         env = dict(state.env)
         values = []
         for s in range(num_stages):
@@ -317,7 +319,7 @@ def _per_stage_values(
     for value in values:
         if isinstance(value, range) or value < 0:
             raise ElaborationError(
-                f"{what} must be a number >= 0, got {show(value)}", stmt.value.span
+                f"{what} must be a number >= 0, got {show(value)}", expr.span
             )
         nums.append(int(value) if isinstance(value, bool) else value)
     return nums
