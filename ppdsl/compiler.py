@@ -14,20 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ppdsl.analysis import checks
 from ppdsl.analysis.checks import deadlock, expectations, memory
 from ppdsl.analysis.simulate import Timeline, simulate
-from ppdsl.backend import codegen
-from ppdsl.backend.codegen import GeneratedFiles
 from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
-from ppdsl.ir.rank import RankProgram
+from ppdsl.ir.rank import RankArrays, RankProgram
 from ppdsl.ir.schedule import Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
-from ppdsl.lowering.lower import lower
+from ppdsl.lowering.lower import lower_arrays
+
+if TYPE_CHECKING:
+    from ppdsl.backend.codegen import GeneratedFiles
 
 __all__ = [
     "Compiled",
@@ -44,11 +46,17 @@ class Compiled:
     """The result of compiling one schedule."""
 
     schedule: Schedule
-    programs: tuple[RankProgram, ...]
+    lowered: RankArrays
+    """The rank programs as arrays (`programs` as objects)."""
     timeline: Timeline
     warnings: tuple[Diagnostic, ...]
     costs_from: str | None = None
     """The `--costs-from` file whose costs and memory model replaced the schedule's."""
+
+    @property
+    def programs(self) -> tuple[RankProgram, ...]:
+        """The rank programs as objects (built on first use)."""
+        return self.lowered.programs()
 
 
 def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -71,7 +79,7 @@ def compile_schedule(
     warning for a schedule with no `expect peak_memory` (for callers that write
     the bound themselves)."""
     found = _raise_errors(checks.check_schedule(schedule))
-    programs = lower(schedule)
+    programs = lower_arrays(schedule)
     if early_receives:
         programs = pull_receives_forward(programs)
     found += _raise_errors(deadlock.check(schedule, programs))
@@ -132,7 +140,18 @@ def compile_file(
 
 def generate(compiled: Compiled) -> GeneratedFiles:
     """Codegen, the last pass: one torch program per rank, the launcher and the
-    manifest of a compiled schedule (`ppdsl.backend.codegen`)."""
+    manifest of a compiled schedule (`ppdsl.backend.codegen`, imported here:
+    jinja2 is for the commands that write programs)."""
+    from ppdsl.backend import codegen
+
     return codegen.generate(
-        compiled.schedule, compiled.programs, compiled.timeline, costs_from=compiled.costs_from
+        compiled.schedule, compiled.lowered, compiled.timeline, costs_from=compiled.costs_from
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GeneratedFiles":
+        from ppdsl.backend.codegen import GeneratedFiles
+
+        return GeneratedFiles
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

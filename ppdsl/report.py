@@ -11,7 +11,6 @@ from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
-from ppdsl.lowering.lower import receive_buffers_peak
 from ppdsl.semantics import format_decimal, format_exact
 
 __all__ = [
@@ -70,7 +69,7 @@ def stats_table(compiled: Compiled) -> str:
             format_exact(peak),
             format_exact(bound) if bound is not None else "-",
             format_exact(bound - peak) if bound is not None else "-",
-            str(receive_buffers_peak(compiled.programs[dev])),
+            str(compiled.lowered.receive_buffers_peaks()[dev]),
         ])
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
@@ -220,7 +219,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
                 "actions": [torch_action(p) for p in s.orders[dev]],
                 "peak_memory": _jsonable(t.peak_memory[dev]),
                 "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
-                "receive_buffers_peak": receive_buffers_peak(compiled.programs[dev]),
+                "receive_buffers_peak": compiled.lowered.receive_buffers_peaks()[dev],
                 "busy": float(t.busy[dev]),
                 "span": float(t.span_end[dev] - t.span_start[dev]),
             }

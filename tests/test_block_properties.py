@@ -6,15 +6,18 @@ comes back as located errors, never as a crash."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from factories import brute_force_finishes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppdsl.analysis.lifespans import block_memory
+from ppdsl.analysis.memory import peak_memory
+from ppdsl.analysis.simulate import simulate
 from ppdsl.compiler import compile_source
 from ppdsl.diagnostics import CompileError
-from ppdsl.ir.schedule import PassKind
+from ppdsl.ir.schedule import Pass, PassKind
 
 FILE = "random_block.pp"
 
@@ -112,9 +115,94 @@ def _needs(kind: PassKind, j: int, s: int, last: int, split: bool, recompute=fro
     return mine + ([(back, j, s + 1)] if s < last else [])
 
 
+@st.composite
+def grouped_block_sources(draw) -> str:
+    """A grouped block (`group G every U`) on a looped placement, shaped like
+    Megatron's interleaved 1F1B and the zero-bubble repository's grouped block:
+    forward k of a group (chunk c, microbatch r, k = G c + r) at U k + x i, its
+    backward passes a drawn number of forwards later, chunks reversed; the
+    group size, spacing, period, warm-up and costs are drawn, so some blocks
+    collide or cannot run (located errors) and the rest must keep every
+    guarantee."""
+    d = draw(st.integers(1, 4))
+    v = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 4))
+    m = group * draw(st.integers(1, 3))
+    split = draw(st.booleans())
+    spacing = draw(st.sampled_from([2, 3, 3, 4]))
+    x = draw(st.integers(0, 1))
+    period = spacing * group * v + draw(st.sampled_from([0, 0, 0, -1, 1, spacing]))
+    warm = draw(st.integers(0, 2 * d + v * group))
+    slope = draw(st.integers(0, 2))  # more warm-up forwards on earlier devices
+    back = f"{spacing} * ({warm} + {slope} * ({d - 1} - i) + {group} * ({v - 1} - c))"
+    lines = [f"F at {x}*i + {spacing * group}*c"]
+    if split:
+        lines.append(f"B at {x}*i + 1 + {back}")
+        lines.append(f"W at {x}*i + 2 + {back}" if draw(st.booleans()) else "W fill")
+    else:
+        lines.append(f"BW at {x}*i + 1 + {back}")
+    costs = []
+    if draw(st.booleans()):
+        costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
+    bound = draw(st.integers(m * v // 2 + 1, 2 * m * v + 1))
+    body = "\n".join(
+        [
+            f"    param d = {d}",
+            f"    param m = {m}",
+            f"    place looped({v})",
+            f"    backward {'split' if split else 'fused'}",
+            *(f"    {c}" for c in costs),
+            f"    block period {period} group {group} every {spacing} {{",
+            *(f"        {line}" for line in lines),
+            "    }",
+            f"    expect peak_memory <= {bound} * M_B",
+        ]
+    )
+    return f"schedule random_block {{\n{body}\n}}\n"
+
+
 @settings(max_examples=200, deadline=None)
 @given(block_sources(), st.integers(0, 2**32 - 1))
 def test_accepted_blocks_keep_every_guarantee(source, seed):
+    """Random plain blocks: accepted ones keep every guarantee, rejected ones are
+    located errors."""
+    _keeps_every_guarantee(source, seed)
+
+
+@settings(max_examples=150, deadline=None)
+@given(grouped_block_sources(), st.integers(0, 2**32 - 1))
+def test_accepted_grouped_blocks_keep_every_guarantee(source, seed):
+    """Random grouped blocks: the same; and an accepted one's orders are its plain
+    repetition (each device's passes by slot start + (j // G) T + (j % G) U,
+    computed here) or, tightened, neither later nor holding more on any device."""
+    compiled = _keeps_every_guarantee(source, seed)
+    if compiled is None:
+        return
+    s = compiled.schedule
+    block = s.block
+    assert block is not None
+    if s.split_backward and not any(slot.kind is PassKind.W for slot in block.slots):
+        return  # W fill places W by its own timeline
+    plain = []
+    for device in range(s.num_devices):
+        timed = sorted(
+            (slot.start + (j // block.group_size) * block.period
+             + (j % block.group_size) * block.group_spacing, k, j, slot)
+            for k, slot in enumerate(block.slots)
+            if slot.device == device
+            for j in range(s.num_microbatches)
+        )
+        plain.append(tuple(Pass(slot.kind, j, slot.stage) for _, _, j, slot in timed))
+    ours = [[p.key for p in order] for order in s.orders]
+    if ours == [[p.key for p in order] for order in plain]:
+        return
+    repeated = replace(s, orders=tuple(plain))
+    assert compiled.timeline.makespan <= simulate(repeated).makespan + 1e-9, source
+    assert all(a <= b for a, b in zip(peak_memory(s), peak_memory(repeated), strict=True)), source
+
+
+def _keeps_every_guarantee(source, seed):
+    """The compiled schedule, or None when the compiler rejected the source."""
     try:
         compiled = compile_source(source, FILE)
     except CompileError as err:
@@ -123,7 +211,7 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
         for diag in errors:  # located in the file the user wrote
             assert diag.span is not None and diag.span.file == FILE, (diag, source)
             assert diag.span.line >= 1 and diag.span.column >= 1
-        return
+        return None
     s = compiled.schedule
     split = s.split_backward
     kinds = (PassKind.F, PassKind.B, PassKind.W) if split else (PassKind.F, PassKind.BW)
@@ -184,3 +272,4 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
         assert all(a <= b for a, b in zip(found.steady, found.rule, strict=True)), source
     # the lowered programs run to the end under blocking exchanges
     assert brute_force_finishes(compiled.programs, random.Random(seed)), source
+    return compiled

@@ -347,3 +347,31 @@ def test_v_half_warm_up_and_cool_down_reach_the_authors_bubble(d, m):
     compiled = compile_file(EXAMPLES / "v_half.pp", {"d": str(d), "m": str(m)})
     assert round(compiled.timeline.bubble_ratio, 4) == AUTHORS_V_HALF[d, m]
     assert max(compiled.timeline.peak_memory) == (d + 2) // 2 * 2
+
+
+def test_grouped_block_shifts_microbatches_by_group_and_position():
+    """`group G every U`: microbatch j starts (j // G) T + (j % G) U after
+    microbatch 0; G = 1 is the plain block's j T."""
+    block = Block(Fraction(10), (), None, group_size=3, group_spacing=Fraction(2))
+    assert [block.shift(j) for j in range(7)] == [0, 2, 4, 10, 12, 14, 20]
+    plain = Block(Fraction(10), (), None)
+    assert [plain.shift(j) for j in range(3)] == [0, 10, 20]
+
+
+def test_grouped_block_runs_a_group_through_each_chunk():
+    """Two chunks on one device, groups of 2: each group goes through chunk 0, then
+    chunk 1, then back (a grouped breadth-first block); without groups the same
+    slots run one microbatch at a time through both chunks."""
+    place = placement("looped", 1, 2)
+    rows = [(F, 0, 0, 1), (F, 1, 2, 1), (BW, 1, 4, 2), (BW, 0, 8, 2)]
+    grouped = make_block(place, 12, rows)
+    grouped = Block(grouped.period, grouped.slots, grouped.span, 2, Fraction(1))
+    costs = Costs.unit(2)
+    orders = repeat_block(grouped, place, 4, split_backward=False, w_fill=False, costs=costs)
+    assert " ".join(format_pass(p, True) for p in orders[0]) == (
+        "F0:s0 F1:s0 F0:s1 F1:s1 BW0:s1 BW1:s1 BW0:s0 BW1:s0 "
+        "F2:s0 F3:s0 F2:s1 F3:s1 BW2:s1 BW3:s1 BW2:s0 BW3:s0"
+    )
+    plain = make_block(place, 12, rows)
+    orders = repeat_block(plain, place, 2, split_backward=False, w_fill=False, costs=costs)
+    assert " ".join(format_pass(p, True) for p in orders[0]) == "F0:s0 F0:s1 BW0:s1 BW0:s0 F1:s0 F1:s1 BW1:s1 BW1:s0"

@@ -3,7 +3,12 @@ passes on one device at once (slots modulo T do not overlap)."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 from factories import BW, B, F, W, block_slot, make_schedule, one_f_one_b_orders, placement
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppdsl.analysis.checks import collisions
 from ppdsl.ir.schedule import Block
@@ -74,3 +79,58 @@ def test_all_pairs_reported():
     """Three slots at the same time on one device: three collisions, all reported."""
     slots = [block_slot(k, 0, 0, 1, 1, 10 + i) for i, k in enumerate((F, B, W))]
     assert len(collisions.check(_with_block(slots, 3))) == 3
+
+
+def test_grouped_copies_collide_by_microbatch():
+    """In a grouped block every slot repeats for each microbatch of the group, U
+    apart: two microbatches' copies of one slot collide when U is too small, and
+    the message names the microbatches."""
+    a = block_slot(BW, 0, 0, 0, 2, 10)
+    block = Block(8, (a,), None, group_size=2, group_spacing=1)
+    s = make_schedule(placement("parallel", 1), 2, one_f_one_b_orders(1, 2), split_backward=False, block=block)
+    [err] = collisions.check(s)
+    assert err.message.startswith(
+        "on device 0, BW of stage 0 for microbatch 1 [1, 3) collides with BW of stage 0 "
+        "for microbatch 0 [0, 2) modulo the period 8"
+    )
+    spaced = Block(8, (a,), None, group_size=2, group_spacing=2)
+    assert collisions.check(replace(s, block=spaced)) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1), st.integers(-6, 20), st.integers(0, 5)), min_size=1, max_size=7
+    ),
+    st.integers(1, 12),
+    st.integers(1, 3),
+    st.integers(1, 5),
+)
+def test_every_colliding_pair_is_found(slots, period, group_size, spacing):
+    """The sweep reports exactly the pairs that share time modulo T, each with its
+    overlap, counted independently here cell by cell (integer times)."""
+    made = [block_slot(F, k, dev, start, dur, 10 + k) for k, (dev, start, dur) in enumerate(slots)]
+    block = Block(period, tuple(made), None, group_size=group_size, group_spacing=spacing)
+    s = make_schedule(placement("parallel", 2), 2, one_f_one_b_orders(2, 2), split_backward=False, block=block)
+    copies = [
+        (slot.device, k, r, {(slot.start + r * spacing + t) % period for t in range(int(slot.duration))})
+        for k, slot in enumerate(made)
+        if slot.duration <= period
+        for r in range(group_size)
+    ]
+    expected = sorted(
+        f"stage {b[1]} for microbatch {b[2]}/stage {a[1]} for microbatch {a[2]}: {len(a[3] & b[3])}"
+        for x, a in enumerate(copies)
+        for b in copies[x + 1 :]
+        if a[0] == b[0] and a[3] & b[3]
+    )
+    found = []
+    for diag in collisions.check(s):
+        if "longer than the period" in diag.message:
+            continue
+        hit = re.match(r"on device \d, F of (.+?) \[.*? collides with F of (.+?) \[.*overlapping (\d+)\)", diag.message)
+        assert hit, diag.message
+        found.append(f"{hit[1]}/{hit[2]}: {hit[3]}")
+    if group_size == 1:
+        expected = [e.replace(" for microbatch 0", "") for e in expected]
+    assert sorted(found) == expected

@@ -22,11 +22,16 @@ MICROBATCHES = {
     "v_zb": lambda d: (2 * d - 1, 2 * d, 3 * d + 1),
     "zb_v": lambda d: (2 * d - 1, 2 * d, 3 * d + 1),
     "interleaved_1f1b": lambda d: (d, 2 * d, 3 * d),
+    "interleaved_zb": lambda d: (d, 2 * d, 3 * d),
     "looped_bfs": lambda d: (d, 2 * d, 3 * d + 1),
     "dualpipe_v": lambda d: (2 * d, 2 * d + 1, 3 * d),
 }
 # extra parameters worth a run (chunks per device)
-VARIANTS = {"interleaved_1f1b": ({"v": "3"},), "looped_bfs": ({"v": "3"},)}
+VARIANTS = {
+    "interleaved_1f1b": ({"v": "3"},),
+    "interleaved_zb": ({"v": "3"},),
+    "looped_bfs": ({"v": "3"},),
+}
 
 
 def _compile(name: str, overrides: dict[str, str]):

@@ -212,8 +212,9 @@ def test_orders_equal_torchs(name, cls_name, least):
 
 
 def test_split_backward_kinds():
-    """The V-shape examples split the backward; 1F1B, GPipe, interleaved and BFS fuse it."""
-    for name in ("v_min", "v_half", "v_zb", "zb_v", "dualpipe_v", "zb_h1", "zb_h2"):
+    """The V-shape, ZB and interleaved-ZB examples split the backward; 1F1B, GPipe,
+    interleaved 1F1B and BFS fuse it."""
+    for name in ("v_min", "v_half", "v_zb", "zb_v", "dualpipe_v", "zb_h1", "zb_h2", "interleaved_zb"):
         assert example(name).split_backward, name
     for name in ("1f1b", "gpipe", "interleaved_1f1b", "looped_bfs"):
         schedule = example(name)

@@ -127,6 +127,18 @@ def test_block_lines():
     assert isinstance(lines[3], ast.Fill) and lines[3].kind == "W"
 
 
+def test_grouped_block_header():
+    """`block period T group G every U`: the group's size and spacing as expressions,
+    spanning from `group`; a plain block has no group."""
+    (block,) = stmts("schedule s { block period 3 * v * g group g every 3 { F at i } }")
+    assert isinstance(block.group, ast.Group)
+    assert isinstance(block.group.size, ast.Name) and block.group.size.id == "g"
+    assert block.group.spacing == ast.Number(Fraction(3), block.group.spacing.span)
+    assert block.group.span.column == 37
+    (plain,) = stmts("schedule s { block period 3 { F at i } }")
+    assert plain.group is None
+
+
 def test_order_constructs():
     """Interleave (with `with` on the next line), else-if chains, reversed ranges."""
     order = next(s for s in stmts(EVERYTHING) if isinstance(s, ast.OrderDecl))
@@ -233,6 +245,26 @@ def test_printed_expression_parses_back(expr):
             "schedule s {\n param d = 4\n block period 3 {\n  F at\n }\n}\n",
             (4, 7),
             "expected a value after 'at'",
+        ),
+        (
+            "schedule s {\n block period 6 group 2 every {\n  F at i\n }\n}\n",
+            (2, 31),
+            "expected a value after 'every'",
+        ),
+        (
+            "schedule s {\n block period 6 group every 3 {\n  F at i\n }\n}\n",
+            (2, 23),
+            "expected a value after 'group'",
+        ),
+        (
+            "schedule s {\n block period 6 group 2 {\n  F at i\n }\n}\n",
+            (2, 25),
+            "unexpected '{'; expected 'every'",
+        ),
+        (
+            "schedule s {\n block period 6 grup 2 every 3 {\n  F at i\n }\n}\n",
+            (2, 17),
+            "unexpected name 'grup'; did you mean 'group'?",
         ),
         ("schedule s {\n param m = 2 *\n}\n", (2, 15), "expected a value after '*'"),
         ("schedule s {\n param m =\n}\n", (2, 11), "expected a value after '='"),

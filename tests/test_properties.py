@@ -106,3 +106,12 @@ def test_memory_profile_peak_equals_order_peak(s):
         assert max(levels, default=0.0) == float(t.peak_memory[dev]) or (
             max(levels, default=0.0) <= 0 and t.peak_memory[dev] == 0
         )
+
+
+@settings(max_examples=40, deadline=None)
+@given(schedules())
+def test_memory_over_time_equals_the_exact_fractions(s):
+    """The memory profile from integer prefix sums equals the reference's,
+    summed in Fractions pass by pass, to the last bit."""
+    fast = simulate(s, memory_over_time=True)
+    assert fast.memory_over_time == simulate_reference(s, memory_over_time=True).memory_over_time

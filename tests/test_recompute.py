@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ppdsl.backend.plan import predicted_peak
 from ppdsl.runtime import engine as engine_module
 from ppdsl.runtime.model import build_model
 from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
@@ -84,8 +83,7 @@ def test_recomputed_step_equals_the_plain_one(one_rank, tmp_path: Path) -> None:
         assert all(0 < r < Fraction(1, 10) for r in kept.values()), kept
         meter = runner.engine.meter
         real = _with_real_mw(compiled.plan.memory, runner.engine.measured_mw_ratio(), kept)
-        order = [(k, s) for k, _, s in compiled.plan.orders[0]]
-        assert meter.peak_units == predicted_peak(order, real), name
+        assert meter.peak_units == compiled.plan.predicted_peak(0, real), name
         assert meter.peak_bytes < plain.engine.meter.peak_bytes, name
 
 

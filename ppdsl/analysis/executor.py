@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from ppdsl.ir.flat import FlatSchedule
+from ppdsl.jit import kernel
 from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
 
 __all__ = [
@@ -43,7 +43,7 @@ class Needs:
     missing: int
 
 
-@numba.njit(cache=True)
+@kernel
 def pass_needs(
     kind, microbatch, stage, table, num_stages, need_kind, need_offset, need_optional
 ):  # pragma: no cover - numba
@@ -93,7 +93,7 @@ def dependencies(flat: FlatSchedule) -> Needs:
     return found
 
 
-@numba.njit(cache=True)
+@kernel
 def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: no cover - numba
     """Run every device's order. Returns (start, end, position): `position[dev]`
     is how far device dev got (offsets[dev+1] when it finished its order).
@@ -140,7 +140,7 @@ def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: 
     return start, end, position
 
 
-@numba.njit(cache=True)
+@kernel
 def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no cover - numba
     """(makespan, bubble ratio, idle fraction, peak[d]) of timed orders.
     `duration[kind, stage]` float, `delta[kind, stage]` integer memory deltas
@@ -177,7 +177,7 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
     return makespan, best_bubble, idle, peak
 
 
-@numba.njit(cache=True)
+@kernel
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
     need_kind, need_offset, need_optional, num_kinds,
@@ -216,7 +216,7 @@ class Metrics:
     """False when the orders wait on each other in a cycle (or miss a pass)."""
 
 
-@numba.njit(cache=True)
+@kernel
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
     need_kind, need_offset, need_optional, num_kinds,

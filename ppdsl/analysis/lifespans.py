@@ -80,7 +80,8 @@ class BlockMemory:
     """By stage."""
     rule: tuple[Fraction, ...]
     """Per device, the paper's rule: sum over its stages of ⌈lifespan/T⌉ · M_B
-    (on a recomputed stage ⌈(end - R start)/T⌉ · M_B + ⌈(R start - F start)/T⌉ · M_I)."""
+    (on a recomputed stage ⌈(end - R start)/T⌉ · M_B + ⌈(R start - F start)/T⌉ · M_I;
+    G times that for a grouped block of G microbatches a period)."""
     steady: tuple[Fraction, ...] | None
     """Per device, the exact steady-state peak (both derivations agree); None
     when the block has no steady state to derive (`why`)."""
@@ -99,13 +100,15 @@ class BlockMemory:
 
 @dataclass(frozen=True)
 class _Timed:
-    """Microbatch 0's pass of `kind` on `stage` in the steady state."""
+    """Microbatch `member`'s pass of `kind` on `stage` in the steady state (the
+    first group's; `member` > 0 only in a grouped block)."""
 
     kind: PassKind
     stage: int
     device: int
     start: Fraction
     duration: Fraction
+    member: int = 0
 
 
 def _block_passes(schedule: Schedule) -> tuple[list[_Timed], str | None]:
@@ -115,40 +118,46 @@ def _block_passes(schedule: Schedule) -> tuple[list[_Timed], str | None]:
     assert block is not None
     placement = schedule.placement
     w_fill = schedule.split_backward and not any(s.kind is _W for s in block.slots)
+    size = block.group_size
     if not w_fill:
-        return [_Timed(s.kind, s.stage, s.device, s.start, s.duration) for s in block.slots], None
+        return [
+            _Timed(s.kind, s.stage, s.device, s.start + block.shift(g), s.duration, g)
+            for s in block.slots
+            for g in range(size)
+        ], None
     period = Fraction(block.period)
     starts = [s.start for s in block.slots]
     ends = [s.start + s.duration for s in block.slots]
     reach = math.ceil((max(ends) - min(starts)) / period) + 2
-    count = 2 * reach + 2 * placement.num_stages + 8
-    middle = count // 2
-    timeline = fill_timeline(timed_slots(block, placement, count), schedule.costs)
-    at: dict[tuple[PassKind, int, int], Fraction] = {}
+    groups = 2 * reach + 2 * placement.num_stages + 8
+    middle = groups // 2  # the group read off, and the next one to compare with
+    timeline = fill_timeline(timed_slots(block, placement, groups * size), schedule.costs)
+    at: dict[tuple[PassKind, int, int, int], Fraction] = {}
     for row in timeline:
         for start, p in row:
-            if p.microbatch in (middle, middle + 1):
-                at[(p.kind, p.stage, p.microbatch)] = start - p.microbatch * period
+            group, member = divmod(p.microbatch, size)
+            if group in (middle, middle + 1):
+                at[(p.kind, p.stage, member, group)] = start - group * period
     passes = []
-    for (kind, stage, j), offset in sorted(
-        at.items(), key=lambda x: (x[0][1], x[0][0].code, x[0][2])
+    for (kind, stage, member, group), offset in sorted(
+        at.items(), key=lambda x: (x[0][1], x[0][0].code, x[0][2], x[0][3])
     ):
-        if j != middle:
+        if group != middle:
             continue
-        if at.get((kind, stage, middle + 1)) != offset:
+        if at.get((kind, stage, member, middle + 1)) != offset:
             return [], (
                 f"W fill does not settle into the period: stage {stage}'s {kind.value} "
                 "moves from one microbatch to the next"
             )
         device = placement.stage_device[stage]
         duration = Fraction(schedule.costs.duration(kind, stage))
-        passes.append(_Timed(kind, stage, device, offset, duration))
+        passes.append(_Timed(kind, stage, device, offset, duration, member))
     return passes, None
 
 
 def _lifespans(schedule: Schedule, passes: list[_Timed]) -> tuple[Lifespan, ...]:
     placement, memory = schedule.placement, schedule.memory
-    by = {(p.kind, p.stage): p for p in passes}
+    by = {(p.kind, p.stage): p for p in passes if p.member == 0}
     found = []
     for stage in range(schedule.num_stages):
         device = placement.stage_device[stage]
@@ -173,14 +182,14 @@ def _lifespans(schedule: Schedule, passes: list[_Timed]) -> tuple[Lifespan, ...]
 
 
 def _intervals(
-    schedule: Schedule, passes: list[_Timed], stage: int
+    schedule: Schedule, passes: list[_Timed], stage: int, member: int = 0
 ) -> list[tuple[Fraction, Fraction, Fraction]]:
     """(begin, end, amount): the pieces of activation one microbatch of
-    `stage` holds, over microbatch 0's time (the lifespan rule, written from
-    the zero-bubble paper's memory model: F leaves M_B; B frees all but M_W; W
-    frees M_W; a fused backward frees all; a recomputed stage holds M_I from F
-    to R and the rest from R on)."""
-    by = {(p.kind, p.stage): p for p in passes}
+    `stage` holds, over the time of microbatch `member` of the first group (the
+    lifespan rule, written from the zero-bubble paper's memory model: F leaves
+    M_B; B frees all but M_W; W frees M_W; a fused backward frees all; a
+    recomputed stage holds M_I from F to R and the rest from R on)."""
+    by = {(p.kind, p.stage): p for p in passes if p.member == member}
     memory = schedule.memory
     activation, weight = memory.activation[stage], memory.weight_retained[stage]
     begin = by[(_F, stage)].start
@@ -207,10 +216,12 @@ def _held(t: Fraction, begin: Fraction, end: Fraction, period: Fraction) -> int:
 def _by_lifespans(schedule: Schedule, passes: list[_Timed], period: Fraction) -> list[Fraction]:
     peaks = []
     for device in range(schedule.num_devices):
+        assert schedule.block is not None
         pieces = [
             piece
             for stage in schedule.placement.chunks(device)
-            for piece in _intervals(schedule, passes, stage)
+            for member in range(schedule.block.group_size)
+            for piece in _intervals(schedule, passes, stage, member)
         ]
         levels = [
             sum((amount * _held(t, b, e, period) for b, e, amount in pieces), Fraction(0))
@@ -304,8 +315,9 @@ def block_memory(schedule: Schedule) -> BlockMemory | None:
         kept = memory.kept(x.stage) or Fraction(0)
         return full + math.ceil((x.restored - x.start) / period) * kept
 
+    size = schedule.block.group_size  # a grouped block repeats G microbatches a period
     rule = tuple(
-        sum((by_rule(spans[s]) for s in schedule.placement.chunks(device)), Fraction(0))
+        size * sum((by_rule(spans[s]) for s in schedule.placement.chunks(device)), Fraction(0))
         for device in range(schedule.num_devices)
     )
     steady, why = steady_peaks(schedule)

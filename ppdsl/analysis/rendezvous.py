@@ -16,22 +16,23 @@ no buffering assumed):
   rank has posted an op when it has reached the exchange that holds it.
 
 So an exchange of rank r completes when every peer rank has reached the
-exchange holding the matching op. `ExchangeIndex` holds every posted op as flat
-arrays (its transfer, the global op index holding it, where its peer op is);
+exchange holding the matching op. The programs are `RankArrays`; `ExchangeIndex`
+adds, per posted op, where its peer op is (made once per programs);
 `advance` runs the ranks over them; `stuck_waits` says who waits for whom
 where they stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from ppdsl.ir.rank import Exchange, RankProgram, Transfer
+from ppdsl.ir.rank import RankArrays, RankProgram, Transfer
+from ppdsl.jit import kernel
 
-__all__ = ["Wait", "ExchangeIndex", "advance", "stuck_waits"]
+__all__ = ["Wait", "ExchangeIndex", "advance", "as_arrays", "stuck_waits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class Wait:
         return f"rank {self.rank} waits for recv {what} from rank {self.peer}"
 
 
-@numba.njit(cache=True)
+@kernel
 def advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragma: no cover
     """Advance every rank (from `position`, updated in place) while each enabled
     requirement of its next op holds: rank `req_rank[k]` has reached global op
@@ -78,77 +79,77 @@ def advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragm
             position[r] = k
 
 
-def _match(keys: np.ndarray, against: np.ndarray, against_ids: np.ndarray) -> np.ndarray:
-    """For each key, the id of the entry of `against` that holds it (-1 if none)."""
-    out = np.full(len(keys), -1, dtype=np.int64)
-    if len(against) == 0:
-        return out
-    order = np.argsort(against, kind="stable")
-    sorted_keys = against[order]
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    found = sorted_keys[at] == keys
-    out[found] = against_ids[order[at[found]]]
-    return out
+def _mirrors(key: np.ndarray, sending: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """For each entry the first entry of the other side with the same key (-1
+    if none), and the entries that repeat a key on their side (sends' repeats,
+    then receives', each in entry order). One sort of (key, side)."""
+    n = len(key)
+    mirror = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return mirror, []
+    # stable: within a key, its sends then its receives, each in entry order
+    order = np.argsort(key * 2 + ~sending, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    group = np.repeat(np.arange(len(starts)), sizes)
+    group_sends = np.add.reduceat(sending[order].astype(np.int64), starts)
+    first_send = starts  # valid where the group has a send
+    first_recv = starts + group_sends  # valid where the group has a receive
+    has_send = group_sends > 0
+    has_recv = group_sends < sizes
+    is_send = sending[order]
+    g = group
+    mirror[order] = np.where(
+        is_send,
+        np.where(has_recv[g], order[np.minimum(first_recv[g], n - 1)], -1),
+        np.where(has_send[g], order[first_send[g]], -1),
+    )
+    position = np.arange(n) - starts[g]
+    repeated = np.where(is_send, position > 0, position > group_sends[g])
+    extra = order[repeated]
+    duplicates = np.sort(extra[sending[extra]]).tolist() + np.sort(extra[~sending[extra]]).tolist()
+    return mirror, duplicates
+
+
+def as_arrays(programs: RankArrays | Sequence[RankProgram]) -> RankArrays:
+    """Programs as arrays (objects are converted; arrays pass through)."""
+    return programs if isinstance(programs, RankArrays) else RankArrays.of_programs(programs)
 
 
 class ExchangeIndex:
-    """Every posted send and receive as flat arrays (in rank, op order): its
-    transfer, the global op index holding it, and where its peer op is."""
+    """Every posted send and receive of `RankArrays` (in rank, op order) with
+    where its peer op is; made once per programs (`of`)."""
 
-    def __init__(self, programs: tuple[RankProgram, ...]):
-        offsets = [0]
-        for prog in programs:
-            offsets.append(offsets[-1] + len(prog.ops))
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.total = offsets[-1]
-        transfers: list[Transfer] = []
-        keys: list[int] = []
-        where: list[int] = []
-        sending: list[bool] = []
-        for r, prog in enumerate(programs):
-            base = offsets[r]
-            for i, op in enumerate(prog.ops):
-                if type(op) is not Exchange:
-                    continue
-                for group, flag in ((op.sends, True), (op.recvs, False)):
-                    for t in group:
-                        transfers.append(t)
-                        # a transfer's identity as one integer (Transfer's hash is slow)
-                        keys.append(
-                            (t.microbatch << 42)
-                            | (t.src_stage << 22)
-                            | (t.dst_stage << 2)
-                            | t.kind.code
-                        )
-                        where.append(base + i)
-                        sending.append(flag)
-        self.transfers = transfers
-        key = np.asarray(keys, dtype=np.int64)
-        self.where = np.asarray(where, dtype=np.int64)
-        self.sending = np.asarray(sending, dtype=bool)
-        self.rank = np.searchsorted(self.offsets, self.where, side="right") - 1
-        is_send = self.sending
+    @staticmethod
+    def of(programs: RankArrays) -> ExchangeIndex:
+        ix = programs.derived.get("exchange_index")
+        if ix is None:
+            ix = programs.derived["exchange_index"] = ExchangeIndex(programs)
+        return ix
+
+    def __init__(self, programs: RankArrays, mirror: np.ndarray | None = None):
+        """`mirror`, where known (the same transfers in another order), saves the
+        matching; the programs then have no unmatched or duplicated op."""
+        self.programs = programs
+        self.offsets = programs.offsets
+        self.total = programs.total
+        self.where = programs.where
+        self.sending = programs.sending
+        op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(self.offsets))
+        self.rank = op_rank[self.where]
         # the mirror of a send is the receive of the same transfer, and back
-        ids = np.arange(len(key), dtype=np.int64)
-        mirror = np.empty(len(key), dtype=np.int64)
-        mirror[is_send] = _match(key[is_send], key[~is_send], ids[~is_send])
-        mirror[~is_send] = _match(key[~is_send], key[is_send], ids[is_send])
+        if mirror is None:
+            mirror, self.duplicates = _mirrors(programs._keys(), self.sending)
+        else:
+            self.duplicates = []
         self.mirror = mirror
         never = self.total + 1  # a global index no rank reaches: waits forever
-        peer = np.where(mirror >= 0, self.where[np.maximum(mirror, 0)], never)
+        matched = mirror >= 0
+        peer = np.where(matched, self.where[np.maximum(mirror, 0)], never)
         self.peer_op = peer
-        self.peer_rank = np.where(
-            peer == never, self.rank, np.searchsorted(self.offsets, peer, side="right") - 1
-        )
-        self.unmatched = np.flatnonzero(peer == never)
-        self.duplicates: list[int] = []
-        for flag in (True, False):
-            chosen = np.flatnonzero(self.sending == flag)
-            _, first, counts = np.unique(key[chosen], return_index=True, return_counts=True)
-            if np.any(counts > 1):
-                seen = np.zeros(len(chosen), dtype=bool)
-                seen[first] = True
-                self.duplicates += chosen[~seen].tolist()
+        self.peer_rank = np.where(matched, op_rank[np.minimum(peer, self.total - 1)], self.rank)
+        self.unmatched = np.flatnonzero(~matched)
 
     def requirement_offsets(self, chosen: np.ndarray) -> np.ndarray:
         """CSR offsets, per global op, into the requirements `chosen` (which are
@@ -163,11 +164,12 @@ class ExchangeIndex:
 
 
 def stuck_waits(
-    programs: tuple[RankProgram, ...], sends_block: bool = True
+    programs: RankArrays | Sequence[RankProgram], sends_block: bool = True
 ) -> tuple[list[list[Wait]], list[tuple], list[tuple]]:
     """(cycles of waits, unmatched ops, duplicated ops); unmatched and duplicated
     as (rank, op index, transfer, sending). All empty: no deadlock."""
-    ix = ExchangeIndex(programs)
+    arrays = as_arrays(programs)
+    ix = ExchangeIndex.of(arrays)
     use = np.ones(len(ix.where), dtype=bool) if sends_block else ~ix.sending
     use[ix.unmatched] = True  # an unmatched op waits forever, send or not
     chosen = np.flatnonzero(use)
@@ -176,7 +178,7 @@ def stuck_waits(
     enabled = np.ones(len(chosen), dtype=bool)
     advance(position, ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen], enabled)
     waits: dict[int, Wait] = {}
-    for r in range(len(programs)):
+    for r in range(arrays.num_ranks):
         k = int(position[r])
         if k >= ix.offsets[r + 1]:
             continue
@@ -184,7 +186,7 @@ def stuck_waits(
         for e in chosen[lo:hi].tolist():
             q = int(ix.peer_rank[e])
             if ix.peer_op[e] <= ix.total and position[q] < ix.peer_op[e]:
-                t = ix.transfers[e]
+                t = arrays.transfer_of(e)
                 waits[r] = Wait(r, ix.op_index(e), q, t, bool(ix.sending[e]))
                 break
     cycles: list[list[Wait]] = []
@@ -203,7 +205,7 @@ def stuck_waits(
 
     def described(indices) -> list[tuple]:
         return [
-            (int(ix.rank[e]), ix.op_index(e), ix.transfers[e], bool(ix.sending[e])) for e in indices
+            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e])) for e in indices
         ]
 
     return cycles, described(ix.unmatched.tolist()), described(ix.duplicates)

@@ -174,7 +174,7 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
         math.fsum(schedule.costs.duration(p.kind, p.stage) for p in order)
         for order in schedule.orders
     ]
-    return _timeline(schedule, start, end, busy, memory_over_time)
+    return _timeline(schedule, start, end, busy, memory_over_time, _memory_over_time_exact)
 
 
 def _timeline(
@@ -183,6 +183,7 @@ def _timeline(
     end: tuple[tuple[float, ...], ...],
     busy: list[float],
     with_memory: bool,
+    profile_of=None,
 ) -> Timeline:
     num_devices = schedule.num_devices
     span_start = tuple(s[0] if s else 0.0 for s in start)
@@ -194,7 +195,7 @@ def _timeline(
     bubble_ratio = bubble_time / spans[longest] if num_devices and spans[longest] > 0 else 0.0
     total = num_devices * makespan
     idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
-    profile = _memory_over_time(schedule, start, end) if with_memory else None
+    profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
     return Timeline(
         start=start,
         end=end,
@@ -211,6 +212,34 @@ def _timeline(
 
 
 def _memory_over_time(
+    schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per device, (time, level) after each pass: the level a prefix sum of the
+    exact integer deltas (`semantics.delta_table`), divided by their scale once
+    (the same float as the exact Fraction's, while both fit a float exactly)."""
+    memory = schedule.memory
+    flat = flatten(schedule)
+    longest = max((len(o) for o in schedule.orders), default=0)
+    table, scale = semantics.delta_table(
+        memory.activation, memory.weight_retained, longest_order=longest
+    )
+    if table.dtype != np.int64 or scale >= 2**53:
+        return _memory_over_time_exact(schedule, start, end)
+    deltas = table[flat.kind, flat.stage]
+    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])[flat.kind]
+    out = []
+    for dev in range(schedule.num_devices):
+        a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
+        levels = np.cumsum(deltas[a:b])
+        if len(levels) and np.abs(levels).max() >= 2**53:
+            return _memory_over_time_exact(schedule, start, end)
+        times = np.where(at_start[a:b], np.asarray(start[dev]), np.asarray(end[dev]))
+        values = levels.astype(np.float64) / scale
+        out.append(tuple(zip(times.tolist(), values.tolist(), strict=True)))
+    return tuple(out)
+
+
+def _memory_over_time_exact(
     schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
     memory = schedule.memory

@@ -11,16 +11,28 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 
-from ppdsl import __version__
+from ppdsl import __version__, json_text
 from ppdsl._resources import templates_dir
 from ppdsl.backend.plan import Plan, plan_from_schedule
-from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer, TransferKind
+from ppdsl.ir.rank import (
+    Compute,
+    Exchange,
+    RankArrays,
+    RankProgram,
+    Transfer,
+    TransferKind,
+    entry_groups,
+)
 from ppdsl.ir.schedule import Schedule
+from ppdsl.semantics import KINDS
 
 __all__ = ["GeneratedFiles", "generate", "write"]
 
@@ -38,6 +50,7 @@ def _py(x: object) -> str:
     return _int(x)
 
 
+@lru_cache(maxsize=4096)
 def _comment(x: object) -> str:
     """Text safe inside a `#` comment: JSON escapes (control characters, quotes,
     non-ASCII) so nothing can start a new line."""
@@ -59,27 +72,111 @@ def _environment() -> jinja2.Environment:
 
 
 def _transfer(t: Transfer) -> str:
-    fn = "act" if t.kind is TransferKind.ACT else "grad"
+    fn = t.kind.value  # the runtime's vocabulary: act(...), grad(...)
     args = (t.microbatch, t.src_stage, t.dst_stage, t.src_rank, t.dst_rank)
     return f"{fn}({', '.join(map(_int, args))})"
 
 
-def _op_lines(program: RankProgram) -> list[dict[str, str | None]]:
-    lines: list[dict[str, str | None]] = []
+_TRANSFER_CALLS = tuple(t.value for t in TransferKind)
+
+
+@dataclass(frozen=True, slots=True)
+class _OpLine:
+    """One line of a rank program's OPS: its code and the source line it
+    comes from (attributes, not dict keys: jinja reads them 700k times at scale)."""
+
+    code: str
+    where: str | None
+
+
+def _vocabulary(lines: list[_OpLine]) -> set[str]:
+    """The program vocabulary a rank's lines call."""
+    used = {op.code.split("(", 1)[0] for op in lines}
+    return used | {k for op in lines for k in _TRANSFER_CALLS if f"{k}(" in op.code}
+
+
+def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
+    lines: list[_OpLine] = []
     for op in program.ops:
         if isinstance(op, Compute):
             p = op.pass_
             where = f"{p.span.file}:{p.span.line}" if p.span is not None else None
             code = f"{p.kind.value}({_int(p.microbatch)}, {_int(p.stage)})"
-            lines.append({"code": code, "where": where})
+            lines.append(_OpLine(code, where))
         elif isinstance(op, Exchange):
             sends = "".join(_transfer(t) + ", " for t in op.sends)
             recvs = "".join(_transfer(t) + ", " for t in op.recvs)
             code = f"exchange(sends=({sends.rstrip(' ')}), recvs=({recvs.rstrip(' ')}))"
-            lines.append({"code": code, "where": None})
+            lines.append(_OpLine(code, None))
         else:  # pragma: no cover - the IR has two op kinds
             raise TypeError(f"codegen: unknown op {op!r}")
-    return lines
+    return lines, _vocabulary(lines)
+
+
+def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
+    """Kind letters, microbatches, stages and spans of `passes` (read in C)."""
+    value = {k: k.value for k in KINDS}
+    kinds = list(map(value.__getitem__, map(attrgetter("kind"), passes)))
+    microbatches = list(map(attrgetter("microbatch"), passes))
+    stages = list(map(attrgetter("stage"), passes))
+    for x in (*microbatches, *stages):
+        _int(x)
+    return kinds, microbatches, stages, list(map(attrgetter("span"), passes))
+
+
+def _op_lines_of_arrays(programs: RankArrays) -> list[tuple[list[_OpLine], set[str]]]:
+    """`_op_lines` of every rank, from the arrays (no op objects made)."""
+    call = {t.code: t.value for t in TransferKind}
+    texts = [
+        f"{call[k]}({j}, {a}, {b}, {ra}, {rb}), "
+        for k, j, a, b, ra, rb in zip(
+            programs.transfer.tolist(),
+            programs.microbatch.tolist(),
+            programs.src_stage.tolist(),
+            programs.dst_stage.tolist(),
+            programs.src_rank.tolist(),
+            programs.dst_rank.tolist(),
+            strict=True,
+        )
+    ]
+    first = entry_groups(programs)
+    # an exchange's entries are its sends, then its receives
+    sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total).tolist()
+    op_pass = programs.op_pass.tolist()
+    offsets = programs.offsets.tolist()
+    kinds, microbatches, stages, spans = _pass_columns(programs.passes)
+    where_of: dict[int, str | None] = {id(None): None}
+    for span in spans:
+        if id(span) not in where_of:
+            where_of[id(span)] = f"{span.file}:{span.line}"
+    codes = [f"{k}({j}, {s})" for k, j, s in zip(kinds, microbatches, stages, strict=True)]
+    wheres = [where_of[id(span)] for span in spans]
+    op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
+    exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
+    carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
+    width = int(programs.transfer.max(initial=0)) + 1
+    for pair in np.unique(op_rank[programs.where] * width + programs.transfer).tolist():
+        carried[pair // width].add(pair % width)
+    out = []
+    for r in range(programs.num_ranks):
+        lines: list[_OpLine] = []
+        used: set[str] = set()
+        for g in range(offsets[r], offsets[r + 1]):
+            k = op_pass[g]
+            if k >= 0:
+                used.add(kinds[k])
+                lines.append(_OpLine(codes[k], wheres[k]))
+            else:
+                lo, hi = first[g], first[g + 1]
+                middle = lo + sends_of[g]
+                sends = "".join(texts[lo:middle]).rstrip(" ")
+                recvs = "".join(texts[middle:hi]).rstrip(" ")
+                lines.append(_OpLine(f"exchange(sends=({sends}), recvs=({recvs}))", None))
+        if exchanges[r]:
+            used.add("exchange")
+        used.update(call[code] for code in carried[r])
+        out.append((lines, used))
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,7 +189,7 @@ class GeneratedFiles:
 
 def generate(
     schedule: Schedule,
-    programs: tuple[RankProgram, ...],
+    programs: tuple[RankProgram, ...] | RankArrays,
     timeline: Any = None,
     costs_from: str | None = None,
 ) -> GeneratedFiles:
@@ -111,20 +208,21 @@ def generate(
         "num_microbatches": _int(schedule.num_microbatches),
     }
     rank_template = env.get_template("rank.py.j2")
-    for program in programs:
-        stages = ", ".join(_int(s) for s in schedule.placement.chunks(program.rank))
-        ops = _op_lines(program)
-        used = {str(op["code"]).split("(", 1)[0] for op in ops}
-        used |= {k for op in ops for k in ("act", "grad") if f"{k}(" in str(op["code"])}
-        files[f"rank{_int(program.rank)}.py"] = rank_template.render(
-            **common, rank=_int(program.rank), stages=stages, ops=ops,
+    if isinstance(programs, RankArrays):
+        per_rank = list(enumerate(_op_lines_of_arrays(programs)))
+    else:
+        per_rank = [(program.rank, _op_lines(program)) for program in programs]
+    for rank, (ops, used) in per_rank:
+        stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
+        files[f"rank{_int(rank)}.py"] = rank_template.render(
+            **common, rank=_int(rank), stages=stages, ops=ops,
             vocabulary=", ".join(sorted(used)) or "F",
         )
     files["launch.py"] = env.get_template("launch.py.j2").render(**common)
     manifest = plan.to_json()
     manifest["generated_by"] = f"ppdsl {__version__}"
     manifest["placement_kind"] = schedule.placement.kind
-    files["manifest.json"] = json.dumps(manifest, indent=1, ensure_ascii=True) + "\n"
+    files["manifest.json"] = json_text.dumps(manifest, 1) + "\n"
     return GeneratedFiles(files, plan)
 
 

@@ -7,14 +7,15 @@ written by codegen and read by the runtime; plain Python, no torch.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ppdsl import __version__
-from ppdsl.ir.rank import RankProgram, format_rank_programs
+import numpy as np
+
+from ppdsl import __version__, json_text
+from ppdsl.ir.rank import RankArrays, RankProgram, format_rank_programs
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
@@ -23,11 +24,19 @@ __all__ = ["Plan", "plan_from_schedule", "fingerprint", "predicted_peak"]
 
 def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -> Fraction:
     """The memory model's peak for one device: the largest prefix sum of the
-    deltas of its passes (kind, stage) in order."""
-    return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
+    deltas of its passes (kind, stage) in order (exact: integer deltas over their
+    common denominator, `semantics.delta_table`)."""
+    order = list(order)
+    table, scale = memory.delta_table(longest_order=len(order))
+    if table.dtype != np.int64 or not order:
+        return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
+    codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
+    stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
+    top = int(np.cumsum(table[codes, stages]).max())
+    return Fraction(max(top, 0), scale)
 
 
-def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...]) -> str:
+def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...] | RankArrays) -> str:
     """sha256 of the schedule's canonical text, the rank programs and ppdsl's version."""
     text = "\n".join(
         [f"ppdsl {__version__}", format_schedule(schedule), format_rank_programs(programs)]
@@ -140,7 +149,7 @@ def _json_value(v: object) -> Any:
 
 def plan_from_schedule(
     schedule: Schedule,
-    programs: tuple[RankProgram, ...],
+    programs: tuple[RankProgram, ...] | RankArrays,
     timeline: Any = None,
     costs_from: str | None = None,
 ) -> Plan:
@@ -170,4 +179,4 @@ def plan_from_schedule(
 
 
 def dumps(plan: Plan) -> str:
-    return json.dumps(plan.to_json(), indent=1)
+    return json_text.dumps(plan.to_json(), 1)

@@ -5,9 +5,9 @@ Exit 0 when valid, 1 when the file is invalid, 2 on bad usage."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ppdsl import json_text
 from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, render_all
 from ppdsl.ir.rank import format_rank_programs
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         compiled = compile_from_args(args)
     except CompileError as err:
         result = {"valid": False, "diagnostics": [diagnostic_json(d) for d in err.diagnostics]}
-        print(json.dumps(result, indent=2))
+        print(json_text.dumps(result, 2))
         return ExitCode.INVALID
     result = {
         "valid": True,
@@ -67,5 +67,5 @@ def run(args: argparse.Namespace) -> ExitCode:
         result["ir"] = format_schedule(compiled.schedule)
     if args.programs:
         result["programs"] = format_rank_programs(compiled.programs)
-    print(json.dumps(result, indent=2))
+    print(json_text.dumps(result, 2))
     return ExitCode.OK

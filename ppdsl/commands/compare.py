@@ -23,7 +23,6 @@ from ppdsl.commands.common import (
 )
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
-from ppdsl.lowering.lower import receive_buffers_peak
 from ppdsl.semantics import format_short
 
 HELP = "compare several schedules side by side (makespan, bubble, memory)"
@@ -74,7 +73,7 @@ def _row(file: str, c: Compiled) -> dict[str, Any]:
         "peak_memory": peak,
         "peak_memory_per_1f1b_stage": peak / chunks,
         "receive_buffers_peak": max(
-            (receive_buffers_peak(p) for p in c.programs), default=0
+            c.lowered.receive_buffers_peaks(), default=0
         ),
         "costs": _costs_text(c),
         "memory_model": _memory_text(c),

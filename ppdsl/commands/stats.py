@@ -4,9 +4,9 @@ memory against its declared bounds."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ppdsl import json_text
 from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import render_all
 from ppdsl.report import schedule_json, stats_table
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     if args.json:
-        print(json.dumps(schedule_json(compiled, memory_profile=True), indent=2))
+        print(json_text.dumps(schedule_json(compiled, memory_profile=True), 2))
     else:
         sys.stdout.write(stats_table(compiled))
     return ExitCode.OK

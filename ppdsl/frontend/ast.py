@@ -35,6 +35,7 @@ __all__ = [
     "Slot",
     "SlotLine",
     "Fill",
+    "Group",
     "BlockDecl",
     "For",
     "Repeat",
@@ -249,12 +250,24 @@ class Fill:
 
 
 @dataclass(frozen=True, slots=True)
+class Group:
+    """`group G every U` in a block's header: G microbatches a group, U apart."""
+
+    size: Expr
+    spacing: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class BlockDecl:
-    """`block period T { lines }`: the building block of the controllable-memory paper."""
+    """`block period T { lines }`: the building block of the controllable-memory paper;
+    `block period T group G every U { lines }` repeats it for groups of G
+    microbatches, one every U, a group every T (Megatron's interleaved 1F1B)."""
 
     period: Expr
     lines: tuple[SlotLine | Fill, ...]
     span: Span
+    group: Group | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,7 +525,13 @@ def _format_stmt(stmt: Stmt) -> list[str]:
         value = "" if stmt.value is None else f" = {format_expr(stmt.value)}"
         return [f"{pad}recompute{index}{value}"]
     if isinstance(stmt, BlockDecl):
-        lines = [f"{pad}block period {format_expr(stmt.period)} {{"]
+        group = stmt.group
+        grouping = (
+            ""
+            if group is None
+            else f" group {format_expr(group.size)} every {format_expr(group.spacing)}"
+        )
+        lines = [f"{pad}block period {format_expr(stmt.period)}{grouping} {{"]
         for line in stmt.lines:
             if isinstance(line, Fill):
                 lines.append(f"{pad}{_INDENT}{line.kind} fill")

@@ -3,7 +3,9 @@ controllable-memory paper (§3).
 
 Each slot line gives, for microbatch 0, the start of a pass kind for every
 chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
-(`chunk c:`); `W fill` leaves W to the greedy rule. A stage marked
+(`chunk c:`); `W fill` leaves W to the greedy rule. A header `group G every U`
+makes the block a grouped one: G microbatches a group, one every U, a group
+every T (Megatron's microbatch groups of its interleaved 1F1B). A stage marked
 `recompute` runs R: where no line places it, R ends as its backward (B or BW)
 starts. The slot table is evaluated
 for every stage of every device and handed to `ppdsl.frontend.blocks`, which
@@ -23,6 +25,7 @@ from ppdsl.frontend.expressions import (
     Num,
     Scope,
     compile_expr,
+    integer,
     norm,
     number,
     show,
@@ -41,6 +44,7 @@ def elaborate_block(
     period = number(state.evaluate(decl.period), decl.period.span, "the period")
     if period <= 0:
         raise ElaborationError(f"the block's period must be > 0, got {show(period)}", decl.period.span)
+    group_size, spacing = _group(decl.group, state, m)
     split = state.split_backward
     w_fill = False
     max_chunks = max(len(placement.chunks(dev)) for dev in range(placement.num_devices))
@@ -148,7 +152,7 @@ def elaborate_block(
             )
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
     slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))
-    block = Block(Fraction(period), tuple(slots), decl.span)
+    block = Block(Fraction(period), tuple(slots), decl.span, group_size, Fraction(spacing))
     if len(slots) * m > MAX_PASSES:
         raise ElaborationError(
             f"the block repeated m = {m} times makes more than {MAX_PASSES} passes", decl.span
@@ -163,6 +167,28 @@ def elaborate_block(
         recompute=frozenset(s for s, on in enumerate(recompute) if on),
     )
     return block, orders
+
+
+def _group(group: ast.Group | None, state: Declarations, m: int) -> tuple[int, Num]:
+    """The group size G and spacing U of `group G every U` (1 and 0 without one)."""
+    if group is None:
+        return 1, 0
+    size = integer(state.evaluate(group.size), group.size.span, "the group size")
+    if size <= 0:
+        raise ElaborationError(f"the group size must be > 0, got {size}", group.size.span)
+    if m % size:
+        raise ElaborationError(
+            f"the group size {size} does not divide m = {m}: every group holds {size} "
+            f"microbatches; make m a multiple of {size} or pick a divisor of m",
+            group.size.span,
+        )
+    spacing = number(state.evaluate(group.spacing), group.spacing.span, "the group spacing")
+    if spacing <= 0:
+        raise ElaborationError(
+            f"the spacing of a group's microbatches must be > 0, got {show(spacing)}",
+            group.spacing.span,
+        )
+    return size, spacing
 
 
 def _stage_cost(state: Declarations, kind: str, stage: int) -> Num:

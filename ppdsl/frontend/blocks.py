@@ -8,6 +8,11 @@ times; the simulator later re-times that order as soon as possible (the paper's
 "squeeze"), and warm-up and cool-down are what is left of the repetitions for
 the microbatches that exist (0 <= j < m).
 
+A grouped block (`group G every U`, Megatron's microbatch groups of its
+interleaved 1F1B and the zero-bubble repository's grouped building block)
+shifts microbatch j by (j // G) * T + (j % G) * U instead of j * T
+(`Block.shift`); everything below is the same for it.
+
 Ties between equal start times (only possible for slots that collide, which
 the collision check reports, or for zero-length slots) are broken by the
 slot's position in the block (the order the file wrote it), then by
@@ -51,6 +56,8 @@ from __future__ import annotations
 from collections import deque
 from fractions import Fraction
 
+import numpy as np
+
 from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
 from ppdsl.semantics import memory_delta, needs
 
@@ -90,15 +97,17 @@ def timed_slots(
     block: Block, placement: Placement, num_microbatches: int
 ) -> list[list[tuple[Fraction, int, int, BlockSlot]]]:
     """Per device, (start, slot index, microbatch, slot) of every slot repeated
-    for `num_microbatches` microbatches, sorted by start, then slot position,
-    then microbatch (the plain repetition's order)."""
-    period = Fraction(block.period)
+    for `num_microbatches` microbatches (microbatch j shifted by
+    `block.shift(j)`), sorted by start, then slot position, then microbatch
+    (the plain repetition's order)."""
+    shifts = [block.shift(j) for j in range(num_microbatches)]
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
         [] for _ in range(placement.num_devices)
     ]
     for index, slot in enumerate(block.slots):
-        for j in range(num_microbatches):
-            timed[slot.device].append((Fraction(slot.start) + j * period, index, j, slot))
+        start = Fraction(slot.start)
+        for j, shift in enumerate(shifts):
+            timed[slot.device].append((start + shift, index, j, slot))
     for device_slots in timed:
         device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
     return timed
@@ -199,7 +208,6 @@ _CHANNELS = ((1, 1), (0, 1), (1, 0), (0, 0))
 W holding all of M_B or none of it; a recomputed stage's F keeping all of it or
 none (M_I). The first counts an F as one microbatch-stage, as `_Run` does."""
 
-
 _EXTREME_DELTAS = {
     (kind, recomputed): tuple(
         int(memory_delta(kind, Fraction(1), Fraction(w), Fraction(i) if recomputed else None))
@@ -208,6 +216,8 @@ _EXTREME_DELTAS = {
     for kind in PassKind
     for recomputed in (False, True)
 }
+"""A pass's memory change in microbatch-stages in each of `_CHANNELS`, on a
+stage that keeps its activations (False) or recomputes them (True)."""
 
 
 def _extreme_delta(kind: PassKind, stage: int, recompute: frozenset[int]) -> tuple[int, ...]:
@@ -221,7 +231,7 @@ def _compact(
     costs: Costs,
     ends: dict[tuple[PassKind, int, int], float],
     peaks: list[tuple[Fraction, ...]],
-    recompute: frozenset[int],
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...] | None:
     """Compaction (the paper's reordering, done with the file's costs): every
     pass, in the order the plain repetition starts them, takes the earliest
@@ -237,6 +247,7 @@ def _compact(
         for k, p in enumerate(order)
     )
     placed: list[list[tuple[float, float, Pass]]] = [[] for _ in orders]
+    arrays = [_Placed(recompute) for _ in orders]
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
@@ -246,19 +257,13 @@ def _compact(
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
-        row = placed[dev]
-        at = _first_fit(
-            row,
-            ready,
-            duration,
-            _extreme_delta(p.kind, p.stage, recompute),
-            tuple(int(x) for x in peaks[dev]),
-            recompute,
-        )
+        limit = tuple(int(x) for x in peaks[dev])
+        at = arrays[dev].first_fit(ready, duration, _extreme_delta(p.kind, p.stage, recompute), limit)
         if at is None:
             return None
         index, start = at
-        row.insert(index, (start, start + duration, p))
+        placed[dev].insert(index, (start, start + duration, p))
+        arrays[dev].insert(index, start, start + duration, p.kind, p.stage)
         end_of[p.key] = start + duration
     return tuple(tuple(p for _, _, p in row) for row in placed)
 
@@ -269,59 +274,77 @@ def _first_fit(
     duration: float,
     delta: tuple[int, ...],
     limit: tuple[int, ...],
-    recompute: frozenset[int],
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
-    n = len(row)
-    channels = range(len(_CHANNELS))
-    levels = [[0] * (n + 1) for _ in channels]  # level after the first i passes
-    for i, (_, _, q) in enumerate(row):
-        dq = _extreme_delta(q.kind, q.stage, recompute)
-        for c in channels:
-            levels[c][i + 1] = levels[c][i] + dq[c]
-    prefix_max = [[0] * (n + 1) for _ in channels]
-    suffix_max = [[0] * (n + 1) for _ in channels]
-    for c in channels:
-        top = 0
-        for i in range(n + 1):
-            top = max(top, levels[c][i])
-            prefix_max[c][i] = top
-        low = -(10**9)
-        for i in range(n, -1, -1):
-            suffix_max[c][i] = low
-            if i > 0:
-                low = max(low, levels[c][i])
-    free = 0.0
-    for index in range(n + 1):
-        start = max(free, ready)
-        following = row[index][0] if index < n else float("inf")
-        if start + duration <= following + 1e-9 and all(
-            max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
-            <= limit[c]
-            for c in channels
-        ):
-            return index, start
-        if index < n:
-            free = row[index][1]
-    return None
+    placed = _Placed(recompute)
+    for k, (s, e, q) in enumerate(row):
+        placed.insert(k, s, e, q.kind, q.stage)
+    return placed.first_fit(ready, duration, delta, limit)
+
+
+class _Placed:
+    """A device's placed passes as arrays, in start order: starts, ends and each
+    pass's deltas under every memory extreme (`_CHANNELS`)."""
+
+    def __init__(self, recompute: frozenset[int] = frozenset()) -> None:
+        self.recompute = recompute
+        self.starts = np.zeros(0, dtype=np.float64)
+        self.ends = np.zeros(0, dtype=np.float64)
+        self.deltas = np.zeros((len(_CHANNELS), 0), dtype=np.int64)
+
+    def insert(self, index: int, start: float, end: float, kind: PassKind, stage: int) -> None:
+        def put(a: np.ndarray, value: float | int) -> np.ndarray:
+            return np.concatenate((a[:index], np.array([value], dtype=a.dtype), a[index:]))
+
+        self.starts = put(self.starts, start)
+        self.ends = put(self.ends, end)
+        extreme = np.array(_extreme_delta(kind, stage, self.recompute), dtype=np.int64)
+        self.deltas = np.concatenate(
+            (self.deltas[:, :index], extreme[:, None], self.deltas[:, index:]), axis=1
+        )
+
+    def first_fit(
+        self, ready: float, duration: float, delta: tuple[int, ...], limit: tuple[int, ...]
+    ) -> tuple[int, float] | None:
+        """`_first_fit`, every place at once: the levels after each placed pass
+        and their running maxima from both ends, for every memory extreme."""
+        n = len(self.starts)
+        fits = np.ones(n + 1, dtype=bool)
+        for c in range(len(_CHANNELS)):
+            levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
+            np.cumsum(self.deltas[c], out=levels[1:])
+            before = np.maximum.accumulate(levels)
+            after = np.full(n + 1, -(10**9), dtype=np.int64)  # the highest level after i
+            if n:
+                after[:n] = np.maximum.accumulate(levels[:0:-1])[::-1]
+            top = np.maximum(np.maximum(before, levels + delta[c]), after + delta[c])
+            fits &= top <= limit[c]
+        start = np.maximum(np.concatenate(([0.0], self.ends)), ready)
+        following = np.concatenate((self.starts, [np.inf]))
+        fits &= start + duration <= following + 1e-9
+        found = np.flatnonzero(fits)
+        if len(found) == 0:
+            return None
+        index = int(found[0])
+        return index, float(start[index])
 
 
 def _peaks(
-    orders: tuple[tuple[Pass, ...], ...], recompute: frozenset[int]
+    orders: tuple[tuple[Pass, ...], ...], recompute: frozenset[int] = frozenset()
 ) -> list[tuple[Fraction, ...]]:
     """Per device, the peak number of microbatch-stages holding activations in
     each of `_CHANNELS`: W releasing them (M_W = M_B) or B (M_W = 0); a
-    recomputed stage's F holding them (M_I = M_B) or R (M_I = 0)."""
+    recomputed stage's F holding them (M_I = M_B) or R (M_I = 0) (whole numbers:
+    prefix sums of `_EXTREME_DELTAS`, never below 0)."""
     found = []
     for order in orders:
-        levels = [0] * len(_CHANNELS)
-        peaks = [0] * len(_CHANNELS)
-        for p in order:
-            for c, x in enumerate(_extreme_delta(p.kind, p.stage, recompute)):
-                levels[c] += x
-                peaks[c] = max(peaks[c], levels[c])
-        found.append(tuple(Fraction(x) for x in peaks))
+        deltas = np.array(
+            [_extreme_delta(p.kind, p.stage, recompute) for p in order], dtype=np.int64
+        ).reshape(len(order), len(_CHANNELS))
+        tops = np.cumsum(deltas, axis=0).max(axis=0, initial=0)
+        found.append(tuple(Fraction(int(x)) for x in tops))
     return found
 
 

@@ -38,6 +38,9 @@ __all__ = [
     "compile_expr",
     "compile_exact",
     "compile_range",
+    "VectorEval",
+    "compile_vector",
+    "VectorFallback",
 ]
 
 Num = int | Fraction  # bool is an int
@@ -366,6 +369,129 @@ def _compile_binary(expr: ast.Binary, scope: Scope) -> Eval:
         return slow(a, b)
 
     return arithmetic
+
+
+class VectorFallback(Exception):
+    """A vector evaluation does not apply here (a name not an int, a possible
+    overflow, a zero divisor, an inexact `/`); run the loop one value at a time."""
+
+
+_LOGICAL = ("==", "!=", "<", "<=", ">", ">=", "and", "or")
+_LIMIT = 1 << 62  # every intermediate stays below this, so int64 is exact
+
+
+class VectorEval:
+    """An int expression evaluated for every value of one loop variable at once
+    (numpy int64), with the same results as `compile_expr` gives value by value
+    wherever it applies: before evaluating, `__call__` bounds every
+    intermediate from the names' values (no int64 overflow) and raises
+    `VectorFallback` where the exact path could differ (a name that is not an
+    int, a zero divisor, a `/` that does not divide); the caller then runs the
+    loop value by value, errors included."""
+
+    def __init__(self, expr: ast.Expr, var: str):
+        self.expr = expr
+        self.var = var
+
+    def __call__(self, env: Env, values: Any, bound: int) -> Any:
+        """`values`: int64 array of the loop variable, every |value| <= `bound`."""
+        self._bound(self.expr, env, bound)
+        return self._eval(self.expr, env, values)
+
+    def _bound(self, e: ast.Expr, env: Env, bound: int) -> int:
+        if isinstance(e, ast.Number):
+            b = abs(int(e.value))
+        elif isinstance(e, ast.Name):
+            if e.id == self.var:
+                b = bound
+            else:
+                value = env[e.id]
+                if type(value) is not int:
+                    raise VectorFallback
+                b = abs(value)
+        elif isinstance(e, ast.Unary):
+            b = self._bound(e.operand, env, bound) if e.op == "-" else 1
+            if e.op != "-":
+                self._bound(e.operand, env, bound)
+        elif isinstance(e, ast.Cond):
+            self._bound(e.cond, env, bound)
+            b = max(self._bound(e.then, env, bound), self._bound(e.else_, env, bound))
+        elif isinstance(e, ast.Call):
+            b = max(self._bound(a, env, bound) for a in e.args)
+        else:
+            assert isinstance(e, ast.Binary)
+            left, right = self._bound(e.left, env, bound), self._bound(e.right, env, bound)
+            if e.op in _LOGICAL:
+                b = 1
+            elif e.op in ("+", "-"):
+                b = left + right
+            elif e.op == "*":
+                b = left * right
+            elif e.op == "%":
+                b = right
+            else:  # `/`, `//`: |a // b| <= |a| for a nonzero int b
+                b = left
+        if b >= _LIMIT:
+            raise VectorFallback
+        return b
+
+    def _eval(self, e: ast.Expr, env: Env, x: Any) -> Any:
+        import numpy as np
+
+        if isinstance(e, ast.Number):
+            return int(e.value)
+        if isinstance(e, ast.Name):
+            return x if e.id == self.var else env[e.id]
+        if isinstance(e, ast.Unary):
+            inner = self._eval(e.operand, env, x)
+            return -inner if e.op == "-" else np.asarray(inner == 0, dtype=np.int64)
+        if isinstance(e, ast.Cond):
+            cond = self._eval(e.cond, env, x)
+            return np.where(cond != 0, self._eval(e.then, env, x), self._eval(e.else_, env, x))
+        if isinstance(e, ast.Call):
+            args = [self._eval(a, env, x) for a in e.args]
+            if e.func in ("ceil", "floor") or len(args) == 1:
+                return args[0]
+            pick = np.minimum if e.func == "min" else np.maximum
+            out = args[0]
+            for a in args[1:]:
+                out = pick(out, a)
+            return out
+        assert isinstance(e, ast.Binary)
+        a, b = self._eval(e.left, env, x), self._eval(e.right, env, x)
+        op = e.op
+        if op == "and":
+            return np.asarray((a != 0) & (b != 0), dtype=np.int64)
+        if op == "or":
+            return np.asarray((a != 0) | (b != 0), dtype=np.int64)
+        if op in ("/", "//", "%"):
+            if np.any(np.asarray(b) == 0):
+                raise VectorFallback
+            if op == "/":
+                if np.any(np.asarray(a % b) != 0):
+                    raise VectorFallback
+                return a // b
+            return a // b if op == "//" else a % b
+        result = _OPS[op](a, b)
+        return np.asarray(result, dtype=np.int64) if op in _LOGICAL else result
+
+
+def compile_vector(expr: ast.Expr, var: str, *, as_number: bool = True) -> VectorEval | None:
+    """`expr` as a `VectorEval` over loop variable `var`, or None where the
+    language's exact semantics need values one at a time (a rational literal;
+    with `as_number`, a comparison whose bool result would be the value)."""
+    if as_number and (
+        (isinstance(expr, ast.Binary) and expr.op in _LOGICAL)
+        or (isinstance(expr, ast.Unary) and expr.op != "-")
+    ):
+        return None
+    try:
+        _python(expr)  # the int fast path applies: no rational literal
+    except _Slow:
+        return None
+    if isinstance(expr, ast.Call) and expr.func not in FUNCTIONS:
+        return None
+    return VectorEval(expr, var)
 
 
 def compile_range(rng: ast.Range, scope: Scope) -> Callable[[Env], range]:

@@ -19,13 +19,16 @@ from ppdsl.frontend.expressions import (
     ElaborationError,
     Env,
     Scope,
+    VectorEval,
+    VectorFallback,
     compile_expr,
     compile_range,
+    compile_vector,
     integer,
     number,
 )
 from ppdsl.ir.schedule import Pass, Placement
-from ppdsl.semantics import pass_kinds
+from ppdsl.semantics import PassKind, pass_kinds
 
 __all__ = ["DeviceOrder", "elaborate_order"]
 
@@ -111,6 +114,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         body = _compile_body(stmt.body, loop_scope, rules)
         var = stmt.var
         span = stmt.range.span
+        vector = _vector_loop(stmt, rules)
 
         def for_(env: Env, order: DeviceOrder) -> None:
             values = rng(env)
@@ -118,6 +122,8 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
                 raise ElaborationError(
                     f"a loop over {len(values)} values; at most {MAX_PASSES}", span
                 )
+            if vector is not None and len(values) >= _VECTOR_MIN and vector.run(env, values, order):
+                return
             for x in values:
                 env[var] = x
                 body(env, order)
@@ -170,6 +176,104 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         out.extend(b.passes[n:])
 
     return interleave
+
+
+_VECTOR_MIN = 16  # shorter loops run value by value (numpy's per-call cost)
+
+
+@dataclass(frozen=True)
+class _GuardedPass:
+    """A pass call of a loop body with the conditions (value, wanted truth) of
+    the `if`s around it."""
+
+    kind: PassKind
+    span: Span
+    guards: tuple[tuple[VectorEval, bool], ...]
+    microbatch: VectorEval
+    chunk: VectorEval | None
+
+
+@dataclass(frozen=True)
+class _VectorLoop:
+    """A `for` loop whose body is pass calls and `if`s only, evaluated for all
+    its values at once: each expression once per loop (numpy over the loop
+    variable), the passes then laid out iteration by iteration. Where the
+    value-by-value run could differ (an error, a name that is not an int, a
+    possible overflow), `run` says no and the loop runs value by value."""
+
+    calls: tuple[_GuardedPass, ...]
+    num_microbatches: int
+
+    def run(self, env: Env, values: range, order: DeviceOrder) -> bool:
+        import numpy as np
+
+        x = np.arange(values.start, values.stop, values.step, dtype=np.int64)
+        bound = max(abs(values.start), abs(values.stop))
+        n, stages = len(x), order.stages
+        try:
+            masks, micro, stage = [], [], []
+            for call in self.calls:
+                mask = np.ones(n, dtype=bool)
+                for cond, wanted in call.guards:
+                    mask &= np.broadcast_to(cond(env, x, bound) != 0, (n,)) == wanted
+                j = np.broadcast_to(call.microbatch(env, x, bound), (n,))
+                c = np.broadcast_to(call.chunk(env, x, bound), (n,)) if call.chunk else 0
+                c = np.broadcast_to(c, (n,))
+                chosen_j, chosen_c = j[mask], c[mask]
+                if np.any((chosen_j < 0) | (chosen_j >= self.num_microbatches)):
+                    return False
+                if np.any((chosen_c < 0) | (chosen_c >= len(stages))):
+                    return False
+                masks.append(mask)
+                micro.append(j)
+                stage.append(np.asarray(stages, dtype=np.int64)[np.where(mask, c, 0)])
+        except VectorFallback:
+            return False
+        taken = np.stack(masks, axis=1)  # iteration-major: value, then call
+        if len(order.passes) + int(taken.sum()) > order.limit:
+            return False  # value by value, to stop at the pass past the limit
+        it, k = np.nonzero(taken)
+        js = np.stack(micro, axis=1)[it, k].tolist()
+        ss = np.stack(stage, axis=1)[it, k].tolist()
+        kinds = [c.kind for c in self.calls]
+        spans = [c.span for c in self.calls]
+        order.passes.extend(
+            Pass(kinds[q], j, s, spans[q]) for q, j, s in zip(k.tolist(), js, ss, strict=True)
+        )
+        return True
+
+
+def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
+    """The vector form of a loop (None where its body has more than pass calls
+    and `if`s, or an expression that needs exact values)."""
+    calls: list[_GuardedPass] = []
+
+    def walk(body, guards) -> bool:
+        for s in body:
+            if isinstance(s, ast.PassCall):
+                if len(s.args) not in (1, 2):
+                    return False
+                micro = compile_vector(s.args[0], stmt.var)
+                chunk = compile_vector(s.args[1], stmt.var) if len(s.args) == 2 else None
+                if micro is None or (len(s.args) == 2 and chunk is None):
+                    return False
+                kind = pass_kind(s.kind, s.span, rules.split_backward, rules.recompute)
+                calls.append(_GuardedPass(kind, s.span, guards, micro, chunk))
+            elif isinstance(s, ast.If):
+                cond = compile_vector(s.cond, stmt.var, as_number=False)
+                if cond is None:
+                    return False
+                if not walk(s.then, (*guards, (cond, True))):
+                    return False
+                if not walk(s.else_, (*guards, (cond, False))):
+                    return False
+            else:
+                return False
+        return True
+
+    if not walk(stmt.body, ()) or not calls:
+        return None
+    return _VectorLoop(tuple(calls), rules.num_microbatches)
 
 
 def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:

@@ -79,6 +79,7 @@ def _parser() -> tuple[Lark, _Postlex]:
         propagate_positions=True,
         maybe_placeholders=False,
         start=["start", "expr"],
+        cache=True,  # the LALR tables, in the temp directory (keyed by grammar and lark version)
     )
     return lark, postlex
 
@@ -209,7 +210,14 @@ class _ToAst(Transformer):
     # the block form
     def block(self, meta, children):
         period, *lines = children
-        return ast.BlockDecl(period, tuple(lines), self._span(meta))
+        group = None
+        if lines and isinstance(lines[0], ast.Group):
+            group, *lines = lines
+        return ast.BlockDecl(period, tuple(lines), self._span(meta), group)
+
+    def group(self, meta, children):
+        size, spacing = children
+        return ast.Group(size, spacing, self._span(meta))
 
     def slot(self, meta, children):
         kind, start = children

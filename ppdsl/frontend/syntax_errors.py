@@ -24,9 +24,8 @@ __all__ = ["KEYWORDS", "syntax_error", "token_span"]
 
 # Words the grammar reserves; they cannot name a param or a loop variable.
 KEYWORDS = (
-    "schedule param let place backward cost memory recompute block period order expect chunk "
-    "at fill "
-    "for in reversed repeat if else interleave with and or not"
+    "schedule param let place backward cost memory recompute block period group every order "
+    "expect chunk at fill for in reversed repeat if else interleave with and or not"
 ).split()
 _STATEMENTS = (
     "param", "let", "place", "backward", "cost", "memory", "recompute", "block", "order", "expect",
@@ -52,9 +51,18 @@ _NEEDS_VALUE = [
     *(f"param d = 1 {op}" for op in ("+", "-", "*", "/", "//", "%", "<", "==")),
 ]
 _CUT = ("\n}\n", "}", ")", "]", ",", "")
+# a block header's values, cut off by the next word of the header or its brace
+_HEADER_NEEDS_VALUE = [
+    "block period {",
+    "block period group 2 every 3 {",
+    "block period 3 group {",
+    "block period 3 group every 3 {",
+    "block period 3 group 2 every {",
+]
 
 _EXAMPLE_ERRORS: dict[str, list[str]] = {
-    "value": [f"schedule s {{\n{prefix}{cut}" for prefix in _NEEDS_VALUE for cut in _CUT],
+    "value": [f"schedule s {{\n{prefix}{cut}" for prefix in _NEEDS_VALUE for cut in _CUT]
+    + [f"schedule s {{\n{header}\n}}\n}}\n" for header in _HEADER_NEEDS_VALUE],
     "second schedule": ["schedule s {\n}\nschedule t {\n}\n"],
 }
 """Bad inputs by label: an error in the same parser state, at a token of the

@@ -7,14 +7,23 @@ one batch of point-to-point operations that the rank posts together and waits
 for together (torch.distributed.batch_isend_irecv), the way Megatron's
 send_forward_recv_backward pairs a send with a receive so neighbours do not
 block on each other.
+
+`RankArrays` is the same programs as flat arrays (what lowering builds and the
+rendezvous passes read, about 2.5 ops per pass at scale); `RankArrays.programs`
+builds the objects above from them when a command prints or generates code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
 
 from ppdsl.ir.schedule import Pass, format_pass
-from ppdsl.semantics import TransferKind
+from ppdsl.semantics import KINDS, TransferKind, receives
 
 __all__ = [
     "TransferKind",
@@ -23,7 +32,10 @@ __all__ = [
     "Exchange",
     "Op",
     "RankProgram",
+    "RankArrays",
+    "receive_buffers_peak",
     "format_rank_programs",
+    "entry_groups",
 ]
 
 
@@ -72,8 +84,196 @@ class RankProgram:
     ops: tuple[Op, ...]
 
 
-def format_rank_programs(programs: tuple[RankProgram, ...], multi_stage: bool = True) -> str:
+_TRANSFER_KINDS = tuple(sorted(TransferKind, key=lambda t: t.code))
+
+
+@dataclass(frozen=True, eq=False)
+class RankArrays:
+    """Rank programs as flat arrays. Ops are numbered globally, rank 0's first
+    (`offsets[r]:offsets[r+1]` are rank r's); an op is a `Compute` of
+    `passes[op_pass[g]]` or, where `op_pass[g]` is -1, an `Exchange`. Its
+    posted sends and receives ("entries") are listed in rank and op order, an
+    exchange's sends before its receives, each with the transfer it moves."""
+
+    offsets: np.ndarray
+    """int64[ranks + 1]."""
+    op_pass: np.ndarray
+    """int64 per op: index into `passes`, -1 for an exchange."""
+    passes: Sequence[Pass]
+    where: np.ndarray
+    """int64 per entry: the global op (an exchange) that posts it."""
+    sending: np.ndarray
+    """bool per entry: a send (else a receive)."""
+    transfer: np.ndarray
+    """int per entry: the `TransferKind.code`."""
+    microbatch: np.ndarray
+    src_stage: np.ndarray
+    dst_stage: np.ndarray
+    src_rank: np.ndarray
+    dst_rank: np.ndarray
+    entry_pass: np.ndarray
+    """int64 per entry: index into `passes` of the pass that sends (produces) or
+    receives (consumes) it; -1 where unknown (programs made by hand)."""
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
+    """What passes compute once from these arrays (the rendezvous index)."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def total(self) -> int:
+        """How many ops, all ranks together."""
+        return int(self.offsets[-1])
+
+    def transfer_of(self, e: int) -> Transfer:
+        """Entry `e`'s transfer as an object."""
+        return Transfer(
+            _TRANSFER_KINDS[int(self.transfer[e])],
+            int(self.microbatch[e]),
+            int(self.src_stage[e]),
+            int(self.dst_stage[e]),
+            int(self.src_rank[e]),
+            int(self.dst_rank[e]),
+        )
+
+    def programs(self) -> tuple[RankProgram, ...]:
+        """The programs as objects (built once; a transfer is one object shared
+        by its send and its receive)."""
+        built = self.derived.get("programs")
+        if built is not None:
+            return built
+        key_of = self._keys()
+        made: dict[int, Transfer] = {}
+        first_entry = np.searchsorted(self.where, np.arange(self.total + 1)).tolist()
+        keys = key_of.tolist()
+        sending = self.sending.tolist()
+        op_pass = self.op_pass.tolist()
+        passes = self.passes
+        offsets = self.offsets.tolist()
+        out = []
+        for r in range(self.num_ranks):
+            ops: list[Op] = []
+            for g in range(offsets[r], offsets[r + 1]):
+                p = op_pass[g]
+                if p >= 0:
+                    ops.append(Compute(passes[p]))
+                    continue
+                sends: list[Transfer] = []
+                recvs: list[Transfer] = []
+                for e in range(first_entry[g], first_entry[g + 1]):
+                    t = made.get(keys[e])
+                    if t is None:
+                        t = made[keys[e]] = self.transfer_of(e)
+                    (sends if sending[e] else recvs).append(t)
+                ops.append(Exchange(tuple(sends), tuple(recvs)))
+            out.append(RankProgram(r, tuple(ops)))
+        built = self.derived["programs"] = tuple(out)
+        return built
+
+    def _keys(self) -> np.ndarray:
+        """A transfer's identity as one integer per entry (kind, microbatch, stages)."""
+        keys = self.derived.get("keys")
+        if keys is None:
+            stages = int(max(self.src_stage.max(initial=0), self.dst_stage.max(initial=0))) + 1
+            kinds = len(_TRANSFER_KINDS)
+            keys = self.microbatch.astype(np.int64) * stages + self.src_stage
+            keys = (keys * stages + self.dst_stage) * kinds + self.transfer
+            self.derived["keys"] = keys
+        return keys
+
+    def receive_buffers_peaks(self) -> list[int]:
+        """Per rank, the most received tensors held at once before the passes
+        that consume them (`receive_buffers_peak`, for
+        programs lowered from a schedule: each receive is freed by its pass)."""
+        peaks = self.derived.get("receive_buffers_peaks")
+        if peaks is None:
+            peaks = self.derived["receive_buffers_peaks"] = self._receive_buffers_peaks()
+        return peaks
+
+    def _receive_buffers_peaks(self) -> list[int]:
+        if np.any(self.entry_pass[~self.sending] < 0):
+            return [receive_buffers_peak(p) for p in self.programs()]
+        recv = np.flatnonzero(~self.sending)
+        compute_op = np.empty(len(self.passes), dtype=np.int64)
+        is_compute = self.op_pass >= 0
+        compute_op[self.op_pass[is_compute]] = np.flatnonzero(is_compute)
+        delta = np.zeros(self.total + 1, dtype=np.int64)
+        np.add.at(delta, self.where[recv], 1)
+        np.add.at(delta, compute_op[self.entry_pass[recv]], -1)
+        held = np.cumsum(delta)
+        peaks = []
+        for r in range(self.num_ranks):
+            lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+            before = held[lo - 1] if lo else 0
+            peaks.append(max(0, int((held[lo:hi] - before).max(initial=0))))
+        return peaks
+
+    @staticmethod
+    def of_programs(programs: Sequence[RankProgram]) -> RankArrays:
+        """The arrays of programs given as objects (made by hand, or read back)."""
+        offsets = np.zeros(len(programs) + 1, dtype=np.int64)
+        np.cumsum([len(p.ops) for p in programs], out=offsets[1:])
+        passes: list[Pass] = []
+        op_pass: list[int] = []
+        entries: list[tuple[int, bool, Transfer]] = []
+        g = 0
+        for prog in programs:
+            for op in prog.ops:
+                if type(op) is Compute:
+                    op_pass.append(len(passes))
+                    passes.append(op.pass_)
+                else:
+                    assert isinstance(op, Exchange)
+                    op_pass.append(-1)
+                    entries += [(g, True, t) for t in op.sends]
+                    entries += [(g, False, t) for t in op.recvs]
+                g += 1
+
+        def column(values, dtype=np.int64) -> np.ndarray:
+            return np.fromiter(values, dtype=dtype, count=len(entries))
+
+        return RankArrays(
+            offsets,
+            np.asarray(op_pass, dtype=np.int64),
+            tuple(passes),
+            column(w for w, _, _ in entries),
+            column((s for _, s, _ in entries), bool),
+            column(t.kind.code for _, _, t in entries),
+            column(t.microbatch for _, _, t in entries),
+            column(t.src_stage for _, _, t in entries),
+            column(t.dst_stage for _, _, t in entries),
+            column(t.src_rank for _, _, t in entries),
+            column(t.dst_rank for _, _, t in entries),
+            np.full(len(entries), -1, dtype=np.int64),
+        )
+
+
+def receive_buffers_peak(program: RankProgram) -> int:
+    """The most received tensors the rank holds at once before the passes that
+    consume them. A receive pulled forward (`ppdsl.lowering.early_receives`) is
+    held from its earlier exchange on; these are transfer buffers, not
+    activations, so the memory model does not count them and `stats` shows
+    them apart."""
+    alive: set[tuple[TransferKind, int, int]] = set()
+    peak = 0
+    for op in program.ops:
+        if type(op) is Exchange:
+            alive.update((t.kind, t.microbatch, t.dst_stage) for t in op.recvs)
+            peak = max(peak, len(alive))
+        elif type(op) is Compute:
+            p = op.pass_
+            for t, _ in receives(p.kind):
+                alive.discard((t, p.microbatch, p.stage))
+    return peak
+
+
+def format_rank_programs(
+    programs: Sequence[RankProgram] | RankArrays, multi_stage: bool = True
+) -> str:
     """Canonical text: one line per op, `send`/`recv` lines inside an exchange."""
+    if isinstance(programs, RankArrays):
+        return _format_arrays(programs, multi_stage)
     lines: list[str] = []
     for prog in programs:
         lines.append(f"rank {prog.rank}:")
@@ -83,4 +283,49 @@ def format_rank_programs(programs: tuple[RankProgram, ...], multi_stage: bool = 
             else:
                 parts = [f"send {t}" for t in op.sends] + [f"recv {t}" for t in op.recvs]
                 lines.append("  exchange { " + "; ".join(parts) + " }")
+    return "\n".join(lines) + "\n"
+
+
+def entry_groups(programs: RankArrays) -> list[int]:
+    """`first[g]:first[g + 1]` are the entries op `g` posts."""
+    return np.searchsorted(programs.where, np.arange(programs.total + 1)).tolist()
+
+
+def _format_arrays(programs: RankArrays, multi_stage: bool) -> str:
+    """`format_rank_programs` of the arrays, without making the op objects."""
+    names = [k.value for k in _TRANSFER_KINDS]
+    entries = [
+        f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
+        for s, k, j, a, b, ra, rb in zip(
+            programs.sending.tolist(),
+            programs.transfer.tolist(),
+            programs.microbatch.tolist(),
+            programs.src_stage.tolist(),
+            programs.dst_stage.tolist(),
+            programs.src_rank.tolist(),
+            programs.dst_rank.tolist(),
+            strict=True,
+        )
+    ]
+    first = entry_groups(programs)
+    passes = programs.passes
+    value = {k: k.value for k in KINDS}
+    kinds = map(value.__getitem__, map(attrgetter("kind"), passes))
+    columns = zip(kinds, map(attrgetter("microbatch"), passes), map(attrgetter("stage"), passes), strict=True)
+    # format_pass's text
+    if multi_stage:
+        texts = [f"  {k}{j}:s{s}" for k, j, s in columns]
+    else:
+        texts = [f"  {k}{j}" for k, j, _ in columns]
+    op_pass = programs.op_pass.tolist()
+    offsets = programs.offsets.tolist()
+    lines: list[str] = []
+    for r in range(programs.num_ranks):
+        lines.append(f"rank {r}:")
+        for g in range(offsets[r], offsets[r + 1]):
+            k = op_pass[g]
+            if k >= 0:
+                lines.append(texts[k])
+            else:
+                lines.append("  exchange { " + "; ".join(entries[first[g] : first[g + 1]]) + " }")
     return "\n".join(lines) + "\n"

@@ -217,11 +217,21 @@ class BlockSlot:
 @dataclass(frozen=True)
 class Block:
     """A building block (controllable-memory paper §3): microbatch j's passes
-    start at slot.start + j * period."""
+    start at slot.start + j * period. A grouped block (`group_size` G > 1,
+    Megatron's microbatch groups) repeats it for groups of G microbatches, one
+    every `group_spacing` U, a group every period: microbatch j's passes start
+    at slot.start + (j // G) * period + (j % G) * U."""
 
     period: Fraction
     slots: tuple[BlockSlot, ...]
     span: Span | None
+    group_size: int = 1
+    group_spacing: Fraction = Fraction(0)
+
+    def shift(self, microbatch: int) -> Fraction:
+        """How much later than microbatch 0's each pass of `microbatch` starts."""
+        group, position = divmod(microbatch, self.group_size)
+        return group * Fraction(self.period) + position * Fraction(self.group_spacing)
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,21 @@ them).
 
 from __future__ import annotations
 
-import numba
+from collections.abc import Sequence
+from typing import TypeVar
+
 import numpy as np
 
-from ppdsl.analysis.rendezvous import ExchangeIndex, advance
-from ppdsl.ir.rank import Exchange, RankProgram
+from ppdsl.analysis.rendezvous import ExchangeIndex, advance, as_arrays
+from ppdsl.ir.rank import RankArrays, RankProgram
+from ppdsl.jit import kernel
+
+P = TypeVar("P", RankArrays, Sequence[RankProgram])
 
 __all__ = ["pull_receives_forward"]
 
 
-@numba.njit(cache=True)
+@kernel
 def _pull(
     position, offsets, req_offsets, peer_rank, req_op, enabled, sending, mirror
 ):  # pragma: no cover
@@ -87,7 +92,7 @@ def _pull(
                 state[walk[x]] = 2
 
 
-def pull_receives_forward(programs: tuple[RankProgram, ...]) -> tuple[RankProgram, ...]:
+def pull_receives_forward(programs: P) -> P:
     """A lowering aid: the same programs with receives moved into earlier
     exchanges until nothing deadlocks under the semantics above.
 
@@ -97,15 +102,17 @@ def pull_receives_forward(programs: tuple[RankProgram, ...]) -> tuple[RankProgra
     dependency check rules out). Moving q's receive of t into the exchange q is
     stuck at cannot add a wait, since r has posted the send, and it breaks the
     cycle; then the ranks run on. A receive moves at most once and only holds
-    its buffer longer. Programs that already run, or whose transfers do not
-    match up (the check reports those), come back unchanged."""
-    ix = ExchangeIndex(programs)
+    its buffer longer; it joins the end of its new exchange's receives, and an
+    exchange left empty goes. Programs that already run, or whose transfers do
+    not match up (the check reports those), come back unchanged. `programs`
+    are `RankArrays` or `RankProgram` objects; the result is of the same form."""
+    arrays = as_arrays(programs)
+    ix = ExchangeIndex.of(arrays)
     if len(ix.unmatched) or ix.duplicates:
         return programs
-    everything = np.arange(len(ix.where), dtype=np.int64)
-    req_offsets = ix.requirement_offsets(everything)
+    req_offsets = ix.requirement_offsets(np.arange(len(ix.where), dtype=np.int64))
     req_op = ix.peer_op.copy()
-    enabled = np.ones(len(everything), dtype=bool)
+    enabled = np.ones(len(ix.where), dtype=bool)
     position = ix.offsets[:-1].copy()
     receives, targets, ok = _pull(
         position, ix.offsets, req_offsets, ix.peer_rank, req_op, enabled, ix.sending, ix.mirror
@@ -115,33 +122,46 @@ def pull_receives_forward(programs: tuple[RankProgram, ...]) -> tuple[RankProgra
             "ranks wait on each other's receives only: the orders break a dependency "
             "(run the dependency check first)"
         )
-    moves = list(zip(receives.tolist(), targets.tolist(), strict=True))
-    if not moves:
+    if len(receives) == 0:
         return programs
-    removed: dict[int, set[int]] = {}  # global op -> receive entries leaving it
-    added: dict[int, list[int]] = {}  # global op -> receive entries joining it
-    for receive, target in moves:
-        removed.setdefault(int(ix.where[receive]), set()).add(receive)
-        added.setdefault(target, []).append(receive)
-    first_entry = np.searchsorted(ix.where, np.arange(ix.total + 1, dtype=np.int64)).tolist()
-    ops = [list(prog.ops) for prog in programs]
-    touched = np.asarray(sorted(set(removed) | set(added)), dtype=np.int64)
-    touched_rank = np.searchsorted(ix.offsets, touched, side="right") - 1
-    touched_index = touched - ix.offsets[touched_rank]
-    for g, r, i in zip(
-        touched.tolist(), touched_rank.tolist(), touched_index.tolist(), strict=True
-    ):
-        op = ops[r][i]
-        gone = removed.get(g, set())
-        lo, hi = first_entry[g], first_entry[g + 1]
-        recvs = [ix.transfers[e] for e in range(lo, hi) if not ix.sending[e] and e not in gone]
-        recvs += [ix.transfers[e] for e in added.get(g, [])]
-        ops[r][i] = Exchange(op.sends, tuple(recvs))
-    out = [
-        RankProgram(
-            prog.rank,
-            tuple(op for op in rank_ops if type(op) is not Exchange or op.sends or op.recvs),
-        )
-        for prog, rank_ops in zip(programs, ops, strict=True)
-    ]
-    return tuple(out)
+    moved = _moved(arrays, receives, targets, ix.mirror)
+    return moved if isinstance(programs, RankArrays) else moved.programs()  # type: ignore[return-value]
+
+
+def _moved(
+    arrays: RankArrays, receives: np.ndarray, targets: np.ndarray, mirror: np.ndarray
+) -> RankArrays:
+    """`arrays` with receive entries `receives` moved to the exchanges `targets`
+    (after that exchange's own receives, in the order given) and the exchanges
+    left with nothing dropped."""
+    n = len(arrays.where)
+    where = arrays.where.copy()
+    where[receives] = targets
+    sequence = np.arange(n, dtype=np.int64)
+    sequence[receives] = n + np.arange(len(receives))
+    order = np.lexsort((sequence, ~arrays.sending, where))
+    where = where[order]
+    keep = arrays.op_pass >= 0
+    keep[where] = True
+    new_index = np.cumsum(keep) - 1
+    offsets = np.zeros_like(arrays.offsets)
+    offsets[1:] = np.cumsum(keep)[arrays.offsets[1:] - 1] * (arrays.offsets[1:] > 0)
+    moved = RankArrays(
+        offsets,
+        arrays.op_pass[keep],
+        arrays.passes,
+        new_index[where],
+        arrays.sending[order],
+        arrays.transfer[order],
+        arrays.microbatch[order],
+        arrays.src_stage[order],
+        arrays.dst_stage[order],
+        arrays.src_rank[order],
+        arrays.dst_rank[order],
+        arrays.entry_pass[order],
+    )
+    # the same transfers, reordered: the matching carries over
+    new_place = np.empty(n, dtype=np.int64)
+    new_place[order] = np.arange(n)
+    moved.derived["exchange_index"] = ExchangeIndex(moved, new_place[mirror[order]])
+    return moved

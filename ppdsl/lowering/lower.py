@@ -8,102 +8,129 @@ and the receives before the next pass Q on the same rank form one `Exchange`
 recv_backward; that pairing is what lets neighbours in 1F1B send to each other
 at the same time without blocking. Two stages on one rank (the turn of a V)
 hand over locally: no transfer.
+
+The lowering is an array pass over the flat schedule (`ppdsl.ir.flat`): the
+transfer rule is tabulated once per (kind, stage) and every pass's exchanges
+follow by counting, so no Python object is made per pass (`RankArrays`; the
+objects only when a command asks for them).
 """
 
 from __future__ import annotations
 
-from ppdsl.ir.rank import Compute, Exchange, Op, RankProgram, Transfer
+import numpy as np
+
+from ppdsl.ir.flat import flatten
+from ppdsl.ir.rank import RankArrays, RankProgram, receive_buffers_peak
 from ppdsl.ir.schedule import Schedule
-from ppdsl.semantics import KINDS, TransferKind, receives, sends
+from ppdsl.semantics import KINDS, receives, sends
 
-__all__ = ["lower", "receive_buffers_peak"]
-
-# per (kind code, stage): the (transfer kind, producing stage, consuming stage)
-# of what a pass receives, and of what it sends
-_Routes = list[list[tuple[tuple[TransferKind, int, int], ...]]]
+__all__ = ["lower", "lower_arrays", "receive_buffers_peak"]
 
 
-def _routes(stage_device: tuple[int, ...]) -> tuple[_Routes, _Routes]:
-    """The transfer rule per (kind, stage): a tensor a pass takes from, or hands
-    to, a stage on another device (`semantics.receives` / `sends`)."""
+def _route_tables(stage_device: np.ndarray, incoming: bool) -> tuple[np.ndarray, ...]:
+    """The transfer rule per (kind code, stage), padded to the most routes:
+    (count, transfer code, producing stage, consuming stage) of the tensors a
+    pass takes from (`incoming`) or hands to another device (`semantics.receives`
+    / `sends`)."""
     S = len(stage_device)
-    incoming: _Routes = []
-    outgoing: _Routes = []
+    rule = receives if incoming else sends
+    width = max(1, max(len(rule(k)) for k in KINDS))
+    count = np.zeros((len(KINDS), S), dtype=np.int64)
+    code = np.zeros((len(KINDS), S, width), dtype=np.int64)
+    src = np.zeros((len(KINDS), S, width), dtype=np.int64)
+    dst = np.zeros((len(KINDS), S, width), dtype=np.int64)
     for kind in KINDS:
-        ins, outs = [], []
-        for s in range(S):
-            ins.append(
-                tuple(
-                    (t, s + off, s)
-                    for t, off in receives(kind)
-                    if 0 <= s + off < S and stage_device[s + off] != stage_device[s]
-                )
-            )
-            outs.append(
-                tuple(
-                    (t, s, s + off)
-                    for t, off in sends(kind)
-                    if 0 <= s + off < S and stage_device[s + off] != stage_device[s]
-                )
-            )
-        incoming.append(ins)
-        outgoing.append(outs)
-    return incoming, outgoing
+        for t, off in rule(kind):
+            other = np.arange(S) + off
+            ok = (other >= 0) & (other < S)
+            ok[ok] = stage_device[other[ok]] != stage_device[np.flatnonzero(ok)]
+            s = np.flatnonzero(ok)
+            i = count[kind.code, s]
+            code[kind.code, s, i] = t.code
+            src[kind.code, s, i] = other[ok] if incoming else s
+            dst[kind.code, s, i] = s if incoming else other[ok]
+            count[kind.code, s] += 1
+    return count, code, src, dst
+
+
+def lower_arrays(schedule: Schedule) -> RankArrays:
+    """One program per rank, in rank order, as arrays: each pass receives what
+    it needs from other ranks and sends what other ranks need from it
+    (`semantics.NEEDS`: F(j, s) takes stage s-1's activation and hands its own
+    to s+1; B or BW(j, s) takes stage s+1's input gradient and hands its own to
+    s-1)."""
+    flat = flatten(schedule)
+    n = flat.size
+    dev = flat.stage_device
+    in_count, in_code, in_src, in_dst = _route_tables(dev, True)
+    out_count, out_code, out_src, out_dst = _route_tables(dev, False)
+    kind, stage = flat.kind, flat.stage
+    nr = in_count[kind, stage]
+    ns = out_count[kind, stage]
+    first = np.zeros(n, dtype=bool)
+    last = np.zeros(n, dtype=bool)
+    lengths = np.diff(flat.offsets)
+    first[flat.offsets[:-1][lengths > 0]] = True
+    last[flat.offsets[1:][lengths > 0] - 1] = True
+    prev_sends = np.zeros(n, dtype=np.int64)
+    prev_sends[1:] = ns[:-1]
+    prev_sends[first] = 0
+    # an exchange before a pass (the previous pass's sends, its receives), one after
+    # a rank's last pass (its sends)
+    exchange_before = ((prev_sends + nr) > 0).astype(np.int64)
+    tail = (last & (ns > 0)).astype(np.int64)
+    ops_before = np.cumsum(exchange_before) + np.cumsum(tail) - tail
+    compute_op = np.arange(n, dtype=np.int64) + ops_before
+    extra = np.bincount(flat.device, weights=exchange_before + tail, minlength=len(lengths))
+    op_count = lengths + extra.astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(op_count, out=offsets[1:])
+    op_pass = np.full(int(offsets[-1]), -1, dtype=np.int64)
+    op_pass[compute_op] = np.arange(n, dtype=np.int64)
+    # entries: per pass its receives (in the exchange before it), then its sends
+    # (in the exchange after it); that is rank, op order already. int32: entries
+    # run to millions
+    small = np.int32
+    per_pass = nr + ns
+    entry_pass = np.repeat(np.arange(n, dtype=small), per_pass)
+    first_entry = (np.cumsum(per_pass) - per_pass).astype(small)
+    local = np.arange(len(entry_pass), dtype=small) - first_entry[entry_pass]
+    del first_entry
+    is_recv = local < nr[entry_pass]
+    code = np.empty(len(entry_pass), dtype=np.int8)
+    src = np.empty(len(entry_pass), dtype=small)
+    dst = np.empty(len(entry_pass), dtype=small)
+    for receiving, (codes, srcs, dsts) in (
+        (True, (in_code, in_src, in_dst)),
+        (False, (out_code, out_src, out_dst)),
+    ):
+        chosen = np.flatnonzero(is_recv if receiving else ~is_recv)
+        p = entry_pass[chosen]
+        route = local[chosen] if receiving else local[chosen] - nr[p]
+        k, s = kind[p], stage[p]
+        code[chosen] = codes[k, s, route]
+        src[chosen] = srcs[k, s, route]
+        dst[chosen] = dsts[k, s, route]
+        del chosen, p, route, k, s
+    del local
+    where = compute_op[entry_pass].astype(small)
+    where += np.where(is_recv, -1, 1).astype(small)
+    return RankArrays(
+        offsets,
+        op_pass.astype(small),
+        flat.passes,
+        where,
+        ~is_recv,
+        code,
+        flat.microbatch[entry_pass].astype(small),
+        src,
+        dst,
+        dev[src].astype(small),
+        dev[dst].astype(small),
+        entry_pass,
+    )
 
 
 def lower(schedule: Schedule) -> tuple[RankProgram, ...]:
-    """One program per rank, in rank order: each pass receives what it needs
-    from other ranks and sends what other ranks need from it
-    (`semantics.NEEDS`: F(j, s) takes stage s-1's activation and hands its own
-    to s+1; B or BW(j, s) takes stage s+1's input gradient and hands its own to
-    s-1). Each transfer is built once and shared by its sender's and
-    receiver's programs."""
-    dev = schedule.placement.stage_device
-    incoming, outgoing = _routes(dev)
-    made: dict[tuple[TransferKind, int, int, int], Transfer] = {}
-
-    def transfer(route: tuple[TransferKind, int, int], j: int) -> Transfer:
-        kind, src, dst = route
-        key = (kind, j, src, dst)
-        t = made.get(key)
-        if t is None:
-            t = made[key] = Transfer(kind, j, src, dst, dev[src], dev[dst])
-        return t
-
-    programs = []
-    for rank, order in enumerate(schedule.orders):
-        ops: list[Op] = []
-        append = ops.append
-        pending: tuple[Transfer, ...] = ()  # the previous pass's sends
-        for p in order:
-            code, j, s = p.kind.code, p.microbatch, p.stage
-            ins = incoming[code][s]
-            recvs = tuple(transfer(r, j) for r in ins) if ins else ()
-            if pending or recvs:
-                append(Exchange(pending, recvs))
-            append(Compute(p))
-            outs = outgoing[code][s]
-            pending = tuple(transfer(r, j) for r in outs) if outs else ()
-        if pending:
-            append(Exchange(pending, ()))
-        programs.append(RankProgram(rank, tuple(ops)))
-    return tuple(programs)
-
-
-def receive_buffers_peak(program: RankProgram) -> int:
-    """The most received tensors the rank holds at once before the passes that
-    consume them. A receive pulled forward (`ppdsl.lowering.early_receives`) is
-    held from its earlier exchange on; these are transfer buffers, not
-    activations, so the memory model does not count them and `stats` shows
-    them apart."""
-    alive: set[tuple[TransferKind, int, int]] = set()
-    peak = 0
-    for op in program.ops:
-        if type(op) is Exchange:
-            alive.update((t.kind, t.microbatch, t.dst_stage) for t in op.recvs)
-            peak = max(peak, len(alive))
-        elif type(op) is Compute:
-            p = op.pass_
-            for t, _ in receives(p.kind):
-                alive.discard((t, p.microbatch, p.stage))
-    return peak
+    """`lower_arrays` as `RankProgram` objects."""
+    return lower_arrays(schedule).programs()

@@ -15,9 +15,11 @@ receive with no matching op anywhere is reported on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ppdsl.analysis.rendezvous import Wait, stuck_waits
 from ppdsl.diagnostics import Diagnostic, Span
-from ppdsl.ir.rank import RankProgram, Transfer
+from ppdsl.ir.rank import RankArrays, RankProgram, Transfer
 from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
 from ppdsl.semantics import transfer_pass
 
@@ -39,7 +41,10 @@ def _span_of(
 
 
 def check(
-    schedule: Schedule, programs: tuple[RankProgram, ...], *, sends_block: bool = True
+    schedule: Schedule,
+    programs: RankArrays | Sequence[RankProgram],
+    *,
+    sends_block: bool = True,
 ) -> list[Diagnostic]:
     """Deadlock cycles (one error each, one note per wait), unmatched and
     duplicated transfers.
