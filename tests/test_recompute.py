@@ -48,14 +48,14 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory):
     dist.destroy_process_group()
 
 
-def _step(tmp_path: Path, name: str, recompute: str, r0: str, r1: str):
+def _step(tmp_path: Path, name: str, recompute: str, r0: str, r1: str, device: str = "cpu"):
     path = tmp_path / f"{name}.pp"
     path.write_text(SOURCE.format(recompute=recompute, r0=r0, r1=r1))
     compiled = load_schedule(path)
     model = build_model(DROPOUT, 2)
-    runner = PipelineRunner(compiled, model.stage, model.loss, device="cpu", note=lambda _: None)
+    runner = PipelineRunner(compiled, model.stage, model.loss, device=device, note=lambda _: None)
     inputs, targets = model.batch(0, 4)
-    torch.manual_seed(1234)  # dropout's masks come from here
+    torch.manual_seed(1234)  # dropout's masks come from here (CPU and CUDA generators)
     loss = runner.step(inputs, targets, measure_memory=True)
     grads = {n: p.grad.clone() for n, p in runner.named_parameters() if p.grad is not None}
     return compiled, runner, loss, grads
@@ -96,3 +96,14 @@ def test_recompute_needs_the_rng_of_its_forward(one_rank, tmp_path: Path, monkey
     )
     _, _, _, regrads = _step(tmp_path, "all", "recompute", "R(j, 0);", "R(j, 1);")
     assert not _same(regrads, grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (one GPU)")
+def test_recompute_on_cuda_restores_the_device_rng(one_rank, tmp_path: Path) -> None:
+    """On one GPU (dropout draws from the CUDA generator, which R must restore
+    as well): the recomputed step's gradients equal the plain one's."""
+    _, _, loss, grads = _step(tmp_path, "plain", "", "", "", device="cuda")
+    _, _, again, regrads = _step(tmp_path, "all", "recompute", "R(j, 0);", "R(j, 1);", "cuda")
+    assert torch.allclose(again, loss)
+    assert _same(regrads, grads)
