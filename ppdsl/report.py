@@ -162,6 +162,11 @@ def lifespan_notes(compiled: Compiled, found: BlockMemory) -> list[str]:
             stages = s.placement.chunks(dev)
             if len(stages) > 1:
                 why.append("its stages do not all peak at once")
+            if s.block is not None and s.block.group_size > 1:
+                why.append(
+                    f"the rule counts each of a group's {s.block.group_size} microbatches at "
+                    "its own peak"
+                )
             if any(s.memory.weight_retained[x] < s.memory.activation[x] for x in stages) and s.split_backward:
                 why.append("B frees M_B - M_W before W ends the lifespan")
             if any(x in s.recompute for x in stages):

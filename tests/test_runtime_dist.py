@@ -77,13 +77,14 @@ def test_step_equals_single_process(dist_results, d: int, name: str) -> None:
 @pytest.mark.parametrize(("d", "name"), CASES, ids=[f"{n}-d{d}" for d, n in CASES])
 def test_measured_memory_equals_prediction(dist_results, d: int, name: str) -> None:
     """Measured peak activation per rank, in microbatch-stage units, equals the
-    memory model's prefix-sum peak with M_W set to the model's measured M_W/M_B;
-    for a fused backward (nothing retained between B and W) it equals the file's
-    prediction exactly."""
+    memory model's prefix-sum peak with M_W set to the model's measured M_W/M_B
+    (and a recomputed stage's M_I to its measured M_I/M_B); for a fused backward
+    without recomputation (nothing retained between B and W, nothing kept
+    between F and R) it equals the file's prediction exactly."""
     for r in _case(dist_results, d, name):
         measured = Fraction(r["measured_peak"])
         assert measured == Fraction(r["predicted_peak_real_mw"]), r
-        if not r["mw_ratio"]:  # fused backward: the file's model is the real one
+        if not r["mw_ratio"] and not r["mi_ratio"]:  # fused, no recompute: the file's model
             assert measured == Fraction(r["predicted_peak"]), r
         assert r["measured_peak_bytes"] > 0
 
@@ -95,7 +96,8 @@ def test_recomputed_stages_keep_only_their_input(dist_results, d: int) -> None:
     the measured peak is the prediction with that measured M_I, below 1F1B's."""
     plain = {r["rank"]: Fraction(r["measured_peak"]) for r in _case(dist_results, d, "1f1b")}
     for r in _case(dist_results, d, "1f1b_recompute"):
-        assert [int(s) for s in r["mi_ratio"]] == r["recompute"] == r["stages"], r
+        assert [int(s) for s in r["mi_ratio"]] == r["stages"], r
+        assert set(r["stages"]) <= set(r["recompute"]), r
         assert all(0 < Fraction(x) < Fraction(1, 10) for x in r["mi_ratio"].values()), r
         assert Fraction(r["measured_peak"]) == Fraction(r["predicted_peak_real_mw"]), r
         assert Fraction(r["measured_peak"]) <= plain[r["rank"]], r
