@@ -3,10 +3,12 @@
 # ICML 2021, "PipeDream-Flush"); the building block is the one the zero-bubble
 # paper draws for it (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024):
 # F of stage s at s, its backward at 3d-2-2s, period T_F + T_BW.
-# Works for every d >= 1 and m >= d (fewer microbatches: valid, smaller peak, larger bubble).
+# Works for every d >= 1 and m >= d (required below: fewer microbatches give a valid
+# order with a smaller peak and larger bubble than the expectations state).
 schedule one_f_one_b {
     param d = 4
     param m = 2 * d
+    require m >= d, "1F1B's peak of d activations on device 0 needs m >= d microbatches (fewer: a valid order with a smaller peak)"
     place parallel
     backward fused
     block period 3 {

@@ -6,10 +6,12 @@
 # The building block: 1F1B's (F of stage s at s) with R in the slot before the fused
 # backward; the period grows by T_R, so that F, R and BW of a device never collide:
 # F at s, R at 4d-3-3s, BW at 4d-2-3s, period T_F + T_R + T_BW = 4.
-# Works for every d >= 1 and m >= d.
+# Works for every d >= 1 and m >= d (required below: with fewer microbatches
+# device 0 holds fewer inputs than the exact bound says).
 schedule one_f_one_b_recompute {
     param d = 4
     param m = 2 * d
+    require m >= d, "1F1B's d - 1 kept inputs on device 0 need m >= d microbatches"
     place parallel
     backward fused
     recompute                          # every stage

@@ -15,6 +15,7 @@ schedule interleaved_1f1b {
     param v = 2
     param m = 2 * d
     param g = d
+    require g >= d and m % g == 0, "Megatron's interleaved order needs g >= d and m a multiple of g"
     place looped(v)
     backward fused
     block period 3 * v * g group g every 3 {

@@ -15,6 +15,7 @@ schedule interleaved_zb {
     param v = 2
     param m = 2 * d
     param g = d
+    require g >= d and m % g == 0, "the interleaved order needs g >= d and m a multiple of g"
     place looped(v)
     backward split
     block period 3 * v * g group g every 3 {

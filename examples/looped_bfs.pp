@@ -7,6 +7,7 @@ schedule looped_bfs {
     param d = 4
     param v = 2
     param m = 2 * d
+    require m >= d, "the expected bubble holds for m >= d microbatches"
     place looped(v)
     backward fused
     order {

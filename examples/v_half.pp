@@ -10,6 +10,7 @@
 schedule v_half {
     param d = 4
     param m = 2 * d
+    require d >= 2 and m >= d, "V-Half's block and its measured bubble hold for d >= 2 and m >= d"
     let g = d % 2 == 0 ? 3 : 0        # shifts the backward so no slots collide mod 6
     # bubble per device at unit costs, measured for d >= 2 and m >= d
     let idle = d == 2 ? (m == 2 ? 1 : 0) : 6 * ((d + 1) // 2) - 7

@@ -6,10 +6,12 @@
 # step (early forwards in the warm-up, B before W in the cool-down, never above the
 # repetition's activation peak) removes it, as the paper does: no bubble at unit costs
 # and exactly 2p chunks per device (p in 1F1B-stage units).
-# Works for every d >= 1 and m >= 2d - 1 (fewer microbatches: valid, some bubble).
+# Works for every d >= 1 and m >= 2d - 1 (required below: with fewer microbatches the
+# order is still valid, with a smaller peak and some bubble).
 schedule v_zb {
     param d = 4
     param m = 2 * d
+    require m >= 2*d - 1, "V-ZB's zero bubble and 2d peak need m >= 2d - 1 microbatches"
     place vshape
     backward split
     memory M_W = M_B                  # the paper counts activations held until W ends

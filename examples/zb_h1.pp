@@ -6,6 +6,7 @@
 schedule zb_h1 {
     param d = 4
     param m = 2 * d
+    require m >= d, "ZB-H1's peak and bubble hold for m >= d microbatches"
     place parallel
     backward split
     block period 3 {

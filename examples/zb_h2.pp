@@ -3,10 +3,12 @@
 # schedules, Figure 3 (bottom):
 # worker s (from 0) runs 2d-2s-1 F before its first B, then F B W; its W trail its B
 # by 2s microbatches, which fills the cool-down.
-# Works for every d >= 1 and m >= 2d - 1 (fewer microbatches: valid, smaller peak).
+# Works for every d >= 1 and m >= 2d - 1 (required below: with fewer microbatches the
+# order is still valid, but its peak is min(m, 2d - 1) and its bubble is not zero).
 schedule zb_h2 {
     param d = 4
     param m = 2 * d
+    require m >= 2*d - 1, "ZB-H2's zero bubble and 2d - 1 peak need m >= 2d - 1 microbatches"
     place parallel
     backward split
     block period 3 {

@@ -7,6 +7,7 @@
 schedule zb_v {
     param d = 4
     param m = 2 * d
+    require m >= 2*d - 1, "ZB-V's order needs m >= 2d - 1 microbatches"
     place vshape
     backward split
     memory M_W = M_B                  # activations count until W ends (the papers' V-shape unit)

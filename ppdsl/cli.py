@@ -14,8 +14,8 @@ import importlib
 import sys
 import traceback
 
-from ppdsl import __version__
-from ppdsl.commands.common import ExitCode, UsageError
+from ppdsl import __version__, limits
+from ppdsl.commands.common import ExitCode, UsageError, limits_from_args
 from ppdsl.diagnostics import CompileError, render_all
 
 __all__ = ["main", "ExitCode", "UsageError"]
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
         return int(exc.code or ExitCode.OK)
     try:
-        return int(ExitCode(args._run(args)))
+        with limits.using(limits_from_args(args)):
+            return int(ExitCode(args._run(args)))
     except CompileError as err:
         print(render_all(err.diagnostics, sys.stderr), file=sys.stderr)
         return ExitCode.INVALID

@@ -12,10 +12,12 @@ per-rank torch programs, a launcher and a manifest, as text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ppdsl import limits
 from ppdsl.analysis import checks
 from ppdsl.analysis.checks import deadlock, expectations, memory
 from ppdsl.analysis.simulate import Timeline, simulate
@@ -67,7 +69,11 @@ def _raise_errors(found: list[Diagnostic]) -> list[Diagnostic]:
 
 
 def compile_schedule(
-    schedule: Schedule, *, early_receives: bool = True, warn_unbounded: bool = True
+    schedule: Schedule,
+    *,
+    early_receives: bool = True,
+    warn_unbounded: bool = True,
+    phase: Callable[[str], None] = lambda name: None,
 ) -> Compiled:
     """The passes after elaboration, shared by `.pp` files and imported orders.
 
@@ -77,14 +83,26 @@ def compile_schedule(
     lowering (what a runtime that posts receives just in time would run), so its
     deadlocks are reported as cycles of waits. `warn_unbounded=False` drops the
     warning for a schedule with no `expect peak_memory` (for callers that write
-    the bound themselves)."""
-    found = _raise_errors(checks.check_schedule(schedule))
+    the bound themselves). `phase` is told each pass's name as it starts (the
+    progress of a long compile)."""
+    phase("check")
+    found = _raise_errors(checks.check_schedule(schedule, with_memory=False))
+    # a broken memory bound is reported with every other broken expectation
+    bounds = memory.check(schedule)
+    phase("lower")
     programs = lower_arrays(schedule)
     if early_receives:
+        phase("early receives")
         programs = pull_receives_forward(programs)
-    found += _raise_errors(deadlock.check(schedule, programs))
+    phase("check deadlock")
+    waits = deadlock.check(schedule, programs)
+    if any(d.severity == "error" for d in waits):
+        raise CompileError(found + bounds + waits)
+    found += waits
+    phase("simulate")
     timeline = simulate(schedule)
-    found += _raise_errors(expectations.check(schedule, timeline))
+    phase("check expectations")
+    found = _raise_errors(found + bounds + expectations.check(schedule, timeline))
     if warn_unbounded:
         found += memory.missing_bound(schedule)
     return Compiled(schedule, programs, timeline, tuple(found))
@@ -99,17 +117,26 @@ def compile_source(
     costs: CostsFile | None = None,
 ) -> Compiled:
     """Compile `.pp` text. `overrides` are the command line's `-D name=value`;
-    `costs` (`--costs-from`) replaces the file's cost and memory statements."""
+    `costs` (`--costs-from`) replaces the file's cost and memory statements.
+    Text past `limits`' source size is refused before parsing; a compile that runs
+    long reports its phase on stderr (`limits.progress`)."""
+    limits.check_source(len(text.encode("utf-8", "surrogatepass")), file)
+    if text.startswith("\ufeff"):  # a UTF-8 byte order mark, as some editors write
+        text = text[1:]
     register_source(file, text)
-    module = parse(text, file)
-    if costs is None:
-        schedule = elaborate(module, overrides or {})
-        return compile_schedule(schedule, early_receives=early_receives)
-    schedule, expects = schedule_with_costs(module, overrides or {}, costs)
-    bounded = any(e.metric == "peak_memory" for e in expects)
-    compiled = compile_schedule(schedule, early_receives=early_receives, warn_unbounded=not bounded)
-    late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
-    return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
+    with limits.using(limits.active()), limits.progress(file) as phase:  # loop count from 0
+        module = parse(text, file)
+        phase("elaborate")
+        if costs is None:
+            schedule = elaborate(module, overrides or {})
+            return compile_schedule(schedule, early_receives=early_receives, phase=phase)
+        schedule, expects = schedule_with_costs(module, overrides or {}, costs)
+        bounded = any(e.metric == "peak_memory" for e in expects)
+        compiled = compile_schedule(
+            schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase
+        )
+        late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
+        return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
 
 
 def compile_file(
@@ -119,10 +146,13 @@ def compile_file(
     early_receives: bool = True,
     costs: CostsFile | None = None,
 ) -> Compiled:
-    """Compile a `.pp` file; a missing, unreadable or empty file is a located error."""
+    """Compile a `.pp` file; a missing, unreadable, oversized or empty file is a
+    located error."""
     path = Path(path)
     file = str(path)
     try:
+        if path.is_file():  # a file past the source limit is refused before reading it
+            limits.check_source(path.stat().st_size, file)
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CompileError([Diagnostic("error", f"no such file: '{file}'")]) from None

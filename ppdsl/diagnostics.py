@@ -98,6 +98,10 @@ def _use_color(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+_QUOTE_WIDTH = 120
+"""The most characters of a source line quoted under a message."""
+
+
 def _quote(span: Span) -> list[str]:
     text = _SOURCES.get(span.file)
     if text is None:
@@ -109,7 +113,17 @@ def _quote(span: Span) -> list[str]:
     width = 1
     if span.end_line == span.line and span.end_column >= span.column:
         width = span.end_column - span.column + 1
-    caret = " " * (span.column - 1) + "^" + "~" * (width - 1)
+    column = span.column
+    if len(line) > _QUOTE_WIDTH:
+        # a long line (generated, or hostile) is quoted as a window around the caret
+        start = max(0, min(column - 1 - _QUOTE_WIDTH // 2, len(line) - _QUOTE_WIDTH))
+        end = start + _QUOTE_WIDTH
+        window = line[start:end]
+        prefix = "..." if start > 0 else ""
+        line = prefix + window + ("..." if end < len(line) else "")
+        column = column - start + len(prefix)
+        width = max(1, min(width, _QUOTE_WIDTH - (column - 1 - len(prefix))))
+    caret = " " * (column - 1) + "^" + "~" * (width - 1)
     return [f"    {line}", f"    {caret}"]
 
 

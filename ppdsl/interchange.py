@@ -5,8 +5,8 @@ form): one CSV row per rank, in rank order; each cell one action written
 `<stage><letter><microbatch>`: `F` forward, `I` input-gradient backward (our
 B), `W` weight-gradient backward, `B` full backward (our BW), e.g. `0F1`,
 `3I0`. An empty cell is an idle step and is skipped. torch's DualPipeV writes
-two overlapped actions as one cell `(0F3;7B1)OVERLAP_F_B`; we read it as the
-two actions in that order. A schedule that mixes full backwards with I/W
+two overlapped actions as one cell `(0F3;7B1)OVERLAP_F_B`; we read it as an
+overlapped pair (`F(..) & B(..)`) and write pairs that way. A schedule that mixes full backwards with I/W
 (DualPipeV again) is read as a split one: each full backward becomes I then W.
 torch's compute_comms form (what `_PipelineScheduleRuntime._dump_csv` writes by
 default) is read too: its SEND/RECV and FSDP actions (UNSHARD, RESHARD,
@@ -29,6 +29,7 @@ from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
+from ppdsl import limits
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
@@ -60,8 +61,18 @@ _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|
 
 
 def to_torch_actions(schedule: Schedule) -> list[list[str]]:
-    """Per rank, the action strings of its order (`0F1`, `0I1`, `0W1`, `0B1`)."""
-    return [[torch_action(p) for p in order] for order in schedule.orders]
+    """Per rank, the action strings of its order (`0F1`, `0I1`, `0W1`, `0B1`); an
+    overlapped pair is torch's `(0F3;7I1)OVERLAP_F_B`."""
+    rows = []
+    for order in schedule.orders:
+        row: list[str] = []
+        for p in order:
+            if p.overlapped and row:
+                row[-1] = f"({row[-1]};{torch_action(p)})OVERLAP_F_B"
+            else:
+                row.append(torch_action(p))
+        rows.append(row)
+    return rows
 
 
 def to_torch_csv(schedule: Schedule) -> str:
@@ -108,6 +119,9 @@ def _cells(line: str) -> list[tuple[int, str]]:
     return cells
 
 
+_MAX_INDEX_DIGITS = 7
+
+
 def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[PassKind, int, int]]:
     overlap = _OVERLAP.fullmatch(text)
     parts = [p.strip() for p in overlap.group(1).split(";")] if overlap else [text]
@@ -115,7 +129,16 @@ def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[Pa
     for part in parts:
         m = _ACTION.fullmatch(part)
         if m:
-            actions.append((_LETTER_KIND[m.group(2)], int(m.group(3)), int(m.group(1))))
+            stage, microbatch = m.group(1), m.group(3)
+            if len(stage) > _MAX_INDEX_DIGITS or len(microbatch) > _MAX_INDEX_DIGITS:
+                found.append(Diagnostic(
+                    "error",
+                    f"action {part!r}: a stage or microbatch index of more than "
+                    f"{_MAX_INDEX_DIGITS} digits; ppdsl handles at most a million of each",
+                    span,
+                ))
+                continue
+            actions.append((_LETTER_KIND[m.group(2)], int(microbatch), int(stage)))
             continue
         if _TORCH_NON_COMPUTE.fullmatch(part):
             # torch's compute_comms format: its own transfers and FSDP steps; ppdsl
@@ -148,12 +171,15 @@ def from_torch_csv(
     while lines and not lines[-1].strip():
         lines.pop()
     rows: list[list[tuple[PassKind, int, int, Span]]] = []
+    overlap_cells: set[Span] = set()  # torch's OVERLAP_F_B cells
     for line_no, line in enumerate(lines, start=1):
         row = []
         for column, cell in _cells(line):
             if not cell:
                 continue  # an idle step
             span = Span(file, line_no, column, line_no, column + len(cell) - 1)
+            if _OVERLAP.fullmatch(cell):
+                overlap_cells.add(span)
             for kind, mb, stage in _parse_cell(cell, span, found):
                 row.append((kind, mb, stage, span))
         rows.append(row)
@@ -259,9 +285,21 @@ def from_torch_csv(
         raise CompileError(found)
 
     m = num_microbatches if num_microbatches is not None else 1 + max(a[1] for r in rows for a in r)
+    kinds = 2 if fused else 3
+    limits.check_passes(num_stages * m * kinds, whole, f"{num_stages} stages x {m} microbatches x {kinds} pass kinds")
     S = num_stages
+    def overlapped(row: list, k: int) -> bool:
+        # the backward of an OVERLAP_F_B cell, right after the cell's forward
+        kind, _, _, span = row[k]
+        return (span in overlap_cells and kind in (PassKind.B, PassKind.BW) and k > 0
+                and row[k - 1][0] is PassKind.F and row[k - 1][3] == span)
+
     orders = tuple(
-        tuple(Pass(kind, mb, stage, span) for kind, mb, stage, span in row) for row in rows
+        tuple(
+            Pass(kind, mb, stage, span, overlapped(row, k))
+            for k, (kind, mb, stage, span) in enumerate(row)
+        )
+        for row in rows
     )
     # a stage with R actions is recomputed (ppdsl's own letter; torch has none)
     recomputed = {p.stage for order in orders for p in order if p.kind is PassKind.R}
@@ -295,13 +333,19 @@ def _identifier(stem: str) -> str:
     return name if name and not name[0].isdigit() else f"s_{name}"
 
 
-def _device_order(order: tuple[Pass, ...], chunk_of: dict[int, int]) -> tuple[ast.PassCall, ...]:
-    """A device's passes as pass calls: `F(j)` on chunk 0, `F(j, c)` on chunk c."""
-    calls = []
+def _device_order(order: tuple[Pass, ...], chunk_of: dict[int, int]) -> tuple[ast.OrderStmt, ...]:
+    """A device's passes as pass calls: `F(j)` on chunk 0, `F(j, c)` on chunk c; an
+    overlapped pair as `F(j, c) & B(k, c2)`."""
+    calls: list[ast.OrderStmt] = []
     for p in order:
         c = chunk_of[p.stage]
         args = (ast.number(p.microbatch),) + ((ast.number(c),) if c else ())
-        calls.append(ast.PassCall(p.kind.value, args, ast.GENERATED))
+        call = ast.PassCall(p.kind.value, args, ast.GENERATED)
+        last = calls[-1] if calls else None
+        if p.overlapped and isinstance(last, ast.PassCall):
+            calls[-1] = ast.Overlap(last, call, ast.GENERATED)
+        else:
+            calls.append(call)
     return tuple(calls)
 
 
@@ -318,7 +362,7 @@ def to_pp(schedule: Schedule, source: str = "") -> str:
     stmts: list[ast.Stmt] = [
         ast.Param("d", ast.number(s.num_devices), ast.GENERATED),
         ast.Param("m", ast.number(s.num_microbatches), ast.GENERATED),
-        ast.place(s.placement.stage_device, s.num_devices),
+        ast.place(s.placement.stage_device, s.num_devices, s.placement.lanes),
         ast.Backward("split" if s.split_backward else "fused", ast.GENERATED, ast.GENERATED),
     ]
     if s.recompute:

@@ -16,7 +16,11 @@
   M_W (§2 of the zero-bubble paper), and on a recomputed stage of M_I (the
   input its F keeps); `delta_table` scales them to exact integers for the kernels.
 - Placements (`PLACEMENTS`): stage -> device maps by name, and the spelling
-  that gives a map back.
+  that gives a map back. A bidirectional placement (`LANES`: DualPipe) runs
+  its stages as several pipelines ("lanes") of equal length: microbatch j
+  goes through lane `microbatch_lane(j, m, lanes)` only, a need never
+  crosses from one lane into another, and stage s is a copy of model stage
+  `model_stage(s, S, lanes)` (the copies' gradients are summed).
 - Default costs and memory (`DEFAULT_DURATION`): unit pass costs, BW = B + W,
   R = F, no transfer cost, M_B = 1, M_W = M_B / 2, M_I = 0.
 - Number formatting for every message, table and printed file.
@@ -55,6 +59,10 @@ __all__ = [
     "NEED_STAGE_OFFSET",
     "NEED_TRANSFER",
     "needs",
+    "same_lane",
+    "microbatch_lane",
+    "lane_stages",
+    "model_stage",
     "receives",
     "sends",
     "transfer_pass",
@@ -65,6 +73,8 @@ __all__ = [
     "delta_table",
     "peak_of_deltas",
     "PLACEMENTS",
+    "LANES",
+    "placement_lanes",
     "takes_chunks",
     "placement_devices",
     "identify_placement",
@@ -72,6 +82,7 @@ __all__ = [
     "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
+    "DEFAULT_OVERLAP",
     "DEFAULT_ACTIVATION",
     "DEFAULT_WEIGHT_FRACTION",
     "DEFAULT_KEPT_INPUT",
@@ -232,16 +243,43 @@ def needs(
     microbatch: int,
     stage: int,
     num_stages: int,
+    lanes: int = 1,
     recompute: Container[int] = (),
 ) -> list[tuple[PassKind, int, int]]:
-    """The (kind, microbatch, stage) of every pass that this one waits for;
-    `recompute` holds the stages marked `recompute` (their R is needed)."""
+    """The (kind, microbatch, stage) of every pass that this one waits for
+    (`lanes`: the placement's pipelines, a need never leaves its lane;
+    `recompute`: the stages marked `recompute`, whose R is needed)."""
     return [
         (n.kind, microbatch, stage + n.stage_offset)
         for n in NEEDS[kind]
-        if 0 <= stage + n.stage_offset < num_stages
+        if same_lane(stage, stage + n.stage_offset, num_stages, lanes)
         and (not n.optional or stage + n.stage_offset in recompute)
     ]
+
+
+def same_lane(stage: int, other: int, num_stages: int, lanes: int = 1) -> bool:
+    """Whether `other` is a stage (0..S-1) of the same lane as `stage`: the
+    stages are cut into `lanes` pipelines of S / lanes consecutive stages."""
+    length = num_stages // lanes
+    return 0 <= other < num_stages and other // length == stage // length
+
+
+def microbatch_lane(microbatch: int, num_microbatches: int, lanes: int = 1) -> int:
+    """The lane microbatch j runs through: the first m / lanes microbatches
+    the first lane, and so on (DualPipe: the first half from device 0
+    downwards, the second half from the last device upwards)."""
+    return microbatch * lanes // num_microbatches
+
+
+def lane_stages(lane: int, num_stages: int, lanes: int = 1) -> range:
+    """The stages of `lane`, in the order a microbatch goes through them."""
+    length = num_stages // lanes
+    return range(lane * length, (lane + 1) * length)
+
+
+def model_stage(stage: int, num_stages: int, lanes: int = 1) -> int:
+    """The model stage that `stage` is a copy of (itself with one lane)."""
+    return stage % (num_stages // lanes)
 
 
 def receives(kind: PassKind) -> tuple[tuple[TransferKind, int], ...]:
@@ -374,11 +412,32 @@ def _vshape(d: int, v: int) -> tuple[int, ...]:
     return _wave(d, 2)
 
 
-PLACEMENTS = {"parallel": _parallel, "looped": _looped, "vshape": _vshape, "wave": _wave}
+def _dualpipe(d: int, v: int) -> tuple[int, ...]:
+    # DeepSeek-V3's DualPipe (§3.2.1): a pipeline down the devices (stages 0..d-1
+    # on devices 0..d-1) and a copy of it up them (stage d+k, model stage k, on
+    # device d-1-k); the map is the V's, the lanes make it two pipelines
+    return _wave(d, 2)
+
+
+PLACEMENTS = {
+    "parallel": _parallel,
+    "looped": _looped,
+    "vshape": _vshape,
+    "wave": _wave,
+    "dualpipe": _dualpipe,
+}
 """Named placements: name -> (devices d, chunks per device v) -> stage_device."""
-_FIXED_CHUNKS = {"parallel": 1, "vshape": 2}
+LANES = {"dualpipe": 2}
+"""The bidirectional placements: name -> how many pipelines (lanes) its stages
+form; every other placement is one pipeline through all its stages."""
+_FIXED_CHUNKS = {"parallel": 1, "vshape": 2, "dualpipe": 2}
 """The placements whose chunk count is fixed; every other takes it as an
 argument (`looped(v)`)."""
+
+
+def placement_lanes(name: str) -> int:
+    """How many pipelines the placement `name` runs (2 for `dualpipe`, else 1)."""
+    return LANES.get(name, 1)
 
 
 def takes_chunks(name: str) -> bool:
@@ -399,9 +458,12 @@ def placement_devices(name: str, num_devices: int, chunks: int | None = None) ->
     return PLACEMENTS[name](num_devices, v)
 
 
-def identify_placement(stage_device: Sequence[int], num_devices: int) -> tuple[str, int] | None:
-    """(name, chunks per device) of the named placement that gives exactly this
-    stage -> device map, the simplest name first; None for no named one."""
+def identify_placement(
+    stage_device: Sequence[int], num_devices: int, lanes: int = 1
+) -> tuple[str, int] | None:
+    """(name, chunks per device) of the named placement with `lanes` pipelines
+    that gives exactly this stage -> device map, the simplest name first; None
+    for no named one."""
     stage_device = tuple(stage_device)
     d, S = num_devices, len(stage_device)
     if d > 0 and S % d == 0:
@@ -410,16 +472,21 @@ def identify_placement(stage_device: Sequence[int], num_devices: int) -> tuple[s
         for name in simplest:
             if name in _FIXED_CHUNKS and _FIXED_CHUNKS[name] != v:
                 continue
+            if placement_lanes(name) != lanes:
+                continue
             if placement_devices(name, d, v) == stage_device:
                 return name, v
     return None
 
 
-def placement_spelling(stage_device: Sequence[int], num_devices: int) -> str:
+def placement_spelling(stage_device: Sequence[int], num_devices: int, lanes: int = 1) -> str:
     """The `place` argument that gives exactly this stage -> device map:
-    `parallel`, `vshape`, `looped(v)`, `wave(v)`, or the list `[e0, e1, ...]`."""
-    named = identify_placement(stage_device, num_devices)
+    `parallel`, `vshape`, `looped(v)`, `wave(v)`, `dualpipe`, or the list
+    `[e0, e1, ...]` (one lane only: a list cannot say the lanes)."""
+    named = identify_placement(stage_device, num_devices, lanes)
     if named is None:
+        if lanes != 1:
+            raise ValueError(f"no named placement with {lanes} lanes gives {list(stage_device)}")
         return "[" + ", ".join(map(str, stage_device)) + "]"
     name, v = named
     return f"{name}({v})" if takes_chunks(name) else name
@@ -432,7 +499,9 @@ def read_placement(text: str) -> tuple[str, int | None]:
     words = text.strip().lower()
     found = re.fullmatch(r"([a-z]+)\s*(?:\(?\s*(\d+)\s*\)?)?", words)
     if not found or found.group(1) not in PLACEMENTS:
-        raise ValueError(f"unknown placement {text!r}: use parallel, looped(v), vshape or wave(v)")
+        raise ValueError(
+            f"unknown placement {text!r}: use parallel, looped(v), vshape, wave(v) or dualpipe"
+        )
     chunks = found.group(2)
     return found.group(1), None if chunks is None else int(chunks)
 
@@ -452,6 +521,9 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
 costs of the kinds listed (of the same stage)."""
 DEFAULT_COMM = 0
 """A transfer between devices costs nothing unless the file says `cost comm`."""
+DEFAULT_OVERLAP = 1
+"""An overlapped F&B (a forward and a backward run as one pass) lasts this share
+of the two passes' costs unless the file says `cost overlap`: 1, back to back."""
 DEFAULT_ACTIVATION = 1
 """M_B: one unit of activation per microbatch and stage."""
 DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)

@@ -53,8 +53,12 @@ def parse_rows(text: str) -> list[list[tuple]]:
 
 
 def placement(kind: str, num_devices: int, v: int = 2) -> Placement:
-    """parallel, looped (v chunks), vshape, wave (v chunks)."""
+    """parallel, looped (v chunks), vshape, wave (v chunks), dualpipe (DualPipe's
+    two pipelines: stage s on device s, its copy d+s on device d-1-s)."""
     d = num_devices
+    if kind == "dualpipe":
+        down = tuple(range(d))
+        return Placement("dualpipe", d, down + tuple(d - 1 - k for k in range(d)), lanes=2)
     if kind == "parallel":
         return Placement("parallel", d, tuple(range(d)))
     if kind == "looped":
@@ -75,9 +79,11 @@ def pass_span(device: int, index: int) -> Span:
     return Span(FILE, device + 2, index + 1, device + 2, index + 1)
 
 
-def with_spans(orders: list[list[tuple[PassKind, int, int]]]) -> tuple[tuple[Pass, ...], ...]:
+def with_spans(orders: list[list[tuple]]) -> tuple[tuple[Pass, ...], ...]:
+    """Pass objects of (kind, mb, stage) tuples, or (kind, mb, stage, overlapped)
+    where a backward runs overlapped with the forward before it."""
     return tuple(
-        tuple(Pass(k, j, s, pass_span(dev, i)) for i, (k, j, s) in enumerate(order))
+        tuple(Pass(*t[:3], pass_span(dev, i), *t[3:]) for i, t in enumerate(order))
         for dev, order in enumerate(orders)
     )
 
@@ -138,13 +144,27 @@ def one_f_one_b_orders(
     return orders
 
 
-def _needs(kind: PassKind, j: int, s: int, S: int, split: bool) -> list[tuple[PassKind, int, int]]:
+def _needs(
+    kind: PassKind, j: int, s: int, S: int, split: bool, lanes: int = 1
+) -> list[tuple[PassKind, int, int]]:
+    """The zero-bubble paper's dependencies within one pipeline; with two lanes
+    (DualPipe) each half of the stages is a pipeline of its own."""
     bk = B if split else BW
+    first = s - s % (S // lanes)  # the first and last stage of s's pipeline
+    last = first + S // lanes - 1
     if kind is F:
-        return [(F, j, s - 1)] if s > 0 else []
+        return [(F, j, s - 1)] if s > first else []
     if kind in (B, BW):
-        return [(F, j, s)] + ([(bk, j, s + 1)] if s < S - 1 else [])
+        return [(F, j, s)] + ([(bk, j, s + 1)] if s < last else [])
     return [(B, j, s)]
+
+
+def _stages_of(j: int, m: int, S: int, lanes: int) -> range:
+    """The stages microbatch j goes through: all of them, or under DualPipe the
+    first half (down) for the first half of the microbatches, else the second."""
+    if lanes == 1:
+        return range(S)
+    return range(S // 2) if 2 * j < m else range(S // 2, S)
 
 
 def oracle_peaks(s: Schedule) -> tuple[Fraction, ...]:
@@ -180,7 +200,15 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                 if end[dev][k] is not None:
                     continue
                 ready = [end[dev][k - 1]] if k else [0.0]
-                for q in _needs(p.kind, p.microbatch, p.stage, s.num_stages, s.split_backward):
+                unit = [p]  # an overlapped pair starts once both passes' inputs are in
+                joined = k + 1 < len(order) and order[k + 1].overlapped
+                if joined:
+                    unit.append(order[k + 1])
+                needed = [
+                    q for x in unit for q in _needs(x.kind, x.microbatch, x.stage, s.num_stages,
+                                                     s.split_backward, s.placement.lanes)
+                ]
+                for q in needed:
                     qd, qk = where[q]
                     comm = s.costs.comm if qd != dev else 0.0
                     ready.append(None if end[qd][qk] is None else end[qd][qk] + comm)
@@ -188,57 +216,84 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                     continue
                 begin = max(ready)  # type: ignore[type-var]
                 start[dev][k] = begin
-                end[dev][k] = begin + s.costs.duration(p.kind, p.stage)
+                # each pass of an overlapped pair takes `overlap` of its own cost
+                share = s.costs.overlap if (joined or p.overlapped) else 1.0
+                end[dev][k] = begin + s.costs.durations[p.kind.code][p.stage] * share
                 todo -= 1
                 progressed = True
         assert progressed, "the orders wait on each other in a cycle"
     return start, end  # type: ignore[return-value]
 
 
-def random_valid_orders(place: Placement, m: int, split: bool, rng: random.Random):
+def random_valid_orders(
+    place: Placement, m: int, split: bool, rng: random.Random, overlap: bool = False
+):
     """A random topological interleaving of all passes, split into devices: every
-    device order is consistent with one global order, so the schedule is valid."""
+    device order is consistent with one global order, so the schedule is valid.
+    `overlap`: some F directly followed on its device by a backward whose inputs
+    all come earlier in the global order run overlapped with it (a 4th element)."""
     S = place.num_stages
     kinds = (F, B, W) if split else (F, BW)
-    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in range(S)]
+    lanes = place.lanes
+    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in _stages_of(j, m, S, lanes)]
     needers: dict[tuple, list[tuple]] = {}
     waiting = {}
     for p in all_passes:
-        n = _needs(*p, S, split)
+        n = _needs(*p, S, split, lanes)
         waiting[p] = len(n)
         for q in n:
             needers.setdefault(q, []).append(p)
     ready = [p for p in all_passes if waiting[p] == 0]
     orders: list[list[tuple]] = [[] for _ in range(place.num_devices)]
+    position: dict[tuple, int] = {}
     while ready:
         p = ready.pop(rng.randrange(len(ready)))
+        position[p] = len(position)
         orders[place.stage_device[p[2]]].append(p)
         for q in needers.get(p, []):
             waiting[q] -= 1
             if waiting[q] == 0:
                 ready.append(q)
-    return orders
+    if not overlap:
+        return orders
+    paired = []
+    for order in orders:
+        out: list[tuple] = []
+        for p in order:
+            prev = out[-1] if out else None
+            if (prev is not None and prev[0] is F and len(prev) == 3 and p[0] in (B, BW)
+                    and all(position[q] < position[prev] for q in _needs(*p, S, split, lanes))
+                    and rng.random() < 0.5):
+                out.append((*p, True))
+            else:
+                out.append(p)
+        paired.append(out)
+    return paired
 
 
 def random_costs(S: int, rng: random.Random, comm: float) -> Costs:
     f = tuple(float(rng.randint(1, 4)) for _ in range(S))
     b = tuple(float(rng.randint(1, 4)) for _ in range(S))
     w = tuple(float(rng.randint(1, 4)) for _ in range(S))
-    return Costs.of(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+    costs = Costs.of(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
+    return replace(costs, overlap=rng.choice([1.0, 0.75, 0.5]))
 
 
 @st.composite
-def schedules(draw, max_devices: int = 4, max_microbatches: int = 6) -> Schedule:
-    """A valid schedule: random placement, random valid orders, random costs."""
+def schedules(
+    draw, max_devices: int = 4, max_microbatches: int = 6, overlap: bool = True
+) -> Schedule:
+    """A valid schedule: random placement, random valid orders (some with
+    overlapped F&B pairs, unless `overlap` is False), random costs."""
     d = draw(st.integers(1, max_devices))
-    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave"]))
+    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave", "dualpipe"]))
     v = draw(st.integers(1, 3)) if kind in ("looped", "wave") else 2
     place = placement(kind, d, v)
     m = draw(st.integers(1, max_microbatches))
     split = draw(st.booleans())
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
-    orders = random_valid_orders(place, m, split, rng)
+    orders = random_valid_orders(place, m, split, rng, overlap=overlap and draw(st.booleans()))
     return make_schedule(
         place, m, orders, split_backward=split, costs=random_costs(place.num_stages, rng, comm)
     )
@@ -260,7 +315,11 @@ def _rebuild(s: Schedule, orders: list[list[Pass]]) -> Schedule:
 
 
 def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
-    """Break one guarantee of a valid schedule `s`."""
+    """Break one guarantee of a valid schedule `s` (moving passes undoes its
+    overlapped pairs first: a pair broken apart is a guarantee of its own)."""
+    if how in ("duplicate", "wrong_device", "dependency", "drop"):
+        s = replace(s, orders=tuple(tuple(replace(p, overlapped=False) for p in o)
+                                    for o in s.orders))
     orders = [list(o) for o in s.orders]
     devices = [dev for dev, o in enumerate(orders) if o]
     dev = rng.choice(devices)
@@ -277,6 +336,14 @@ def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
         bad = replace(p, microbatch=s.num_microbatches + rng.randrange(3))
         orders[dev][k] = bad
         return Corruption(_rebuild(s, orders), "passes", f"microbatch out of range {p}", p.span)
+    if how == "wrong_lane":
+        # DualPipe: a microbatch of the other direction on this stage
+        others = [j for j in range(s.num_microbatches) if (2 * j < s.num_microbatches)
+                  != (2 * p.microbatch < s.num_microbatches)]
+        if s.placement.lanes == 1 or not others:
+            return corrupt(s, "drop", rng)
+        orders[dev][k] = replace(p, microbatch=rng.choice(others))
+        return Corruption(_rebuild(s, orders), "passes", f"other lane's microbatch {p}", p.span)
     if how == "wrong_device":
         if s.num_devices < 2:
             return corrupt(s, "drop", rng)
@@ -304,7 +371,9 @@ def corrupt(s: Schedule, how: str, rng: random.Random) -> Corruption:
     raise ValueError(how)
 
 
-CORRUPTIONS = ("drop", "duplicate", "out_of_range", "wrong_device", "dependency", "memory")
+CORRUPTIONS = (
+    "drop", "duplicate", "out_of_range", "wrong_device", "dependency", "memory", "wrong_lane"
+)
 
 
 @st.composite

@@ -60,5 +60,5 @@ def test_bad_input_exits_1(tmp_path, capsys):
     """A missing file and a negative effort are errors, not tracebacks."""
     assert main(["bound", str(tmp_path / "nope.pp")]) == 1
     assert "no such file" in capsys.readouterr().err
-    assert main(["bound", str(EXAMPLES / "zb_h1.pp"), "--effort", "-1"]) == 1
+    assert main(["bound", str(EXAMPLES / "zb_h1.pp"), "--effort", "-1"]) == 2  # usage
     assert "--effort" in capsys.readouterr().err

@@ -47,11 +47,17 @@ def test_empty_file_is_located_error(capsys: pytest.CaptureFixture[str], tmp_pat
     assert err.startswith(f"{empty}:1:1: error: empty file")
 
 
-@pytest.mark.parametrize("define", ["d", "d=", "=4", "d=four", "nosuch=3"])
-def test_bad_define_is_invalid_input(capsys: pytest.CaptureFixture[str], define: str) -> None:
-    """Malformed or unknown -D values give exit 1 and name the -D."""
+@pytest.mark.parametrize(
+    ("define", "expected"),
+    [("d", 2), ("d=", 2), ("=4", 2), ("d=2\nm=3", 2), ("d x=2", 2), ("d=four", 1), ("nosuch=3", 1)],
+)
+def test_bad_define_is_usage_or_invalid_input(
+    capsys: pytest.CaptureFixture[str], define: str, expected: int
+) -> None:
+    """A malformed -D is a usage error (exit 2); a well-formed one the file rejects
+    (no such param, not a number) is invalid input (exit 1); both name the -D."""
     code, _, err = _run(capsys, "check", ZB_H1, "-D", define)
-    assert code == 1, err
+    assert code == expected, err
     assert "Traceback" not in err
     assert define.partition("=")[0] in err or "-D" in err
 
@@ -214,7 +220,7 @@ def test_show_writes_an_svg_figure_to_scale(
             assert abs(float(bar.get("width")) - float(end - start) * scale) < 0.01
     assert len({b.get("fill") for b in bars}) == 6  # F, B, W in two shades
     code, _, err = _run(capsys, "show", path, "--svg", str(tmp_path / "no" / "such" / "x.svg"))
-    assert code == 1 and "cannot write" in err and "Traceback" not in err
+    assert code == 2 and "cannot write" in err and "Traceback" not in err  # usage: a bad path
 
 
 def test_stats_json_has_memory_over_time(capsys: pytest.CaptureFixture[str]) -> None:

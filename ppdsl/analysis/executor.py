@@ -45,13 +45,15 @@ class Needs:
 
 @kernel
 def pass_needs(
-    kind, microbatch, stage, table, num_stages, need_kind, need_offset, need_optional
+    kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset,
+    need_optional,
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (`table[kind,
     microbatch, stage]` is a pass's flat index, -1 when absent), and how many
-    needed passes are absent. A need beyond the first or last stage does not
-    exist, nor an optional one whose pass the schedule does not run (R of a
-    stage that keeps its activations: the passes check vouches for the set)."""
+    needed passes are absent. A need beyond the first or last stage of its lane
+    (`lane_length` consecutive stages; `semantics.same_lane`) does not exist,
+    nor an optional one whose pass the schedule does not run (R of a stage that
+    keeps its activations: the passes check vouches for the set)."""
     n = kind.shape[0]
     width = need_kind.shape[1]
     needs = np.full((n, width), -1, dtype=np.int64)
@@ -63,7 +65,7 @@ def pass_needs(
             if nk < 0:
                 continue
             ns = stage[k] + need_offset[kd, slot]
-            if ns < 0 or ns >= num_stages:
+            if ns < 0 or ns >= num_stages or ns // lane_length != stage[k] // lane_length:
                 continue
             q = table[nk, microbatch[k], ns]
             if q < 0 and need_optional[kd, slot]:
@@ -85,12 +87,28 @@ def dependencies(flat: FlatSchedule) -> Needs:
             flat.stage,
             flat.index_table(),
             flat.num_stages,
+            flat.num_stages // flat.lanes,
             NEED_KIND,
             NEED_STAGE_OFFSET,
             NEED_OPTIONAL,
         )
+        if flat.joined is not None:
+            index = _unit_needs(index, flat.joined)
         found = flat.derived["needs"] = Needs(index, int(missing))
     return found
+
+
+def _unit_needs(index: np.ndarray, joined: np.ndarray) -> np.ndarray:
+    """An overlapped pair runs as one unit: its forward starts only once the
+    passes its backward needs have ended too, so the forward's row takes the
+    backward's needs as well (a backward needing its own pair's forward then
+    waits for itself: a cycle, which the dependency check reports)."""
+    n, width = index.shape
+    wide = np.full((n, 2 * width), -1, dtype=np.int64)
+    wide[:, :width] = index
+    second = np.flatnonzero(joined)
+    wide[second - 1, width:] = index[second]
+    return wide
 
 
 @kernel
@@ -180,7 +198,7 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
 @kernel
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-    need_kind, need_offset, need_optional, num_kinds,
+    need_kind, need_offset, need_optional, num_kinds, lanes,
 ):  # pragma: no cover - numba
     num_stages = stage_device.shape[0]
     n = kind.shape[0]
@@ -188,7 +206,8 @@ def _timed(
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
     needs, missing = pass_needs(
-        kind, microbatch, stage, table, num_stages, need_kind, need_offset, need_optional
+        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset,
+        need_optional,
     )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
@@ -219,11 +238,11 @@ class Metrics:
 @kernel
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
-    need_kind, need_offset, need_optional, num_kinds,
+    need_kind, need_offset, need_optional, num_kinds, lanes,
 ):  # pragma: no cover - numba
     start, end, ok = _timed(
         offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-        need_kind, need_offset, need_optional, num_kinds,
+        need_kind, need_offset, need_optional, num_kinds, lanes,
     )
     if not ok:
         return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
@@ -241,14 +260,15 @@ def evaluate(
     comm: float,
     delta: np.ndarray,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> Metrics:
     """Time flat orders as soon as possible (`run_orders` under the dependency
     relation and the transfer rule) and `measure` them, in one kernel call (a
     search times thousands of candidates). `duration[kind code, stage]` and
-    `delta[kind code, stage]` as in `measure`."""
+    `delta[kind code, stage]` as in `measure`; `lanes`: the placement's pipelines."""
     ok, makespan, bubble, idle, peak = _evaluate(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -262,9 +282,11 @@ def timed(
     duration: np.ndarray,
     comm: float,
     num_microbatches: int,
+    lanes: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(start, end, ok) of flat orders timed as soon as possible."""
+    """(start, end, ok) of flat orders timed as soon as possible (`lanes`: the
+    placement's pipelines)."""
     return _timed(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )

@@ -30,7 +30,7 @@ from ppdsl.analysis.executor import dependencies, run_orders
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
-from ppdsl.semantics import allocates_at_start
+from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
 __all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time"]
 
@@ -81,8 +81,14 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
             f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
         )
     table = np.array(schedule.costs.durations, dtype=np.float64)
+    kind = flat.kind
+    if flat.joined is not None:
+        # the passes of an overlapped pair take rows of their own: scaled by `overlap`
+        paired = flat.joined | np.append(flat.joined[1:], False)
+        table = np.concatenate([table, table * schedule.costs.overlap])
+        kind = kind + NUM_KINDS * paired
     start, end, position = run_orders(
-        flat.offsets, flat.kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
+        flat.offsets, kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
     )
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
@@ -96,7 +102,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         starts.append(tuple(start[a:b].tolist()))
         ends.append(tuple(end[a:b].tolist()))
     # fsum: correctly rounded, so both simulators agree to the last bit
-    duration = table[flat.kind, flat.stage]
+    duration = table[kind, flat.stage]
     busy = [
         math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
         for d in range(len(starts))
@@ -116,14 +122,24 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
             where[p.key] = (dev, k)
 
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
-        p: Pass = schedule.orders[dev][k]
+        order = schedule.orders[dev]
+        p: Pass = order[k]
         keys = semantics.needs(
-            p.kind, p.microbatch, p.stage, schedule.num_stages, schedule.recompute
+            p.kind, p.microbatch, p.stage, schedule.num_stages,
+            lanes=placement.lanes, recompute=schedule.recompute,
         )
+        if k + 1 < len(order) and order[k + 1].overlapped:
+            # an overlapped pair starts as one unit: when its backward's inputs are in too
+            q = order[k + 1]
+            keys += semantics.needs(
+                q.kind, q.microbatch, q.stage, schedule.num_stages,
+                lanes=placement.lanes, recompute=schedule.recompute,
+            )
+        found_keys = keys
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))
-        for key in keys:
+        for key in found_keys:
             if key not in where:
                 raise SimulationError(
                     f"cannot simulate: {key[0].value}{key[1]}:s{key[2]} is missing"
@@ -136,6 +152,11 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
             )
             found.append((other, cost))
         return found
+
+    def duration_of(dev: int, k: int) -> float:
+        order = schedule.orders[dev]
+        joined = k + 1 < len(order) and order[k + 1].overlapped
+        return schedule.costs.pass_duration(order[k], joined)
 
     ends: dict[tuple[int, int], float] = {}
     starts: dict[tuple[int, int], float] = {}
@@ -163,16 +184,14 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
                 if node in ends:
                     continue
                 begin = max((ends[n] + c for n, c in needs(*node)), default=0.0)
-                p = schedule.orders[node[0]][node[1]]
                 starts[node] = begin
-                ends[node] = begin + schedule.costs.duration(p.kind, p.stage)
+                ends[node] = begin + duration_of(*node)
     start = tuple(
         tuple(starts[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders)
     )
     end = tuple(tuple(ends[(d, k)] for k in range(len(o))) for d, o in enumerate(schedule.orders))
     busy = [
-        math.fsum(schedule.costs.duration(p.kind, p.stage) for p in order)
-        for order in schedule.orders
+        math.fsum(duration_of(d, k) for k in range(len(o))) for d, o in enumerate(schedule.orders)
     ]
     return _timeline(schedule, start, end, busy, memory_over_time, _memory_over_time_exact)
 

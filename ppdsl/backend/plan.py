@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl import __version__, json_text
+from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, format_rank_programs
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
@@ -66,6 +66,9 @@ class Plan:
     costs_from: str | None = None
     """The `--costs-from` file the costs came from (milliseconds, as `ppdsl profile`
     writes them), or None for the schedule's own costs (its units)."""
+    lanes: int = 1
+    """The placement's pipelines (2 under DualPipe): stage s is a copy of model
+    stage `model_stage(s)`; microbatch j goes through lane `microbatch_lane(j)`."""
 
     @property
     def num_devices(self) -> int:
@@ -74,6 +77,27 @@ class Plan:
     @property
     def num_stages(self) -> int:
         return len(self.stage_device)
+
+    @property
+    def num_model_stages(self) -> int:
+        """The model's stages (the factory builds these): S / lanes."""
+        return len(self.stage_device) // self.lanes
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage that schedule stage `stage` holds a copy of."""
+        return semantics.model_stage(stage, self.num_stages, self.lanes)
+
+    def microbatch_lane(self, microbatch: int) -> int:
+        """The lane microbatch j goes through."""
+        return semantics.microbatch_lane(microbatch, self.num_microbatches, self.lanes)
+
+    def is_lane_first(self, stage: int) -> bool:
+        """Whether `stage` is the first of its lane (it reads the batch's inputs)."""
+        return stage % self.num_model_stages == 0
+
+    def is_lane_last(self, stage: int) -> bool:
+        """Whether `stage` is the last of its lane (it computes the loss)."""
+        return stage % self.num_model_stages == self.num_model_stages - 1
 
     def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
@@ -90,6 +114,7 @@ class Plan:
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
             "placement": list(self.stage_device),
+            "lanes": self.lanes,
             "split_backward": self.split_backward,
             "memory": {
                 "M_B": [str(x) for x in self.memory.activation],
@@ -138,6 +163,7 @@ class Plan:
             costs=data.get("costs"),
             predicted_makespan=data.get("predicted_makespan"),
             costs_from=data.get("costs_from"),
+            lanes=int(data.get("lanes", 1)),
         )
 
 
@@ -175,6 +201,7 @@ def plan_from_schedule(
         costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
         costs_from=costs_from,
+        lanes=schedule.placement.lanes,
     )
 
 

@@ -15,7 +15,7 @@ import math
 import sys
 from fractions import Fraction
 
-from ppdsl.commands.common import add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import UsageError, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.ir.schedule import Schedule
 from ppdsl.search.exact import ExactOptions, ExactProblem, ExactResult, measure, solve
@@ -125,7 +125,7 @@ def _line(objective: str, own: Fraction | None, result: ExactResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.effort < 0 or (args.time is not None and args.time < 0):
-        raise CompileError([Diagnostic("error", "--effort and --time must be >= 0")])
+        raise UsageError("--effort and --time must be >= 0")
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)

@@ -4,11 +4,13 @@ file argument and `-D` overrides."""
 from __future__ import annotations
 
 import argparse
+import os
 from enum import IntEnum
+from pathlib import Path
 
+from ppdsl import limits
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
-from ppdsl.diagnostics import CompileError, Diagnostic
 
 __all__ = [
     "ExitCode",
@@ -16,6 +18,12 @@ __all__ = [
     "add_schedule_arguments",
     "add_defines_argument",
     "add_costs_from_argument",
+    "add_limit_arguments",
+    "limits_from_args",
+    "output_file",
+    "check_model_file",
+    "output_directory",
+    "write_output",
     "parse_defines",
     "compile_from_args",
     "costs_from_args",
@@ -49,6 +57,91 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
     add_defines_argument(parser, "override a parameter's default")
     add_costs_from_argument(parser)
+    add_limit_arguments(parser)
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--max-source-bytes`, `--max-depth`, ... (`ppdsl.limits`; read by
+    `limits_from_args`, which the CLI applies to the whole command)."""
+    group = parser.add_argument_group(
+        "limits", "what the compiler refuses before starting work (docs/language.md)"
+    )
+    for field, flag in limits.FLAGS.items():
+        default = getattr(limits.DEFAULT, field)
+        group.add_argument(
+            flag, metavar="N", default=None, dest=f"max_{field}",
+            help=f"default {default:,}",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> limits.Limits:
+    """The `--max-*` flags given (each a positive integer), over the defaults."""
+    given = {}
+    for field, flag in limits.FLAGS.items():
+        text = getattr(args, f"max_{field}", None)
+        if text is None:
+            continue
+        try:
+            value = int(str(text).replace("_", "").replace(",", ""))
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: expected a positive integer") from None
+        if value < 1:
+            raise UsageError(f"{flag} {text}: expected a positive integer")
+        given[field] = value
+    return limits.Limits(**given)
+
+
+def check_model_file(spec: str) -> None:
+    """`--model FILE.py:FACTORY` names a file that exists (a UsageError otherwise,
+    before any work); `MODULE:FACTORY` is left to the import."""
+    target = spec.rpartition(":")[0]
+    if (target.endswith(".py") or "/" in target) and not Path(target).is_file():
+        raise UsageError(f"--model {spec}: no such file '{target}'")
+
+
+def output_file(path: str) -> Path:
+    """An output file the command may write: its folder exists and is a folder,
+    and the path itself is no folder; otherwise a UsageError (checked before
+    compiling, so the mistake is reported at once)."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"'{path}' is a directory; give a file name")
+    parent = out.parent
+    if not parent.exists():
+        raise UsageError(f"cannot write '{path}': no directory '{parent}'")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write '{path}': '{parent}' is not a directory")
+    writable = os.access(out, os.W_OK) if out.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
+        raise UsageError(f"cannot write '{path}': permission denied")
+    return out
+
+
+def write_output(path: str | Path, text: str, *, newline: str | None = None) -> None:
+    """Write `text` to `path`; an OSError (a full disk, no permission) is a UsageError."""
+    try:
+        with Path(path).open("w", encoding="utf-8", newline=newline) as out:
+            out.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write '{path}': {exc.strerror or exc}") from None
+
+
+def output_directory(path: str | Path) -> Path:
+    """An output folder the command may create or fill: not an existing file,
+    under a folder (or an ancestor) that can be written; otherwise a UsageError."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"'{out}' exists and is not a directory; give a directory for the output")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"cannot create '{out}': '{probe}' is a file, not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write in '{probe}': permission denied")
+    return out
 
 
 def add_costs_from_argument(parser: argparse.ArgumentParser) -> None:
@@ -73,22 +166,25 @@ def add_defines_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def parse_defines(defines: list[str]) -> dict[str, str]:
-    """`["d=8", "m=32"]` -> `{"d": "8", "m": "32"}`; malformed ones are errors."""
+    """`["d=8", "m=32"]` -> `{"d": "8", "m": "32"}`; a malformed one is a
+    UsageError (exit 2). Whether the value suits the param is the file's to say."""
     found: dict[str, str] = {}
-    errors: list[Diagnostic] = []
+    errors: list[str] = []
     for item in defines:
         name, eq, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not eq or not name or not value:
-            errors.append(
-                Diagnostic("error", f"-D {item!r}: expected NAME=VALUE, e.g. -D d=8")
-            )
+            errors.append(f"-D {item!r}: expected NAME=VALUE, e.g. -D d=8")
+        elif not name.isidentifier():
+            errors.append(f"-D {item!r}: {name!r} is not a param name")
+        elif any(ch in value for ch in "\n\r;"):
+            errors.append(f"-D {item!r}: the value must be one expression on one line")
         elif name in found:
-            errors.append(Diagnostic("error", f"-D {name} given twice ({found[name]!r} and {value!r})"))
+            errors.append(f"-D {name} given twice ({found[name]!r} and {value!r})")
         else:
             found[name] = value
     if errors:
-        raise CompileError(errors)
+        raise UsageError("; ".join(errors))
     return found
 
 

@@ -18,6 +18,7 @@ from ppdsl.commands.common import (
     ExitCode,
     add_costs_from_argument,
     add_defines_argument,
+    add_limit_arguments,
     costs_from_args,
     parse_defines,
 )
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="the .pp schedule files")
     add_defines_argument(parser, "override a parameter in every file")
     add_costs_from_argument(parser)
+    add_limit_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
 
 

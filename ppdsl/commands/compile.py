@@ -10,7 +10,13 @@ import re
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_schedule_arguments,
+    compile_from_args,
+    output_directory,
+)
 from ppdsl.diagnostics import render_all
 
 HELP = "generate per-rank torch programs (run them with torchrun)"
@@ -34,12 +40,15 @@ def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.backend.codegen import write
     from ppdsl.compiler import generate
 
+    out = output_directory(args.output if args.output else default_output(args.file))
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    out = Path(args.output) if args.output else default_output(args.file)
     generated = generate(compiled)
-    write(generated, out)
+    try:
+        write(generated, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write into '{out}': {exc.strerror or exc}") from None
     d = compiled.schedule.num_devices
     print(
         f"wrote {out}/: rank0.py..rank{d - 1}.py, launch.py, manifest.json "

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
-from ppdsl.diagnostics import render_all
+from ppdsl.commands.common import (
+    ExitCode,
+    add_schedule_arguments,
+    compile_from_args,
+    output_file,
+    write_output,
+)
+from ppdsl.diagnostics import Diagnostic, render_all
 from ppdsl.interchange import to_torch_csv
 
 HELP = "write a schedule as torch.distributed.pipelining's action CSV"
@@ -29,14 +34,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if args.output:
+        output_file(args.output)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
+    placement = compiled.schedule.placement
+    if placement.lanes > 1:
+        refusal = Diagnostic(
+            "error",
+            f"placement '{placement.kind}' runs {placement.lanes} pipelines; torch's action "
+            "format runs one, so its runtime would send every microbatch through all "
+            f"{placement.num_stages} stages: run it with `ppdsl run` or ppdsl's PipelineRunner",
+            compiled.schedule.span,
+        )
+        print(render_all([refusal], sys.stderr), file=sys.stderr)
+        return ExitCode.INVALID
     text = to_torch_csv(compiled.schedule)
     if args.output:
         # newline="": keep the csv module's CRLF row ends, as torch writes them
-        with Path(args.output).open("w", newline="", encoding="utf-8") as out:
-            out.write(text)
+        write_output(args.output, text, newline="")
     else:
         sys.stdout.write(text)
     return ExitCode.OK

@@ -9,7 +9,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode
+from ppdsl import limits
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_limit_arguments,
+    output_file,
+    write_output,
+)
 from ppdsl.compiler import compile_schedule
 from ppdsl.diagnostics import CompileError, Diagnostic, register_source, render_all
 from ppdsl.interchange import from_torch_csv, to_pp
@@ -39,14 +46,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", metavar="OUT", default=None, help="write the .pp here instead of stdout"
     )
+    add_limit_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    for flag, value in (("--devices", args.devices), ("--microbatches", args.microbatches)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: expected a positive integer")
+    if args.output:
+        output_file(args.output)
     path = Path(args.file)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.is_file():
+            limits.check_source(path.stat().st_size, args.file)
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
+    except IsADirectoryError:
+        raise CompileError([Diagnostic("error", f"'{args.file}' is a directory, not a CSV file")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CompileError([Diagnostic("error", f"cannot read '{args.file}': {exc}")]) from None
     register_source(args.file, text)
@@ -62,7 +79,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     pp = to_pp(schedule, source=path.name)
     if args.output:
-        Path(args.output).write_text(pp, encoding="utf-8")
+        write_output(args.output, pp)
     else:
         sys.stdout.write(pp)
     return ExitCode.OK

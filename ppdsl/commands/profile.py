@@ -15,9 +15,14 @@ import argparse
 import json
 import shlex
 import sys
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    check_model_file,
+    output_file,
+    write_output,
+)
 from ppdsl.diagnostics import CompileError, Diagnostic
 
 HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
@@ -58,6 +63,9 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--microbatch-size {args.microbatch_size}: need at least 1 sample")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
+    check_model_file(args.model)
+    if args.output:
+        output_file(args.output)
     device, error = prepare_device(args.device)
     if error is not None:
         raise UsageError(error)
@@ -75,10 +83,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.output:
         argv = getattr(args, "argv", None) or sys.argv[1:]
         command = "ppdsl " + " ".join(shlex.quote(a) for a in argv)
-        try:
-            Path(args.output).write_text(to_costs_pp(profile, command), encoding="utf-8")
-        except OSError as exc:
-            raise CompileError([Diagnostic("error", f"cannot write '{args.output}': {exc}")]) from None
+        write_output(args.output, to_costs_pp(profile, command))
     if args.json:
         print(json.dumps(profile.to_json(), indent=2))
     else:

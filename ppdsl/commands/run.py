@@ -9,13 +9,22 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_schedule_arguments,
+    check_model_file,
+    compile_from_args,
+    output_directory,
+    output_file,
+)
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
 from ppdsl.runtime.options import add_training_options, check_training_options, training_argv
@@ -69,11 +78,24 @@ def torchrun_command(launch: Path, nproc: int, port: int, rank_args: list[str]) 
 _TORCHRUN_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
-def _filter_torchrun(stream, out) -> None:
+_FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_FAILED_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _filter_torchrun(stream, out) -> list[tuple[int, int | None]]:
     """Pass the ranks' output through; drop torchrun's own failure report (a traceback
-    of the launcher and a summary box): the ranks have already said what went wrong."""
+    of the launcher and a summary box): the ranks have already said what went wrong.
+    Returns the failed ranks and their exit codes that the box named."""
     skipping = False
+    failed: list[tuple[int, int | None]] = []
     for line in stream:
+        if skipping:
+            rank, code = _FAILED_RANK.match(line), _FAILED_EXIT.match(line)
+            if rank:
+                failed.append((int(rank.group(1)), None))
+            elif code and failed and failed[-1][1] is None:
+                failed[-1] = (failed[-1][0], int(code.group(1)))
+            continue
         if _TORCHRUN_LOG.match(line):
             continue
         if line.startswith("Traceback (most recent call last)"):
@@ -85,16 +107,36 @@ def _filter_torchrun(stream, out) -> None:
             pending.append(nxt)
             out.writelines(pending)
             continue
-        if skipping:
-            continue
         out.write(line)
         out.flush()
+    return failed
+
+
+def _describe_failures(failed: list[tuple[int, int | None]]) -> str:
+    """`rank 1 killed by SIGKILL, rank 0 exit code 1, ...` for torchrun's failed
+    ranks: the ones that died first, those torchrun stopped (SIGTERM) last."""
+    parts = []
+    for rank, code in sorted(set(failed), key=lambda f: (f[1] == -signal.SIGTERM, f[0])):
+        if code is None:
+            parts.append(f"rank {rank}")
+        elif code == -signal.SIGTERM:
+            parts.append(f"rank {rank} stopped by torchrun (SIGTERM)")
+        elif code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            parts.append(f"rank {rank} killed by {name}")
+        else:
+            parts.append(f"rank {rank} exit code {code}")
+    return ", ".join(parts)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
     problem = check_training_options(args)
     if problem is not None:
         raise UsageError(problem)
+    _check_run_arguments(args)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -118,6 +160,23 @@ def run(args: argparse.Namespace) -> ExitCode:
     return launch(compiled, rank_args, args.output)
 
 
+def _check_run_arguments(args: argparse.Namespace) -> None:
+    """What `run`'s own flags get wrong, refused before compiling and launching."""
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: need at least 1 training step")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: need at least 1 sample")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout:g}: need a positive number of seconds")
+    if args.output:
+        output_directory(args.output)
+    if args.json_out:
+        output_directory(args.json_out)
+    if args.trace:
+        output_file(args.trace)
+    check_model_file(args.model)
+
+
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
     torchrun on this machine; OK when every rank succeeded, else INVALID."""
@@ -138,12 +197,13 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) 
                    MASTER_ADDR="127.0.0.1")
         proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
-        _filter_torchrun(proc.stderr, sys.stderr)
+        failed = _filter_torchrun(proc.stderr, sys.stderr)
         code = proc.wait()
     finally:
         if tmp is not None:
             tmp.cleanup()
     if code != 0:
-        print(f"ppdsl run: the ranks failed (torchrun exit status {code})", file=sys.stderr)
+        which = f": {_describe_failures(failed)}" if failed else ""
+        print(f"ppdsl run: the ranks failed{which} (torchrun exit status {code})", file=sys.stderr)
         return ExitCode.INVALID
     return ExitCode.OK

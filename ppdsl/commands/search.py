@@ -18,12 +18,12 @@ import shlex
 import sys
 from dataclasses import replace
 from fractions import Fraction
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError
+from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
 from ppdsl.compiler import compile_source
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
+from ppdsl.frontend.syntax_errors import KEYWORDS
 from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.search import SearchInputError, emit_pp, references
 from ppdsl.search.combined import (
@@ -41,6 +41,9 @@ from ppdsl.search.progress import ProgressBar
 from ppdsl.semantics import format_short, placement_spelling
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
+SEARCH_MAX_PASSES = 20_000
+"""The largest problem `search` takes by default (`--max-passes`): the heuristics'
+evaluations each simulate every pass."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the summary and the file say so)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--name", default="found", help="schedule name in the .pp file")
+    parser.add_argument(
+        "--name", default="found", help="schedule name in the .pp file (a name such as found_1)"
+    )
+    parser.add_argument(
+        "--max-passes", metavar="N", type=int, default=SEARCH_MAX_PASSES,
+        help="the largest problem searched, in passes (stages x microbatches x 3; default "
+        f"{SEARCH_MAX_PASSES:,}: about ten minutes on a slow machine)",
+    )
     parser.add_argument(
         "-o", "--output", metavar="FILE", help="write the .pp here (default stdout)"
     )
@@ -143,21 +153,32 @@ def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
     try:
         placement = parse_placement(args.placement, max(args.devices, 1))
     except SearchInputError as err:
-        raise CompileError([Diagnostic("error", str(err))]) from None
+        raise UsageError(str(err)) from None
     spelling = placement_spelling(placement.stage_device, placement.num_devices)
     return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), spelling)
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The flags' values, refused (a UsageError) before any work."""
     wrong = []
+    if not args.name.isidentifier() or args.name in KEYWORDS or not args.name.isascii():
+        wrong.append(f"--name {args.name!r}: a schedule name is a word such as found_1 "
+                     "(letters, digits, _; not a keyword)")
+    if args.max_passes < 1:
+        wrong.append(f"--max-passes {args.max_passes}: must be >= 1")
+    for flag, value in (("--devices", args.devices), ("--microbatches", args.microbatches)):
+        if value > args.max_passes:  # before building anything of that size
+            wrong.append(f"{flag} {value}: the problem would exceed --max-passes {args.max_passes:,}")
     if args.time is not None and args.time < 0:
         wrong.append(f"--time {args.time:g}: must be >= 0 seconds")
     if args.evaluations < 0:
         wrong.append(f"--evaluations {args.evaluations}: must be >= 0")
     if args.effort is not None and args.effort < 0:
         wrong.append(f"--effort {args.effort:g}: must be >= 0")
+    if args.output:
+        output_file(args.output)
     if wrong:
-        raise CompileError([Diagnostic("error", w) for w in wrong])
+        raise UsageError("; ".join(wrong))
 
 
 def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
@@ -195,6 +216,7 @@ def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    _check_arguments(args)
     measured = _measured(args)
     try:
         problem = build_problem(
@@ -207,8 +229,14 @@ def run(args: argparse.Namespace) -> ExitCode:
             measured=measured,
         )
     except SearchInputError as err:
-        raise CompileError([Diagnostic("error", str(err))]) from None
-    _check_numbers(args)
+        raise UsageError(str(err)) from None
+    passes = problem.num_stages * problem.num_microbatches * 3
+    if passes > args.max_passes:
+        raise UsageError(
+            f"{problem.num_stages} stages x {problem.num_microbatches} microbatches x 3 passes "
+            f"= {passes:,} passes; search takes at most {args.max_passes:,} (raise it with "
+            "--max-passes N; a search's time grows with its passes)"
+        )
     options = SearchOptions(
         objective=args.objective,
         evaluations=args.evaluations,
@@ -271,12 +299,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     _recheck(text, args.output or "<search>", m.bubble)
     summary = sys.stdout
     if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise CompileError(
-                [Diagnostic("error", f"cannot write '{args.output}': {exc}")]
-            ) from None
+        write_output(args.output, text)
     else:
         sys.stdout.write(text)
         summary = sys.stderr

@@ -8,20 +8,29 @@ import argparse
 import os
 import shutil
 import sys
-from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
-from ppdsl.diagnostics import CompileError, Diagnostic, render_all
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_schedule_arguments,
+    compile_from_args,
+    output_file,
+    write_output,
+)
+from ppdsl.diagnostics import render_all
 from ppdsl.render import TimelineStyle, render_svg, render_timeline
 
 HELP = "draw the simulated timeline"
+_MIN_WIDTH = 40
+"""The narrowest band `show` draws (a narrower terminal gets this width)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
     parser.add_argument(
         "--width", type=int, default=None,
-        help="columns per band (default: the terminal's width); wider timelines wrap",
+        help=f"columns per band, at least {_MIN_WIDTH} (default: the terminal's width); "
+        "wider timelines wrap",
     )
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     parser.add_argument(
@@ -31,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if args.width is not None and args.width < _MIN_WIDTH:
+        raise UsageError(f"--width {args.width}: need at least {_MIN_WIDTH} columns")
+    if args.svg:
+        output_file(args.svg)
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
@@ -39,14 +52,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     else:
         color = args.color == "always"
     width = args.width or shutil.get_terminal_size((120, 24)).columns
-    style = TimelineStyle(width=max(width, 40), color=color)
+    style = TimelineStyle(width=max(width, _MIN_WIDTH), color=color)
     sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style))
     if args.svg:
-        try:
-            Path(args.svg).write_text(
-                render_svg(compiled.schedule, compiled.timeline), encoding="utf-8"
-            )
-        except OSError as exc:
-            raise CompileError([Diagnostic("error", f"cannot write '{args.svg}': {exc}")]) from None
+        write_output(args.svg, render_svg(compiled.schedule, compiled.timeline))
         print(f"wrote {args.svg}", file=sys.stderr)
     return ExitCode.OK

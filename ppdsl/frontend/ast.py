@@ -27,6 +27,7 @@ __all__ = [
     "NamedRange",
     "Param",
     "Let",
+    "Require",
     "Place",
     "Backward",
     "Cost",
@@ -42,6 +43,7 @@ __all__ = [
     "If",
     "Interleave",
     "PassCall",
+    "Overlap",
     "OrderDecl",
     "ExpectDecl",
     "Stmt",
@@ -167,6 +169,16 @@ class Let:
 
     name: str
     value: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Require:
+    """`require COND, "message"`: the schedule's valid range (an error at this
+    line, quoting the message, when COND is false)."""
+
+    cond: Expr
+    message: str | None
     span: Span
 
 
@@ -317,7 +329,17 @@ class PassCall:
     span: Span
 
 
-OrderStmt = Let | For | Repeat | If | Interleave | PassCall
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """`F(j, c) & B(k, c2)`: a forward and a backward (B or BW) of another
+    microbatch run as one combined pass (DualPipe's overlapped F&B)."""
+
+    forward: PassCall
+    backward: PassCall
+    span: Span
+
+
+OrderStmt = Let | For | Repeat | If | Interleave | PassCall | Overlap
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +364,17 @@ class ExpectDecl:
 
 
 Stmt = (
-    Param | Let | Place | Backward | Cost | Memory | Recompute | BlockDecl | OrderDecl | ExpectDecl
+    Param
+    | Let
+    | Require
+    | Place
+    | Backward
+    | Cost
+    | Memory
+    | Recompute
+    | BlockDecl
+    | OrderDecl
+    | ExpectDecl
 )
 
 
@@ -432,7 +464,9 @@ def format_range(rng: Range) -> str:
     return format_expr(rng.expr)
 
 
-def _format_call(call: PassCall) -> str:
+def _format_call(call: PassCall | Overlap) -> str:
+    if isinstance(call, Overlap):
+        return f"{_format_call(call.forward)} & {_format_call(call.backward)}"
     return f"{call.kind}({', '.join(format_expr(a) for a in call.args)})"
 
 
@@ -455,7 +489,7 @@ def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
         calls.clear()
 
     for stmt in body:
-        if isinstance(stmt, PassCall):
+        if isinstance(stmt, (PassCall, Overlap)):
             calls.append(_format_call(stmt))
             continue
         flush()
@@ -466,13 +500,13 @@ def _format_body(body: tuple[OrderStmt, ...], depth: int) -> list[str]:
 
 def _format_order_stmt(stmt: OrderStmt, depth: int) -> list[str]:
     pad = _INDENT * depth
-    if isinstance(stmt, PassCall):
+    if isinstance(stmt, (PassCall, Overlap)):
         return [pad + _format_call(stmt)]
     if isinstance(stmt, Let):
         return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
     if isinstance(stmt, For):
         head = f"{pad}for {stmt.var} in {format_range(stmt.range)} {{"
-        if stmt.body and all(isinstance(x, PassCall) for x in stmt.body):
+        if stmt.body and all(isinstance(x, (PassCall, Overlap)) for x in stmt.body):
             # a loop of passes (a steady state) reads best on one line
             inline = f"{head} {'; '.join(_format_call(x) for x in stmt.body)} }}"  # type: ignore[arg-type]
             if len(inline) <= _WIDTH:
@@ -509,6 +543,9 @@ def _format_stmt(stmt: Stmt) -> list[str]:
         return [f"{pad}param {stmt.name}{value}"]
     if isinstance(stmt, Let):
         return [f"{pad}let {stmt.name} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, Require):
+        message = "" if stmt.message is None else f', "{stmt.message}"'
+        return [f"{pad}require {format_expr(stmt.cond)}{message}"]
     if isinstance(stmt, Place):
         if stmt.kind == "list":
             return [f"{pad}place [{', '.join(format_expr(e) for e in stmt.devices)}]"]
@@ -593,10 +630,13 @@ def per_stage(values: tuple, index: str = "s") -> Expr:
     return expr
 
 
-def place(stage_device: tuple[int, ...], num_devices: int) -> Place:
-    """The `place` statement that gives exactly this stage -> device map."""
-    named = identify_placement(stage_device, num_devices)
+def place(stage_device: tuple[int, ...], num_devices: int, lanes: int = 1) -> Place:
+    """The `place` statement that gives exactly this stage -> device map (with
+    `lanes` pipelines: a named bidirectional placement)."""
+    named = identify_placement(stage_device, num_devices, lanes)
     if named is None:
+        if lanes != 1:
+            raise ValueError(f"no named placement with {lanes} lanes gives {list(stage_device)}")
         devices = tuple(number(d) for d in stage_device)
         return Place("list", None, devices, GENERATED, GENERATED)
     kind, v = named

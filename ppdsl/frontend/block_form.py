@@ -7,15 +7,15 @@ chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
 makes the block a grouped one: G microbatches a group, one every U, a group
 every T (Megatron's microbatch groups of its interleaved 1F1B). A stage marked
 `recompute` runs R: where no line places it, R ends as its backward (B or BW)
-starts. The slot table is evaluated
-for every stage of every device and handed to `ppdsl.frontend.blocks`, which
-repeats it m times into per-device orders.
+starts. The slot table is evaluated for every stage of every device and handed
+to `ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
+from ppdsl import limits
 from ppdsl.frontend import ast
 from ppdsl.frontend.blocks import repeat_block
 from ppdsl.frontend.declarations import MAX_PASSES, Declarations, pass_kind
@@ -136,6 +136,7 @@ def elaborate_block(
                     )
                 slot, start = entry
                 at = number(start(env), slot.start.span, "a start time")
+                limits.check_integer(at, slot.start.span, f"stage {stage}'s start time")
                 pk = PassKind(kind)
                 duration = norm(Fraction(_stage_cost(state, kind, stage)))
                 slots.append(

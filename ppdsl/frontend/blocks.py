@@ -251,7 +251,7 @@ def _compact(
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, num_stages, recompute):
+        for key in needs(p.kind, p.microbatch, p.stage, num_stages, recompute=recompute):
             if key not in end_of:
                 return None
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
@@ -444,7 +444,7 @@ class _Run:
     def _ready_at(self, p: Pass) -> float | None:
         """When p's inputs are all there; None while one has not run yet."""
         at = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages, self.recompute):
+        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages, recompute=self.recompute):
             end = self.ends.get(key)
             if end is None:
                 return None

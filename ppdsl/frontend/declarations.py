@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ppdsl import semantics
+from ppdsl import limits, semantics
 from ppdsl.diagnostics import CompileError, Span
 from ppdsl.frontend import ast
 from ppdsl.frontend.expressions import (
@@ -47,11 +47,12 @@ __all__ = [
     "ensure_placement",
     "expectation",
     "pass_kind",
+    "require",
 ]
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("comm",)
+_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap", "comm")
 _MEMORY_NAMES = ("M_B", "M_W", "M_I")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -80,6 +81,7 @@ class Declarations:
     costs: dict[PassKind, list[Num]] = field(default_factory=dict)
     """Per pass kind, its cost on each stage (given or by default)."""
     comm: Num = semantics.DEFAULT_COMM
+    overlap: Num = semantics.DEFAULT_OVERLAP
     """The cost of one transfer between devices."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
@@ -108,13 +110,17 @@ class Declarations:
         self.env[name] = value
 
     def evaluate(self, expr: ast.Expr) -> Value:
-        """The value of a top-level expression."""
-        return compile_expr(expr, self.scope())(self.env)
+        """The value of a top-level expression, within the integer-bits limit."""
+        value = compile_expr(expr, self.scope())(self.env)
+        limits.check_integer(value, expr.span, "this value")
+        return value
 
     def cost_model(self) -> Costs:
         """The costs in force, as the IR states them."""
         return Costs.by_kind(
-            {k: [float(x) for x in values] for k, values in self.costs.items()}, float(self.comm)
+            {k: [float(x) for x in values] for k, values in self.costs.items()},
+            float(self.comm),
+            overlap=float(self.overlap),
         )
 
     def memory_model(self) -> MemoryModel:
@@ -163,6 +169,8 @@ def evaluate_override(name: str, text: str, state: Declarations) -> Value:
                 None,
             )
         return state.evaluate(expr)
+    except limits.LimitError as exc:
+        raise ElaborationError(prefix + exc.diagnostic.message, None) from None
     except CompileError:
         raise ElaborationError(
             f"{prefix}not a number or an expression over earlier params", None
@@ -280,6 +288,7 @@ def _refresh_names(state: Declarations) -> None:
     for kind in KINDS:
         state.env[f"T_{kind.value}"] = state.costs[kind][0]
     state.env["T_comm"] = state.comm
+    state.env["T_overlap"] = state.overlap
     for name in _MEMORY_NAMES:
         state.env[name] = state.memory[name][0]
 
@@ -315,6 +324,7 @@ def _per_stage_values(
         for s in range(num_stages):
             env[stmt.index] = s
             values.append(fn(env))
+            limits.check_integer(values[-1], stmt.value.span, f"at stage {s}, the value")
     nums: list[Num] = []
     for value in values:
         if isinstance(value, range) or value < 0:
@@ -326,7 +336,7 @@ def _per_stage_values(
 
 
 def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
-    """`cost KIND = x`, `cost KIND[s] = f(s)` or `cost comm = x`."""
+    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x` or `cost overlap = r`."""
     if stmt.name not in _COST_NAMES:
         listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
         hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
@@ -335,6 +345,17 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name == "overlap":
+        if stmt.index is not None:
+            raise ElaborationError("'overlap' is one factor, not per stage", stmt.span)
+        factor = _per_stage_values(stmt, state, "a cost")[0]
+        if not 0 < factor <= 1:
+            raise ElaborationError(
+                f"'overlap' is the share of F + B an overlapped pair takes: more than 0 and "
+                f"at most 1 (1: one after the other), got {show(factor)}",
+                stmt.value.span,
+            )
+        state.overlap = factor
     else:
         state.costs[PassKind(stmt.name)] = _per_stage_values(stmt, state, "a cost")
     state.explicit.add(stmt.name)
@@ -376,6 +397,31 @@ def declare_recompute(stmt: ast.Recompute, state: Declarations) -> None:
         marked = [value != 0 for value in values]
     state.recompute = marked
     state.recompute_span = stmt.span
+
+
+def require(stmt: ast.Require, state: Declarations) -> None:
+    """`require COND, "message"`: an error at the statement when COND is false,
+    quoting the message and the values of the names COND uses."""
+    if number(state.evaluate(stmt.cond), stmt.cond.span, "a requirement"):
+        return
+    names = sorted(_names(stmt.cond), key=lambda n: (n not in ("d", "m"), n))
+    values = ", ".join(f"{n} = {show(state.env[n])}" for n in names if n in state.env)
+    got = f" (here {values})" if values else ""
+    text = ast.format_expr(stmt.cond)
+    why = f"{stmt.message}: " if stmt.message else ""
+    raise ElaborationError(f"{why}this schedule requires {text}{got}", stmt.span)
+
+
+def _names(expr: ast.Expr) -> set[str]:
+    if isinstance(expr, ast.Name):
+        return {expr.id}
+    found: set[str] = set()
+    for child in (getattr(expr, f, None) for f in ("operand", "left", "right", "cond", "then", "else_")):
+        if child is not None:
+            found |= _names(child)
+    for arg in getattr(expr, "args", ()):
+        found |= _names(arg)
+    return found
 
 
 def pass_kind(

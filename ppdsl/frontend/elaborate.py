@@ -8,6 +8,7 @@ caused it (`expressions.ElaborationError` becomes one CompileError).
 
 from __future__ import annotations
 
+from ppdsl import limits
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
 from ppdsl.frontend.block_form import elaborate_block
@@ -20,10 +21,12 @@ from ppdsl.frontend.declarations import (
     declare_recompute,
     ensure_placement,
     expectation,
+    require,
 )
 from ppdsl.frontend.expressions import ElaborationError, did_you_mean, norm
 from ppdsl.frontend.order_form import elaborate_order
 from ppdsl.ir.schedule import Schedule
+from ppdsl.semantics import pass_kinds
 
 __all__ = ["elaborate"]
 
@@ -98,6 +101,8 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             value = state.evaluate(stmt.value)
             state.define(stmt.name, value, stmt.span)
             state.params.append((stmt.name, value))
+        elif isinstance(stmt, ast.Require):
+            require(stmt, state)
         elif isinstance(stmt, ast.Place):
             declare_placement(stmt, state)
         elif isinstance(stmt, ast.Backward):
@@ -116,6 +121,7 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
     placement = ensure_placement(state)
     m = state.env["m"]
     assert type(m) is int
+    _check_size(module, state, placement.num_stages * m, overrides)
     costs = state.cost_model()
     memory = state.memory_model()
     orders = None
@@ -125,6 +131,13 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
         if isinstance(stmt, ast.OrderDecl):
             orders = elaborate_order(stmt, state, placement, m)
         elif isinstance(stmt, ast.BlockDecl):
+            if placement.lanes > 1:
+                raise ElaborationError(
+                    f"a block runs every microbatch through all {placement.num_stages} stages, "
+                    f"but '{placement.kind}' runs {placement.lanes} pipelines of "
+                    f"{placement.num_model_stages} stages; write its order with 'order {{ ... }}'",
+                    stmt.span,
+                )
             block, orders = elaborate_block(stmt, state, placement, m, costs)
         else:
             expects.append(expectation(stmt, state, placement.num_devices))
@@ -151,3 +164,16 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
         block=block,
         span=module.span,
     )
+
+
+def _check_size(
+    module: ast.Module, state: Declarations, stage_microbatches: int, overrides: dict[str, str]
+) -> None:
+    """The passes the schedule expands to (every stage runs each pass kind once per
+    microbatch) within `limits`, refused at `param m` before any expansion."""
+    kinds = len(pass_kinds(state.split_backward))
+    where = next(s for s in module.stmts if isinstance(s, ast.Param) and s.name == "m")
+    m = state.env["m"]
+    given = f" (-D m={overrides['m']})" if "m" in overrides else ""
+    what = f"{stage_microbatches // m} stages x m = {m}{given} microbatches x {kinds} pass kinds"
+    limits.check_passes(stage_microbatches * kinds, where.span, what)

@@ -9,11 +9,12 @@ has, the limit past which a loop is surely runaway, and the passes so far.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ppdsl import limits
 from ppdsl.diagnostics import Span
 from ppdsl.frontend import ast
-from ppdsl.frontend.declarations import MAX_PASSES, Declarations, pass_kind
+from ppdsl.frontend.declarations import Declarations, pass_kind
 from ppdsl.frontend.expressions import (
     BUILTINS,
     ElaborationError,
@@ -28,7 +29,7 @@ from ppdsl.frontend.expressions import (
     number,
 )
 from ppdsl.ir.schedule import Pass, Placement
-from ppdsl.semantics import PassKind, pass_kinds
+from ppdsl.semantics import PassKind, backward_kinds, pass_kinds
 
 __all__ = ["DeviceOrder", "elaborate_order"]
 
@@ -98,13 +99,18 @@ def _bind(name: str, scope: Scope, span: Span) -> None:
 def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
     if isinstance(stmt, ast.PassCall):
         return _compile_pass(stmt, scope, rules)
+    if isinstance(stmt, ast.Overlap):
+        return _compile_overlap(stmt, scope, rules)
     if isinstance(stmt, ast.Let):
         value = compile_expr(stmt.value, scope)
         _bind(stmt.name, scope, stmt.span)
         name = stmt.name
+        span = stmt.value.span
 
         def let(env: Env, order: DeviceOrder) -> None:
-            env[name] = value(env)
+            env[name] = got = value(env)
+            if type(got) is not int or got.bit_length() > 62:
+                limits.check_integer(got, span, "this value")
 
         return let
     if isinstance(stmt, ast.For):
@@ -118,10 +124,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
 
         def for_(env: Env, order: DeviceOrder) -> None:
             values = rng(env)
-            if len(values) > MAX_PASSES:
-                raise ElaborationError(
-                    f"a loop over {len(values)} values; at most {MAX_PASSES}", span
-                )
+            limits.count_iterations(limits.iteration_count(values), span)
             if vector is not None and len(values) >= _VECTOR_MIN and vector.run(env, values, order):
                 return
             for x in values:
@@ -137,10 +140,9 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
 
         def repeat(env: Env, order: DeviceOrder) -> None:
             n = integer(count(env), cspan, "a repeat count")
-            if not 0 <= n <= MAX_PASSES:
-                raise ElaborationError(
-                    f"a repeat count must be in 0..{MAX_PASSES}, got {n}", cspan
-                )
+            if n < 0:
+                raise ElaborationError(f"a repeat count must be >= 0, got {n}", cspan)
+            limits.count_iterations(n, cspan)
             for _ in range(n):
                 body(env, order)
                 order.check_size(cspan)
@@ -167,15 +169,47 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         a, b = order.sub(), order.sub()
         first(env, a)
         second(env, b)
-        n = min(len(a.passes), len(b.passes))
+        units_a, units_b = _units(a.passes), _units(b.passes)
+        n = min(len(units_a), len(units_b))
         out = order.passes
-        for x, y in zip(a.passes, b.passes, strict=False):
-            out.append(x)
-            out.append(y)
-        out.extend(a.passes[n:])
-        out.extend(b.passes[n:])
+        for x, y in zip(units_a, units_b, strict=False):
+            out.extend(x)
+            out.extend(y)
+        for unit in units_a[n:] + units_b[n:]:
+            out.extend(unit)
 
     return interleave
+
+
+def _units(passes: list[Pass]) -> list[list[Pass]]:
+    """Passes as the units a device runs: an overlapped pair is one."""
+    units: list[list[Pass]] = []
+    for p in passes:
+        if p.overlapped and units:
+            units[-1].append(p)
+        else:
+            units.append([p])
+    return units
+
+
+def _compile_overlap(stmt: ast.Overlap, scope: Scope, rules: _Rules) -> _Run:
+    forward, backward = stmt.forward, stmt.backward
+    backwards = tuple(k.value for k in backward_kinds(rules.split_backward))
+    if forward.kind != "F" or backward.kind not in backwards:
+        raise ElaborationError(
+            f"an overlapped pass is a forward and a backward of this device: "
+            f"F(j, c) & {backwards[0]}(k, c2), not {forward.kind}(...) & {backward.kind}(...)",
+            stmt.span,
+        )
+    run_forward = _compile_pass(forward, scope, rules)
+    run_backward = _compile_pass(backward, scope, rules)
+
+    def overlap(env: Env, order: DeviceOrder) -> None:
+        run_forward(env, order)
+        run_backward(env, order)
+        order.passes[-1] = replace(order.passes[-1], overlapped=True)
+
+    return overlap
 
 
 _VECTOR_MIN = 16  # shorter loops run value by value (numpy's per-call cost)

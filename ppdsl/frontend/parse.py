@@ -15,9 +15,10 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedInput, VisitError
 
+from ppdsl import limits
 from ppdsl._resources import grammar_text
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
@@ -101,6 +102,7 @@ def _parse(text: str, file: str, start: str) -> Any:
         tree = lark.parse(text, start=start)
     except UnexpectedInput as exc:
         raise CompileError([_syntax_error(exc, text, file, postlex.history)]) from None
+    _check_depth(tree, file)
     try:
         return _ToAst(file, text).transform(tree)
     except RecursionError:
@@ -111,6 +113,25 @@ def _parse(text: str, file: str, start: str) -> Any:
         if isinstance(exc.orig_exc, RecursionError):
             raise CompileError([_too_deep(file)]) from None
         raise
+
+
+def _check_depth(tree: Tree, file: str) -> None:
+    """Refuse a tree nested past `limits.Limits.depth` (before the recursive
+    transformer, which would run out of stack), at its deepest point."""
+    most = limits.active().depth
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > most:
+            meta = node.meta
+            span = Span(file, meta.line, meta.column, meta.end_line, meta.end_column - 1)
+            what = f"expressions and blocks nest more than {most} levels deep here"
+            message = (
+                f"{what} (split long expressions with `let`); ppdsl's limit is {most:,} "
+                f"levels (raise it with {limits.FLAGS['depth']} N)"
+            )
+            raise limits.LimitError(Diagnostic("error", message, span))
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
 def _syntax_error(exc: UnexpectedInput, text: str, file: str, history: list[Token]) -> Diagnostic:
@@ -173,6 +194,10 @@ class _ToAst(Transformer):
 
     def let(self, meta, children):
         return ast.Let(str(children[0]), children[1], self._span(meta))
+
+    def require(self, meta, children):
+        message = str(children[1])[1:-1] if len(children) > 1 else None
+        return ast.Require(children[0], message, self._span(meta))
 
     def place_named(self, meta, children):
         kind = children[0]
@@ -280,6 +305,9 @@ class _ToAst(Transformer):
         kind, *args = children
         return ast.PassCall(str(kind), tuple(args), self._span(meta))
 
+    def overlap(self, meta, children):
+        return ast.Overlap(children[0], children[1], self._span(meta))
+
     # expectations
     def expect(self, meta, children):
         metric = children[0]
@@ -301,7 +329,12 @@ class _ToAst(Transformer):
 
     # expressions
     def number(self, meta, children):
-        return ast.Number(Fraction(str(children[0])), self._span(meta))
+        span = self._span(meta)
+        text = str(children[0])
+        limits.check_literal(text, span)
+        value = Fraction(text)
+        limits.check_integer(value, span, "the number")
+        return ast.Number(value, span)
 
     def name(self, meta, children):
         return ast.Name(str(children[0]), self._span(meta))

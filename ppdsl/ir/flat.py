@@ -44,6 +44,11 @@ class FlatSchedule:
     num_stages: int
     stage_device: np.ndarray
     """int64[S]: the placement."""
+    lanes: int = 1
+    """The placement's pipelines (`Placement.lanes`)."""
+    joined: np.ndarray | None = None
+    """bool per pass: it runs as one unit with the pass before it (an
+    overlapped F&B's backward); None when no pass is."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
     """What passes compute from these arrays once (the needs, the index table)."""
 
@@ -92,6 +97,12 @@ def _arrays(passes: list[Pass], lengths: list[int]):
     return offsets, kind, microbatch, stage
 
 
+def _joined(passes: list[Pass]) -> np.ndarray | None:
+    if not any(p.overlapped for p in passes):
+        return None
+    return np.fromiter((p.overlapped for p in passes), dtype=np.bool_, count=len(passes))
+
+
 def flatten(schedule: Schedule) -> FlatSchedule:
     """Flat arrays of `schedule`'s passes (the last result is reused for the
     same schedule object, so the passes after elaboration flatten once)."""
@@ -111,6 +122,8 @@ def flatten(schedule: Schedule) -> FlatSchedule:
         schedule.num_microbatches,
         schedule.num_stages,
         np.asarray(schedule.placement.stage_device, dtype=np.int64),
+        schedule.placement.lanes,
+        _joined(passes),
     )
     _flat_cache[:] = [(weakref.ref(schedule), flat)]
     return flat

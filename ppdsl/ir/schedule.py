@@ -27,6 +27,7 @@ __all__ = [
     "Block",
     "Schedule",
     "format_pass",
+    "format_order",
     "format_schedule",
     "torch_action",
 ]
@@ -34,12 +35,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """One compute pass of one microbatch through one stage."""
+    """One compute pass of one microbatch through one stage. `overlapped`: it
+    runs together with the pass before it in its device's order as one
+    combined pass (a forward, then this backward: DualPipe's overlapped F&B)."""
 
     kind: PassKind
     microbatch: int
     stage: int
     span: Span | None = None
+    overlapped: bool = False
 
     @property
     def key(self) -> tuple[PassKind, int, int]:
@@ -49,15 +53,35 @@ class Pass:
 @dataclass(frozen=True)
 class Placement:
     """Which device holds each stage. `kind` is how the file asked for it
-    (parallel, looped, vshape, wave, list); `stage_device[s]` is the device."""
+    (parallel, looped, vshape, wave, dualpipe, list); `stage_device[s]` is the
+    device. `lanes`: how many pipelines the stages form (2 for DualPipe's two
+    directions, `semantics.LANES`), each of S / lanes consecutive stages."""
 
     kind: str
     num_devices: int
     stage_device: tuple[int, ...]
+    lanes: int = 1
 
     @property
     def num_stages(self) -> int:
         return len(self.stage_device)
+
+    @property
+    def num_model_stages(self) -> int:
+        """Stages of the model: S, or S / lanes where each lane holds a copy."""
+        return len(self.stage_device) // self.lanes
+
+    def lane_of_stage(self, stage: int) -> int:
+        """The lane (pipeline) that `stage` belongs to."""
+        return stage // self.num_model_stages
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage that `stage` runs (a copy of, with several lanes)."""
+        return semantics.model_stage(stage, self.num_stages, self.lanes)
+
+    def microbatch_lane(self, microbatch: int, num_microbatches: int) -> int:
+        """The lane microbatch j goes through (`semantics.microbatch_lane`)."""
+        return semantics.microbatch_lane(microbatch, num_microbatches, self.lanes)
 
     def chunks(self, device: int) -> tuple[int, ...]:
         """Stages on `device` in model order: chunk c of the device is the c-th."""
@@ -67,20 +91,28 @@ class Placement:
     def named(name: str, num_devices: int, chunks: int | None = None) -> Placement:
         """The placement `name` (`semantics.PLACEMENTS`) with `chunks` stages per
         device where it takes a count; raises ValueError for an unknown name."""
-        return Placement(name, num_devices, semantics.placement_devices(name, num_devices, chunks))
+        return Placement(
+            name,
+            num_devices,
+            semantics.placement_devices(name, num_devices, chunks),
+            semantics.placement_lanes(name),
+        )
 
     def spelling(self) -> str:
         """The `place` argument that gives exactly this map (`looped(2)`, `[0, 1, 1]`)."""
-        return semantics.placement_spelling(self.stage_device, self.num_devices)
+        return semantics.placement_spelling(self.stage_device, self.num_devices, self.lanes)
 
 
 @dataclass(frozen=True)
 class Costs:
     """Duration of each pass kind per stage, and of one cross-device transfer.
-    `durations[kind.code][stage]`; build one with `Costs.of`."""
+    `durations[kind.code][stage]`; build one with `Costs.of`. `overlap`: an
+    overlapped F&B pair lasts this share of its two passes' durations (each
+    pass scaled by it; 1: back to back)."""
 
     durations: tuple[tuple[float, ...], ...]
     comm: float
+    overlap: float = float(semantics.DEFAULT_OVERLAP)
 
     @staticmethod
     def of(
@@ -98,7 +130,10 @@ class Costs:
 
     @staticmethod
     def by_kind(
-        durations: Mapping[PassKind, Sequence[float]], comm: float, num_stages: int | None = None
+        durations: Mapping[PassKind, Sequence[float]],
+        comm: float,
+        num_stages: int | None = None,
+        overlap: float = float(semantics.DEFAULT_OVERLAP),
     ) -> Costs:
         """Per-stage durations of the kinds given, the others by default
         (`semantics.DEFAULT_DURATION`), and the transfer cost. `num_stages` is
@@ -106,7 +141,9 @@ class Costs:
         if num_stages is None:
             num_stages = len(next(iter(durations.values())))
         every = semantics.with_default_durations(durations, num_stages)
-        return Costs(tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm))
+        return Costs(
+            tuple(tuple(float(x) for x in every[k]) for k in KINDS), float(comm), float(overlap)
+        )
 
     @staticmethod
     def unit(num_stages: int) -> Costs:
@@ -119,9 +156,15 @@ class Costs:
         """The duration of `kind` on every stage."""
         return self.durations[kind.code]
 
-    def duration(self, kind: PassKind, stage: int) -> float:
-        """How long a pass of `kind` on `stage` takes."""
-        return self.durations[kind.code][stage]
+    def duration(self, kind: PassKind, stage: int, overlapped: bool = False) -> float:
+        """How long a pass of `kind` on `stage` takes (`overlapped`: as part of an
+        overlapped F&B pair)."""
+        base = self.durations[kind.code][stage]
+        return base * self.overlap if overlapped else base
+
+    def pass_duration(self, p: Pass, joined: bool) -> float:
+        """How long pass `p` takes; `joined`: the pass after it is overlapped with it."""
+        return self.duration(p.kind, p.stage, p.overlapped or joined)
 
     @property
     def forward(self) -> tuple[float, ...]:
@@ -292,6 +335,19 @@ def format_pass(p: Pass, show_stage: bool) -> str:
     return f"{text}:s{p.stage}" if show_stage else text
 
 
+def format_order(order: Sequence[Pass], show_stage: bool) -> str:
+    """A device's order as text: passes by spaces, an overlapped pair joined
+    by `&` (`F3&B1`)."""
+    parts: list[str] = []
+    for p in order:
+        text = format_pass(p, show_stage)
+        if p.overlapped and parts:
+            parts[-1] += "&" + text
+        else:
+            parts.append(text)
+    return " ".join(parts)
+
+
 def _fmt_per_stage(values: tuple) -> str:
     if len(set(values)) == 1:
         return format_number(values[0])
@@ -316,7 +372,8 @@ def format_schedule(schedule: Schedule) -> str:
             for k in KINDS
             if k is not PassKind.R or mem.recompute  # R's cost only where it runs
         )
-        + f" comm={format_number(c.comm)}",
+        + f" comm={format_number(c.comm)}"
+        + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else ""),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}"
         + (
             f" recompute [{' '.join(map(str, sorted(mem.recompute)))}]"
@@ -327,5 +384,5 @@ def format_schedule(schedule: Schedule) -> str:
     ]
     for device, order in enumerate(s.orders):
         show_stage = len(s.placement.chunks(device)) > 1
-        lines.append(f"  rank {device}: " + " ".join(format_pass(p, show_stage) for p in order))
+        lines.append(f"  rank {device}: " + format_order(order, show_stage))
     return "\n".join(lines) + "\n"

@@ -27,12 +27,15 @@ from ppdsl.semantics import KINDS, receives, sends
 __all__ = ["lower", "lower_arrays", "receive_buffers_peak"]
 
 
-def _route_tables(stage_device: np.ndarray, incoming: bool) -> tuple[np.ndarray, ...]:
+def _route_tables(
+    stage_device: np.ndarray, incoming: bool, lanes: int = 1
+) -> tuple[np.ndarray, ...]:
     """The transfer rule per (kind code, stage), padded to the most routes:
     (count, transfer code, producing stage, consuming stage) of the tensors a
-    pass takes from (`incoming`) or hands to another device (`semantics.receives`
-    / `sends`)."""
+    pass takes from (`incoming`) or hands to another device of its lane
+    (`semantics.receives` / `sends`, `same_lane`)."""
     S = len(stage_device)
+    length = S // lanes
     rule = receives if incoming else sends
     width = max(1, max(len(rule(k)) for k in KINDS))
     count = np.zeros((len(KINDS), S), dtype=np.int64)
@@ -42,7 +45,7 @@ def _route_tables(stage_device: np.ndarray, incoming: bool) -> tuple[np.ndarray,
     for kind in KINDS:
         for t, off in rule(kind):
             other = np.arange(S) + off
-            ok = (other >= 0) & (other < S)
+            ok = (other >= 0) & (other < S) & (other // length == np.arange(S) // length)
             ok[ok] = stage_device[other[ok]] != stage_device[np.flatnonzero(ok)]
             s = np.flatnonzero(ok)
             i = count[kind.code, s]
@@ -62,8 +65,9 @@ def lower_arrays(schedule: Schedule) -> RankArrays:
     flat = flatten(schedule)
     n = flat.size
     dev = flat.stage_device
-    in_count, in_code, in_src, in_dst = _route_tables(dev, True)
-    out_count, out_code, out_src, out_dst = _route_tables(dev, False)
+    lanes = schedule.placement.lanes
+    in_count, in_code, in_src, in_dst = _route_tables(dev, True, lanes)
+    out_count, out_code, out_src, out_dst = _route_tables(dev, False, lanes)
     kind, stage = flat.kind, flat.stage
     nr = in_count[kind, stage]
     ns = out_count[kind, stage]

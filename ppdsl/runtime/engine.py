@@ -134,6 +134,7 @@ class Engine:
         timeout: float = 60.0,
         release: str = "b",
         autocast_dtype: torch.dtype | None = None,
+        lanes: int = 1,
     ) -> None:
         if release not in ("b", "w"):
             raise ValueError(f"release must be 'b' or 'w', not {release!r}")
@@ -146,6 +147,9 @@ class Engine:
         self.ops = tuple(ops)
         self.stage_device = tuple(stage_device)
         self.num_stages = len(stage_device)
+        self.lane_length = self.num_stages // lanes
+        """Stages per lane (pipeline): each lane's first stage reads the inputs and its
+        last computes the loss (DualPipe: two lanes, one per direction)."""
         self.num_microbatches = num_microbatches
         self.memory = memory
         self.stages = stages
@@ -286,7 +290,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
-        holds_loss = self.stage_device[-1] == self.rank
+        holds_loss = any(self._is_last(s) for s in self.stages)
         loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
         self._inputs = self._targets = None
         return StepResult(loss, elapsed, compute)
@@ -317,10 +321,16 @@ class Engine:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _is_first(self, s: int) -> bool:
+        return s % self.lane_length == 0
+
+    def _is_last(self, s: int) -> bool:
+        return s % self.lane_length == self.lane_length - 1
+
     def _forward(self, mb: int, s: int) -> None:
         inputs: list[torch.Tensor] = []
-        if s == 0:
-            assert self._inputs is not None, "stage 0's rank was given no inputs"
+        if self._is_first(s):
+            assert self._inputs is not None, f"stage {s}'s rank was given no inputs"
             value = self._inputs[mb]
         else:
             received = self._take(TransferKind.ACT, mb, s)
@@ -335,7 +345,7 @@ class Engine:
             del self._state[(mb, s)]  # no graph: R makes the one B runs on
             self._kept[(mb, s)] = (value, inputs, rng)
             if self._measure:
-                leaves = flatten(value, f"stage {s}'s input")[0] if s == 0 else received
+                leaves = flatten(value, f"stage {s}'s input")[0] if self._is_first(s) else received
                 self.meter.set_kept((mb, s), [t for t in leaves if isinstance(t, torch.Tensor)])
             return
         self._run_stage(mb, s, value, inputs, send=True)
@@ -354,7 +364,7 @@ class Engine:
     ) -> None:
         """The stage (and on the last one the loss) on `value`; keeps what B needs
         and, if `send`, hands the output to the next stage (the loss once)."""
-        last = s == self.num_stages - 1
+        last = self._is_last(s)
         with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
             with self.autocast():
                 out = call_stage(self.stages[s], value)
@@ -380,7 +390,7 @@ class Engine:
 
     def _backward(self, mb: int, s: int, fused: bool) -> None:
         inputs, which, outs = self._state.pop((mb, s))
-        if s == self.num_stages - 1:
+        if self._is_last(s):
             grads: list[torch.Tensor | None] = [None]
         else:
             received = self._take(TransferKind.GRAD, mb, s)
@@ -405,7 +415,7 @@ class Engine:
                 self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
         elif not fused:  # a W still comes: give it an empty stash
             self._stash[(mb, s)] = WStash()
-        if s > 0:
+        if not self._is_first(s):
             self._give(TransferKind.GRAD, mb, s, s - 1, [
                 g if g is not None else torch.zeros_like(x) for g, x in zip(grad_inputs, inputs, strict=True)
             ])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,22 @@ def split_layers(layers: Sequence[Any], num_stages: int) -> list[list[Any]]:
     return groups
 
 
+def _where(exc: BaseException) -> str:
+    """` at FILE:LINE`: where in the user's code `exc` was raised: the innermost
+    frame outside ppdsl, the import machinery and installed packages (for a
+    syntax error, its own line)."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f" at {exc.filename}:{exc.lineno}"
+    skipped = (str(Path(__file__).resolve().parent.parent), sys.base_prefix, sys.prefix)
+    found = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        name = frame.filename
+        if name.startswith("<") or "site-packages" in name or name.startswith(skipped):
+            continue
+        found = f" at {name}:{frame.lineno}"
+    return found
+
+
 def load_factory(spec: str) -> Callable[[int], Any]:
     """`path/to/file.py:factory` or `package.module:factory` -> the callable."""
     target, sep, name = spec.rpartition(":")
@@ -98,12 +115,18 @@ def load_factory(spec: str) -> Callable[[int], Any]:
         try:
             file_spec.loader.exec_module(module)
         except Exception as exc:
-            raise ModelError(f"--model {spec!r}: importing {str(path)!r} failed: {exc!r}") from exc
+            raise ModelError(
+                f"--model {spec!r}: importing {str(path)!r} failed{_where(exc)}: {exc!r}"
+            ) from exc
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise ModelError(f"--model {spec!r}: cannot import module {target!r}: {exc}") from exc
+        except Exception as exc:
+            raise ModelError(
+                f"--model {spec!r}: importing module {target!r} failed{_where(exc)}: {exc!r}"
+            ) from exc
     factory = getattr(module, name, None)
     if factory is None or not callable(factory):
         raise ModelError(f"--model {spec!r}: {target!r} has no callable named {name!r}")
@@ -118,7 +141,9 @@ def build_model(spec: str, num_stages: int) -> Any:
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"--model {spec!r}: factory({num_stages}) failed: {exc!r}") from exc
+        raise ModelError(
+            f"--model {spec!r}: factory({num_stages}) failed{_where(exc)}: {exc!r}"
+        ) from exc
     missing = [m for m in ("num_stages", "stage", "loss", "batch") if not hasattr(model, m)]
     if missing:
         raise ModelError(

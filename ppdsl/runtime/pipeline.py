@@ -16,6 +16,10 @@ rank's stages from your modules and runs one step's passes per `step` call,
 gradients left in the parameters; inputs are only needed on the rank holding
 stage 0 and targets on the rank holding the last stage (other ranks pass None).
 The first `step` probes the shapes between stages with its first microbatch.
+Under a bidirectional placement (`place dualpipe`) each model stage is held twice,
+once per direction: the runner builds both copies from the same factory call
+(`stages(k)` for model stage k), starts them equal and sums their gradients
+after each step's passes, as it does for tied parameters.
 Everything collective runs on `group` (default: the world), so a data-parallel
 layer can give each pipeline its own group; `Hooks` are its points of entry.
 """
@@ -56,6 +60,7 @@ __all__ = [
 ]
 
 _TIE_TAG = 1 << 28  # tags of the tied-gradient exchange, apart from the passes'
+_COPY_TAG = 1 << 29  # tags of the copies' exchange (DualPipe's two directions)
 
 
 class ScheduleError(ValueError):
@@ -147,7 +152,8 @@ class PipelineRunner:
     per `step` call.
 
     `stages`: this rank's stage modules, as {stage index: module} (other indices
-    are ignored) or a function building stage i. `loss_fn(output, target)` is the
+    are ignored) or a function building stage i (model stage i under a
+    bidirectional placement: both copies come from it). `loss_fn(output, target)` is the
     batch's *mean* loss; the runner sums loss(mb)/m over the m microbatches.
     `group`: the pipeline's process group (default: the world); its rank r runs
     the schedule's rank r. `precision`: "fp32", "bf16" or "fp16" (forward and loss
@@ -189,7 +195,10 @@ class PipelineRunner:
         self.note = note
         self.tied = [dict(g) for g in tied]
         error = None
-        if world != self.plan.num_devices:
+        if self.plan.lanes > 1 and self.tied:
+            error = (f"tied parameters under a placement of {self.plan.lanes} pipelines "
+                     "(each stage held twice) are not supported")
+        elif world != self.plan.num_devices:
             error = (f"schedule {self.plan.name!r} was compiled for {self.plan.num_devices} ranks "
                      f"but the process group has {world}")
         elif self.rank not in schedule.ops:
@@ -199,13 +208,15 @@ class PipelineRunner:
         if error is None:
             try:
                 for s in self.stage_indices:
-                    module = stages(s) if callable(stages) and not isinstance(stages, Mapping) \
-                        else stages.get(s)  # type: ignore[union-attr]
+                    k = self.plan.model_stage(s)
+                    module = stages(k) if callable(stages) and not isinstance(stages, Mapping) \
+                        else stages.get(k)  # type: ignore[union-attr]
                     if not isinstance(module, nn.Module):
                         raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
                     modules[s] = module.to(self.device)
                 self._check_ties(modules)
                 tie_parameters(modules, self.tied)
+                tie_parameters(modules, self._copy_groups(modules))
             except ModelError as exc:
                 error = str(exc)
             except Exception as exc:  # the user's code
@@ -228,7 +239,7 @@ class PipelineRunner:
         self.engine = Engine(
             self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
             self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
-            release=release, autocast_dtype=autocast_dtype(precision),
+            release=release, autocast_dtype=autocast_dtype(precision), lanes=self.plan.lanes,
         )
         self.hooks: Hooks = self.engine.hooks
         """Callbacks at a step's points (`ppdsl.runtime.engine.Hooks`)."""
@@ -247,14 +258,15 @@ class PipelineRunner:
 
     @property
     def is_first(self) -> bool:
-        """Whether this rank holds stage 0 (it is given the inputs)."""
-        return 0 in self.stages
+        """Whether this rank holds stage 0, or a lane's first stage (it is given
+        the inputs)."""
+        return any(self.plan.is_lane_first(s) for s in self.stages)
 
     @property
     def is_last(self) -> bool:
-        """Whether this rank holds the last stage (it is given the targets and
-        returns the loss)."""
-        return self.plan.num_stages - 1 in self.stages
+        """Whether this rank holds the last stage, or a lane's last stage (it is
+        given the targets and returns the loss)."""
+        return any(self.plan.is_lane_last(s) for s in self.stages)
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters, each once (give them to your optimizer)."""
@@ -282,6 +294,9 @@ class PipelineRunner:
                 for s, name in group.items():
                     if s in self.stages:
                         skip.add(id(self.stages[s].get_parameter(name)))
+        for _, param, ranks in self._tie_peers():
+            if ranks[0] != self.rank:  # a copy counted on its lowest rank
+                skip.add(id(param))
         return [p for p in self.engine.params if id(p) not in skip]
 
     # -- one step ----------------------------------------------------------------
@@ -298,7 +313,7 @@ class PipelineRunner:
         input_mbs = target_mbs = None
         if self.is_first:
             if inputs is None:
-                raise ValueError(f"rank {self.rank} holds stage 0: step() needs the inputs")
+                raise ValueError(f"rank {self.rank} holds a first stage: step() needs the inputs")
             input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
         if self.is_last:
             if targets is None:
@@ -315,6 +330,10 @@ class PipelineRunner:
                 )
         scale = self.scaler.scale if self.scaler is not None else None
         result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
+        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
+            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
+            dist.all_reduce(total, group=self.group)
+            result.loss = total if self.is_last else None
         self.steps_run += 1
         self.last_result = result
         return result.loss
@@ -341,8 +360,9 @@ class PipelineRunner:
             payload: list[Any] = [None]
             if owner == self.rank:
                 prev = specs.get(s - 1)
+                first, last = self.plan.is_lane_first(s), self.plan.is_lane_last(s)
                 try:
-                    if s == 0:
+                    if first:
                         value = first_input
                         self._input_spec = flatten(first_input, "the inputs")[1]
                     else:
@@ -358,17 +378,17 @@ class PipelineRunner:
                     with torch.random.fork_rng(devices=devices), \
                             torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
-                        if s == num_stages - 1:
+                        if last:
                             loss = self.loss_fn(out, first_target)
                             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                                 raise TypeError("loss(output, target) must return a scalar tensor")
                     leaves, spec = flatten(out, f"stage {s}'s output")
                     uncovered = uncovered_in(
-                        self.stages[s], [loss] if s == num_stages - 1 else leaves
+                        self.stages[s], [loss] if last else leaves
                     ) if split else []
                     payload = [(spec, None, uncovered)]
                 except Exception as exc:  # the user's model: report, don't crash
-                    if s and prev is not None:
+                    if not first and prev is not None:
                         shown = (f"of shape {list(prev.leaf.shape)}" if prev.leaf is not None
                                  else str(prev))
                         what = f"stage {s} (on rank {owner}) cannot take stage {s - 1}'s output {shown}"
@@ -412,15 +432,38 @@ class PipelineRunner:
             if len(shapes) > 1:
                 raise ModelError(f"tied parameters {group}: shapes differ ({sorted(shapes)})")
 
+    def _copy_groups(self, modules: Mapping[int, nn.Module]) -> list[dict[int, str]]:
+        """Under a bidirectional placement, the copies of one model stage that
+        sit on this one rank: per parameter, {stage: name} (made one Parameter)."""
+        plan = self.plan
+        groups = []
+        for k in range(plan.num_model_stages if plan.lanes > 1 else 0):
+            here = [k + lane * plan.num_model_stages for lane in range(plan.lanes)]
+            here = [c for c in here if c in modules]
+            if len(here) > 1:
+                groups += [{c: name for c in here} for name, _ in modules[here[0]].named_parameters()]
+        return groups
+
     def _tie_peers(self) -> list[tuple[int, nn.Parameter, list[int]]]:
-        """Per tie this rank owns part of: (tie index, its parameter here, the
-        owning ranks in order)."""
+        """Per tie or copy this rank owns part of: (the tag of its exchange, its
+        parameter here, the owning ranks in order). A copy's tag is made of its
+        model stage and the parameter's position in it, the same on both ranks."""
         found = []
         for i, group in enumerate(self.tied):
             ranks = sorted({self.plan.stage_device[s] for s in group})
             mine = [s for s in sorted(group) if s in self.stages]
             if len(ranks) > 1 and mine:
-                found.append((i, self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
+                found.append((_TIE_TAG + i, self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
+        if self.plan.lanes > 1:
+            held = {self.plan.model_stage(s): s for s in sorted(self.stages, reverse=True)}
+            for k, s in sorted(held.items()):  # every rank in model-stage order
+                copies = [k + lane * self.plan.num_model_stages for lane in range(self.plan.lanes)]
+                ranks = sorted({self.plan.stage_device[c] for c in copies})
+                if len(ranks) < 2:
+                    continue
+                params = dict(self.stages[s].named_parameters())
+                for position, name in enumerate(params):
+                    found.append((_COPY_TAG + (k << 12) + position, params[name], ranks))
         return found
 
     def _peer(self, rank: int) -> int:
@@ -428,22 +471,22 @@ class PipelineRunner:
 
     def _sync_tied_values(self) -> None:
         """The lowest owner's values go to the other owners (as DDP broadcasts)."""
-        for i, param, ranks in self._tie_peers():
+        for tag, param, ranks in self._tie_peers():
             with torch.no_grad():
                 if self.rank == ranks[0]:
                     works: list[Any] = [dist.isend(param.detach().contiguous(), self._peer(r), group=self.group,
-                                        tag=_TIE_TAG + i) for r in ranks[1:]]
+                                        tag=tag) for r in ranks[1:]]
                     for w in works:
                         w.wait()
                 else:
                     buf = torch.empty_like(param)
-                    dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=_TIE_TAG + i)
+                    dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=tag)
                     param.copy_(buf)
 
     def sync_tied_grads(self) -> None:
         """Sum each tied parameter's gradient over its owning ranks, in rank order
         (every owner ends with the same bits). Runs after each step's passes."""
-        for i, param, ranks in self._tie_peers():
+        for tag, param, ranks in self._tie_peers():
             if not param.requires_grad:
                 continue
             mine = param.grad if param.grad is not None else torch.zeros_like(param)
@@ -453,9 +496,9 @@ class PipelineRunner:
             for r in ranks:
                 if r == self.rank:
                     continue
-                works.append(dist.isend(mine, self._peer(r), group=self.group, tag=_TIE_TAG + i))
+                works.append(dist.isend(mine, self._peer(r), group=self.group, tag=tag))
                 bufs[r] = torch.empty_like(mine)
-                works.append(dist.irecv(bufs[r], self._peer(r), group=self.group, tag=_TIE_TAG + i))
+                works.append(dist.irecv(bufs[r], self._peer(r), group=self.group, tag=tag))
             for w in works:
                 w.wait()
             total = None

@@ -56,6 +56,11 @@ def torch_schedule(
             "this schedule recomputes stages (R passes); torch.distributed.pipelining has no "
             "recompute action: run it with ppdsl's own runtime (PipelineRunner)"
         )
+    if schedule.plan.lanes > 1:
+        raise ValueError(
+            f"schedule {schedule.plan.name!r} runs {schedule.plan.lanes} pipelines (a "
+            "bidirectional placement); torch's runtime runs one: use PipelineRunner"
+        )
     rank = dist.get_rank(group)
     mine = schedule.stages_of(rank)
     missing = [s for s in mine if s not in stages]

@@ -283,7 +283,7 @@ def _run(
     torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
     random.seed(opts.seed)
     try:
-        model = build_model(opts.model, plan.num_stages)
+        model = build_model(opts.model, plan.num_model_stages)
         if batch_size % m:
             raise ModelError(
                 f"--batch-size {batch_size} does not split into {m} microbatches; "
@@ -579,7 +579,10 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
     lines = [
         "",
         "peak activation memory in the file's units (M_B of a stage = bytes one microbatch "
-        "holds after its F) and compute share of the step:",
+        "holds after its F) and compute share of the step; real M_W/M_B is the share of a "
+        "microbatch's activation this model still holds between its B and its W, measured "
+        "per stage (one value per stage of the rank, a/b), and pred. (real M_W) the peak "
+        "predicted with it in place of the file's M_W:",
         head,
     ]
     for r in ranks:

@@ -79,7 +79,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
         rank, world = rank % size, size
     assert schedule.num_devices == world, (schedule.num_devices, world)
     plan = plan_from_schedule(schedule, programs, timeline)
-    m, num_stages = plan.num_microbatches, plan.num_stages
+    m, num_stages = plan.num_microbatches, plan.num_model_stages  # model stages
     batch_size = case.get("batch_per_mb", 2) * m
     model = build_model(MODEL + case.get("factory", "stages"), num_stages)
     compiled = CompiledPipeline(plan, {r: p.ops for r, p in enumerate(programs)}, plan.fingerprint)
@@ -98,9 +98,11 @@ def run_case(case: dict, rank: int, world: int) -> dict:
         return (inputs if runner.is_first else None), (targets if runner.is_last else None)
 
     loss = runner.step(*data(0), measure_memory=True)
-    loss_t = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,
-                          device=DEVICE)
+    # the loss as the ranks returning one agree on it (two under DualPipe: one per lane end)
+    loss_t = torch.tensor([float(loss) if loss is not None else 0.0, float(loss is not None)],
+                          dtype=torch.float64, device=DEVICE)
     dist.all_reduce(loss_t, group=group)
+    loss_t[0] /= loss_t[1]
     engine = runner.engine
     out["measured_peak"] = str(engine.meter.peak_units)
     out["measured_peak_bytes"] = engine.meter.peak_bytes
@@ -127,11 +129,11 @@ def run_case(case: dict, rank: int, world: int) -> dict:
         for n, p in st.named_parameters():
             if not p.requires_grad:  # frozen: no gradient here nor in the reference
                 assert p.grad is None, f"stage {s} {n}: frozen, but got a gradient"
-                assert ref_grads[s][n] is None, f"stage {s} {n}: the reference has a gradient"
+                assert ref_grads[plan.model_stage(s)][n] is None, f"stage {s} {n}: the reference has a gradient"
                 frozen += 1
                 continue
             assert p.grad is not None, f"stage {s} {n}: no gradient"
-            grad_err = max(grad_err, _rel(p.grad, ref_grads[s][n].to(p.device)))
+            grad_err = max(grad_err, _rel(p.grad, ref_grads[plan.model_stage(s)][n].to(p.device)))
     out["frozen_parameters"] = frozen
     out["grad_rel_err"] = grad_err
     optimizer.step()
@@ -142,7 +144,8 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     param_err = 0.0
     for s, st in runner.stages.items():
         for n, p in st.named_parameters():
-            param_err = max(param_err, _rel(p.detach(), ref_params[s][n].to(p.device)))
+            param_err = max(param_err, _rel(p.detach(),
+                                                ref_params[plan.model_stage(s)][n].to(p.device)))
     out["param_rel_err"] = param_err
     out["steps"] = steps
     return out

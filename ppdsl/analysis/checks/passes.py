@@ -2,7 +2,10 @@
 
 For each microbatch j < m and stage s < S the schedule must run F(j,s), R(j,s)
 on a stage marked `recompute` (and on no other), and its backward (B(j,s) and
-W(j,s) with a split backward, BW(j,s) with a fused one) exactly once, in the order of the device that holds stage s. The other checks
+W(j,s) with a split backward, BW(j,s) with a fused one) exactly once, in the
+order of the device that holds stage s. Under a bidirectional placement
+(DualPipe) microbatch j goes through the stages of its lane only
+(`semantics.microbatch_lane`). The other checks
 assume this, so the driver stops here when it fails.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ppdsl import semantics
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
@@ -50,6 +54,14 @@ def _list_passes(passes: list[Pass]) -> str:
     return listed if len(passes) == 1 else f"{listed} ({len(passes)} passes)"
 
 
+def _span_of(microbatches) -> str:
+    """`0..9` for the consecutive microbatches of a lane (its first and last)."""
+    listed = [int(j) for j in microbatches]
+    if len(listed) < 2:
+        return f"microbatch {listed[0]}" if listed else "no microbatch"
+    return f"microbatches {listed[0]}..{listed[-1]}"
+
+
 def check(schedule: Schedule) -> list[Diagnostic]:
     """Out-of-range, misplaced, wrong-kind, duplicated and missing passes; all of
     them, sorted by location."""
@@ -76,6 +88,15 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     ok_stage = (st >= 0) & (st < S)
     ok_kind = np.zeros(flat.size, dtype=bool)
     ok_kind[ok_stage] = allowed[kind[ok_stage], st[ok_stage]]
+    lanes = s.placement.lanes
+    length = S // lanes
+    mb_lane = np.asarray(
+        [semantics.microbatch_lane(j, m, lanes) for j in range(m)], dtype=np.int64
+    )
+    ok_lane = np.ones(flat.size, dtype=bool)
+    if lanes > 1:
+        known = ok_mb & ok_stage
+        ok_lane[known] = mb_lane[mb[known]] == st[known] // length
     stage_device = np.asarray(s.placement.stage_device, dtype=np.int64)
     ok_device = np.zeros(flat.size, dtype=bool)
     ok_device[ok_stage] = stage_device[st[ok_stage]] == dev[ok_stage]
@@ -83,12 +104,14 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     # passes that cannot be where they are: one error per (device, source line, reason),
     # listing every pass of the group (a loop line makes many)
     misplaced: dict[tuple, list[Pass]] = {}
-    for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device)).tolist():
+    for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)).tolist():
         p = flat.passes[k]
         if not ok_mb[k]:
             reason: tuple = ("microbatch",)
         elif not ok_stage[k]:
             reason = ("stage",)
+        elif not ok_lane[k]:
+            reason = ("lane", int(mb_lane[p.microbatch]), p.stage // length)
         elif not ok_kind[k]:
             reason = ("kind", p.kind)
         else:
@@ -100,6 +123,16 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             msg = f"{what}: microbatch out of range (m = {m}: microbatches 0..{m - 1})"
         elif reason[0] == "stage":
             msg = f"{what}: stage out of range (the placement has {S} stages: 0..{S - 1})"
+        elif reason[0] == "lane":
+            lane, wrong = reason[1], reason[2]
+            mine = semantics.lane_stages(lane, S, lanes)
+            theirs = [j for j in range(m) if mb_lane[j] == wrong]
+            msg = (
+                f"{what}: under '{s.placement.kind}' lane {lane} (stages {mine.start}.."
+                f"{mine.stop - 1}) takes {_span_of(np.flatnonzero(mb_lane == lane))}, and "
+                f"stage {p.stage} is in lane {wrong} ({_span_of(theirs)}); use a stage of "
+                f"lane {lane} or a microbatch of lane {wrong}"
+            )
         elif reason[0] == "kind":
             if bad[0].kind is PassKind.R:
                 msg = (
@@ -119,7 +152,21 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             )
         found.append(Diagnostic("error", msg, span))
 
-    valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device)
+    # an overlapped pass is the backward of a pair whose forward runs just before it
+    backwards = set(s.backward_kinds)
+    for device, order in enumerate(s.orders):
+        for k, p in enumerate(order):
+            if p.overlapped and (k == 0 or order[k - 1].kind is not PassKind.F
+                                 or p.kind not in backwards):
+                before = f"after {_name(order[k - 1])}" if k else "first"
+                found.append(Diagnostic(
+                    "error",
+                    f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
+                    "pair is a forward then a backward (F(j, c) & B(k, c2))",
+                    p.span,
+                ))
+
+    valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
     size = NUM_KINDS * m * S
     counts = np.bincount(linear, minlength=size) if len(linear) else np.zeros(size, int)
@@ -159,6 +206,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
 
     expected = list(range(NUM_KINDS))
     present = (counts.reshape(NUM_KINDS, m, S) > 0) | ~allowed[:, None, :]
+    if lanes > 1:  # the passes of another lane's stages are not needed
+        present |= (mb_lane[:, None] != np.arange(S)[None, :] // length)[None, :, :]
     if not present.all():
         # group by the device that should run them, then by (kind, stage)
         missing = np.argwhere(~present)  # rows: (kind code, mb, stage)
