@@ -286,7 +286,13 @@ def from_torch_csv(
 
     m = num_microbatches if num_microbatches is not None else 1 + max(a[1] for r in rows for a in r)
     kinds = 2 if fused else 3
-    limits.check_passes(num_stages * m * kinds, whole, f"{num_stages} stages x {m} microbatches x {kinds} pass kinds")
+    redone = len({a[2] for r in rows for a in r if a[0] is PassKind.R})  # recomputed stages
+    also = f" + R on {redone} recomputed stage{'s' if redone != 1 else ''}" if redone else ""
+    limits.check_passes(
+        num_stages * m * kinds + m * redone,
+        whole,
+        f"{num_stages} stages x {m} microbatches x {kinds} pass kinds{also}",
+    )
     S = num_stages
     def overlapped(row: list, k: int) -> bool:
         # the backward of an OVERLAP_F_B cell, right after the cell's forward

@@ -108,3 +108,24 @@ def test_export_and_import_carry_r(tmp_path: Path):
     again = compile_source(path.read_text(), str(path))
     assert _keys(again) == _keys(compiled)
     assert again.schedule.recompute == {0, 1}
+
+
+def test_the_pass_limit_counts_r():
+    """The pass limit counts R on each recomputed stage: 1F1B-recompute at d=2,
+    m=4 is 2·4·(F, BW) + 2·4 R = 24 passes, refused at 23 (compile and import)."""
+    from ppdsl import limits
+
+    source = EXAMPLE.read_text()
+    compiled = compile_source(source, str(EXAMPLE), {"d": "2", "m": "4"})
+    assert sum(len(order) for order in compiled.schedule.orders) == 24
+    text = to_torch_csv(compiled.schedule)
+    with limits.using(limits.Limits(passes=24)):
+        compile_source(source, str(EXAMPLE), {"d": "2", "m": "4"})
+        from_torch_csv(text, "r.csv")
+    with limits.using(limits.Limits(passes=23)):
+        with pytest.raises(CompileError) as info:
+            compile_source(source, str(EXAMPLE), {"d": "2", "m": "4"})
+        assert "+ R on 2 recomputed stages makes 24 passes" in info.value.diagnostics[0].message
+        with pytest.raises(CompileError) as info:
+            from_torch_csv(text, "r.csv")
+        assert "+ R on 2 recomputed stages makes 24 passes" in info.value.diagnostics[0].message

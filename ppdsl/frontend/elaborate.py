@@ -170,10 +170,14 @@ def _check_size(
     module: ast.Module, state: Declarations, stage_microbatches: int, overrides: dict[str, str]
 ) -> None:
     """The passes the schedule expands to (every stage runs each pass kind once per
-    microbatch) within `limits`, refused at `param m` before any expansion."""
+    microbatch, a recomputed one R besides) within `limits`, refused at `param m`
+    before any expansion."""
     kinds = len(pass_kinds(state.split_backward))
     where = next(s for s in module.stmts if isinstance(s, ast.Param) and s.name == "m")
     m = state.env["m"]
     given = f" (-D m={overrides['m']})" if "m" in overrides else ""
     what = f"{stage_microbatches // m} stages x m = {m}{given} microbatches x {kinds} pass kinds"
-    limits.check_passes(stage_microbatches * kinds, where.span, what)
+    recomputed = sum(1 for marked in state.recompute or () if marked)
+    if recomputed:
+        what += f" + R on {recomputed} recomputed stage{'s' if recomputed != 1 else ''}"
+    limits.check_passes(stage_microbatches * kinds + m * recomputed, where.span, what)
