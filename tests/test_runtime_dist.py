@@ -31,6 +31,7 @@ TOL = 1e-5
 CASES = [(d, p.stem) for d in (2, 4) for p in example_files()]
 V_FILES = {"1f1b": "1f1b", "half": "v_half", "min": "v_min"}
 FROZEN_FILES = ["1f1b", "zb_h1", "zb_v"]
+DUALPIPE_RECOMPUTE = ROOT / "tests" / "dist" / "dualpipe_recompute.pp"
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
                 cases += build_cases(d, work, check_grads=False, factory="stages_long")
                 # LoRA-style: frozen weights, split and fused backward schedules
                 cases += build_cases(d, work, only=FROZEN_FILES, factory="stages_frozen")
+                # DualPipe's lanes with recomputed stages (each lane's first)
+                cases += build_cases(d, work, paths=[DUALPIPE_RECOMPUTE])
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
                                      release="w")
@@ -103,6 +106,20 @@ def test_recomputed_stages_keep_only_their_input(dist_results, d: int) -> None:
         assert Fraction(r["measured_peak"]) <= plain[r["rank"]], r
         if r["rank"] == 0:  # 1F1B's first rank holds d whole activations, this one about 1
             assert Fraction(r["measured_peak"]) < Fraction(3, 2) < plain[0], (r, plain)
+
+
+def test_dualpipe_lanes_with_recompute(dist_results) -> None:
+    """tests/dist/dualpipe_recompute.pp (d=2): two lanes whose first stages (0 on
+    rank 0, 2 on rank 1) recompute: the step equals the single-process run, each
+    rank's recomputed stage keeps only its input, and the measured peak is the
+    prediction with the measured M_I."""
+    for r in _case(dist_results, 2, "dualpipe_recompute"):
+        assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
+        assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r
+        assert sorted(r["recompute"]) == [0, 2], r
+        assert [int(s) for s in r["mi_ratio"]] == [s for s in r["stages"] if s % 2 == 0], r
+        assert all(0 < Fraction(x) < Fraction(1, 10) for x in r["mi_ratio"].values()), r
+        assert Fraction(r["measured_peak"]) == Fraction(r["predicted_peak_real_mw"]), r
 
 
 NAMES_D2 = [name for d, name in CASES if d == 2]
