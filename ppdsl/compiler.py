@@ -1,7 +1,8 @@
 """The compiler driver: a straight list of named passes.
 
     .pp text -> parse -> elaborate -> check -> lower -> early receives
-             -> check deadlock -> simulate -> check expectations -> codegen
+             -> check deadlock -> simulate -> check reductions -> check expectations
+             -> codegen
 
 `compile_source` / `compile_file` run the passes up to the checked timeline and
 return everything a command needs (the schedule IR, the rank programs, the
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppdsl import limits
 from ppdsl.analysis import checks
-from ppdsl.analysis.checks import deadlock, expectations, memory
+from ppdsl.analysis.checks import deadlock, expectations, memory, reductions
 from ppdsl.analysis.simulate import Timeline, simulate
 from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
@@ -101,6 +102,8 @@ def compile_schedule(
     found += waits
     phase("simulate")
     timeline = simulate(schedule)
+    phase("check reductions")
+    found += _raise_errors(reductions.check(schedule, timeline))
     phase("check expectations")
     found = _raise_errors(found + bounds + expectations.check(schedule, timeline))
     if warn_unbounded:
@@ -168,14 +171,16 @@ def compile_file(
     return compile_source(text, file, overrides, early_receives=early_receives, costs=costs)
 
 
-def generate(compiled: Compiled) -> GeneratedFiles:
+def generate(compiled: Compiled, dp: int = 1, dp_mode: str = "replicate") -> GeneratedFiles:
     """Codegen, the last pass: one torch program per rank, the launcher and the
     manifest of a compiled schedule (`ppdsl.backend.codegen`, imported here:
-    jinja2 is for the commands that write programs)."""
+    jinja2 is for the commands that write programs); `dp` data-parallel replicas
+    in `dp_mode` by default."""
     from ppdsl.backend import codegen
 
     return codegen.generate(
-        compiled.schedule, compiled.lowered, compiled.timeline, costs_from=compiled.costs_from
+        compiled.schedule, compiled.lowered, compiled.timeline, costs_from=compiled.costs_from,
+        dp=dp, dp_mode=dp_mode,
     )
 
 

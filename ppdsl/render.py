@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
+from ppdsl.analysis.collectives import CommLanes
 from ppdsl.analysis.simulate import Timeline
 from ppdsl.ir.schedule import PassKind, Schedule
 
@@ -27,6 +28,8 @@ _BG_LATER_CHUNK = {
 }
 # A pass kind the papers do not draw is grey until it gets its own colour.
 _BG_OTHER = 245
+# The data-parallel lane: gradient reductions orange, weight gathers purple.
+_BG_COLLECTIVE = {"reduce": 214, "gather": 183}
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,12 @@ def _quantum(schedule: Schedule, timeline: Timeline) -> float:
     return shortest
 
 
-def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle) -> str:
-    """The whole timeline as text, wrapped into bands no wider than style.width."""
+def render_timeline(
+    schedule: Schedule, timeline: Timeline, style: TimelineStyle, lanes: CommLanes | None = None
+) -> str:
+    """The whole timeline as text, wrapped into bands no wider than style.width;
+    with `lanes`, each device's data-parallel communication lane on a row of its
+    own under it (`R<stage>` a reduction, `G<stage>` a gather)."""
     label_width = max(
         (len(_label(p.kind, p.microbatch)) for order in schedule.orders for p in order), default=2
     ) + 1
@@ -61,7 +68,10 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
     def col(t: float) -> int:
         return int(round(t / quantum * label_width))
 
-    total_cols = max(col(float(timeline.makespan)), 1)
+    end = max(float(timeline.makespan), lanes.makespan if lanes is not None else 0.0,
+              max((c.end for lane in lanes.lanes for c in lane), default=0.0) if lanes else 0.0)
+    # room for a zero-cost collective's marker at the very end
+    total_cols = max(col(end), 1) + (label_width if lanes is not None else 0)
     gutter = len(f"rank {schedule.num_devices - 1} ")
     band_cols = max(style.width - gutter - 1, label_width * 4)
 
@@ -85,6 +95,23 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
                 if k > a:
                     cuttable[k] = False
         rows.append(row)
+    names = [f"rank {dev}" for dev in range(schedule.num_devices)]
+    if lanes is not None:
+        merged: list[list[tuple[str, int | None]]] = []
+        for dev, row in enumerate(rows):
+            lane_row: list[tuple[str, int | None]] = [(" ", None)] * total_cols
+            for c in lanes.lanes[dev]:
+                a = col(c.start)
+                text = ("R" if c.kind == "reduce" else "G") + str(c.stage)
+                b = max(col(c.end), a + len(text))  # a free collective still shows its name
+                cells = (text + " " * (b - a))[: b - a]
+                for k in range(a, min(b, total_cols)):
+                    lane_row[k] = (cells[k - a], _BG_COLLECTIVE[c.kind])
+                    if k > a:
+                        cuttable[k] = False
+            merged += [row, lane_row]
+        rows = merged
+        names = [n for dev in range(schedule.num_devices) for n in (f"rank {dev}", "  dp")]
 
     out: list[str] = []
     band_start = 0
@@ -98,8 +125,8 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
         t0 = band_start / label_width * quantum
         t1 = band_end / label_width * quantum
         out.append(f"{'':{gutter}}t = {t0:g} .. {t1:g}")
-        for dev, row in enumerate(rows):
-            line = [f"rank {dev}".ljust(gutter)]
+        for name, row in zip(names, rows, strict=True):
+            line = [name.ljust(gutter)]
             current: int | None = None
             for ch, colour in row[band_start:band_end]:
                 if style.color and colour != current:
@@ -118,6 +145,9 @@ def render_timeline(schedule: Schedule, timeline: Timeline, style: TimelineStyle
         legend += ", R recompute (stages marked `recompute`)"
     if any(len(schedule.placement.chunks(d)) > 1 for d in range(schedule.num_devices)):
         legend += "; a device's later chunks " + ("lighter" if style.color else "in lower case")
+    if lanes is not None:
+        legend += (f"; dp lane ({lanes.mode}): R<s> stage s's gradient reduction"
+                   + (", G<s> its weight gather" if lanes.mode == "shard" else ""))
     out.append(legend)
     return "\n".join(out) + "\n"
 

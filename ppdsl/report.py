@@ -6,6 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
 from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
@@ -18,6 +19,8 @@ __all__ = [
     "stats_table",
     "lifespan_table",
     "lifespan_notes",
+    "dp_table",
+    "dp_json",
     "schedule_json",
     "diagnostic_json",
 ]
@@ -188,6 +191,86 @@ def lifespan_notes(compiled: Compiled, found: BlockMemory) -> list[str]:
                 f"block's steady state {format_exact(steady)}: {why_peak}"
             )
     return notes
+
+
+def _bytes(x: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if x >= size:
+            return f"{x / size:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def dp_table(compiled: Compiled, mode: str, dp: int, num_params: float | None = None) -> str:
+    """The data-parallel communication lane per device (`cost reduce`/`cost
+    gather`): total, exposed, the step's end with it; with `num_params`, the
+    parameter, gradient and optimizer-state bytes per device."""
+    s, t = compiled.schedule, compiled.timeline
+    lanes = comm_lanes(s, t, mode)
+    kinds = "reductions" + (" and gathers" if mode == "shard" else "")
+    lines = [
+        "",
+        f"data parallel ({mode}, dp {dp}): each stage's {kinds} on a communication lane per device, "
+        "beside compute (cost reduce[s] / gather[s])",
+        f"  step end with communication {format_decimal(lanes.makespan)} "
+        f"(makespan {format_decimal(t.makespan)})",
+    ]
+    header = ["rank", "collectives", "comm total", "exposed", "hidden", "step end"]
+    rows = []
+    for dev in range(s.num_devices):
+        total, exposed = lanes.total[dev], lanes.exposed[dev]
+        rows.append([str(dev), str(len(lanes.lanes[dev])), format_decimal(total),
+                     format_decimal(exposed), format_decimal(max(total - exposed, 0.0)),
+                     format_decimal(lanes.step_end[dev])])
+    lines += _columns(header, rows)
+    lines.append("exposed: a gather still running when its stage's first pass is due, plus "
+                 "reductions still running after the device's last pass")
+    if num_params is not None:
+        lines += ["", f"model state per device for {num_params:g} parameters (split evenly over "
+                  f"{s.num_stages} stages; fp32 parameters and gradients, Adam's 2 fp32 moments), "
+                  f"dp {dp}, replicate vs shard:"]
+        header = ["rank", "mode", "params", "gathered", "grads", "grad buffers", "optimizer", "total"]
+        rows = []
+        for dev in range(s.num_devices):
+            for each in MODES:
+                b = state_bytes(s, t, comm_lanes(s, t, each), num_params, dp)
+                rows.append([str(dev), each, _bytes(b.params[dev]), _bytes(b.gathered[dev]),
+                             _bytes(b.grads[dev]), _bytes(b.grad_buffers[dev]),
+                             _bytes(b.optimizer[dev]), _bytes(b.total(dev))])
+        lines += _columns(header, rows)
+        lines.append("gathered: whole parameters held at once (shard); grad buffers: gradients in "
+                     "flight (replicate: reduced buckets until the step ends; shard: whole "
+                     "gradients until their reduce-scatter ends); activations are the peak "
+                     "memory column above")
+    return "\n".join(lines) + "\n"
+
+
+def dp_json(compiled: Compiled, mode: str, dp: int, num_params: float | None = None) -> dict[str, Any]:
+    """`dp_table`'s figures as JSON."""
+    s, t = compiled.schedule, compiled.timeline
+    lanes = comm_lanes(s, t, mode)
+    out: dict[str, Any] = {
+        "mode": mode, "dp": dp, "step_end": lanes.makespan,
+        "devices": [{"rank": dev, "comm_total": lanes.total[dev], "exposed": lanes.exposed[dev],
+                     "step_end": lanes.step_end[dev],
+                     "lane": [{"kind": c.kind, "stage": c.stage, "start": c.start, "end": c.end}
+                              for c in lanes.lanes[dev]]}
+                    for dev in range(s.num_devices)],
+    }
+    if num_params is not None:
+        for each in MODES:
+            b = state_bytes(s, t, comm_lanes(s, t, each), num_params, dp)
+            for dev, d in enumerate(out["devices"]):
+                d.setdefault("bytes", {})[each] = {
+                    "params": b.params[dev], "gathered": b.gathered[dev], "grads": b.grads[dev],
+                    "grad_buffers": b.grad_buffers[dev], "optimizer": b.optimizer[dev],
+                    "total": b.total(dev)}
+    return out
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
+    return ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))] + [
+        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
 
 
 def _jsonable(x: Any) -> Any:

@@ -23,6 +23,10 @@
   `model_stage(s, S, lanes)` (the copies' gradients are summed).
 - Default costs and memory (`DEFAULT_DURATION`): unit pass costs, BW = B + W,
   R = F, no transfer cost, M_B = 1, M_W = M_B / 2, M_I = 0.
+- Data-parallel collectives (`COLLECTIVES`: reduce, gather): when a stage's
+  gradient reduction may start (after its last pass that writes weight
+  gradients, `reduction_point`) and when its gathered weights are first needed
+  (`gather_point`); they cost `cost reduce[s]` / `cost gather[s]`, 0 unless given.
 - Number formatting for every message, table and printed file.
 
 Adding a pass kind means adding it here: `PassKind` (and `_TORCH_LETTER`),
@@ -82,6 +86,12 @@ __all__ = [
     "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
+    "COLLECTIVES",
+    "DEFAULT_COLLECTIVE",
+    "WRITES_WEIGHT_GRADIENTS",
+    "reduction_point",
+    "reduction_points",
+    "gather_point",
     "DEFAULT_OVERLAP",
     "DEFAULT_ACTIVATION",
     "DEFAULT_WEIGHT_FRACTION",
@@ -521,6 +531,41 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
 costs of the kinds listed (of the same stage)."""
 DEFAULT_COMM = 0
 """A transfer between devices costs nothing unless the file says `cost comm`."""
+COLLECTIVES = ("reduce", "gather")
+"""The data-parallel collectives of a stage, once per step each: `reduce` its
+gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
+`gather` its sharded weights (an all-gather; sharded data parallelism only).
+Declared per stage like pass costs (`cost reduce[s] = ...`)."""
+DEFAULT_COLLECTIVE = 0
+"""A collective costs nothing unless the file says `cost reduce` / `cost gather`."""
+WRITES_WEIGHT_GRADIENTS = frozenset({PassKind.B, PassKind.W, PassKind.BW})
+"""The pass kinds that add to a stage's weight gradients: W and BW,
+and B for the parameters a split does not defer to W."""
+
+
+def reduction_points(order: Sequence[Any]) -> dict[int, int]:
+    """In a device's `order` (passes with `.kind` and `.stage`), per stage the
+    index of its last W or BW: its gradients are final after it, and its
+    reduction is issued there (the breadth-first paper's and the zero-bubble
+    runtime's overlap). One scan; a stage with no W/BW has no entry."""
+    found: dict[int, int] = {}
+    for index, p in enumerate(order):
+        if p.kind is PassKind.W or p.kind is PassKind.BW:
+            found[p.stage] = index
+    return found
+
+
+def reduction_point(order: Sequence[Any], stage: int) -> int | None:
+    """`reduction_points` of one stage, or None."""
+    return reduction_points(order).get(stage)
+
+
+def gather_point(order: Sequence[Any], stage: int) -> int | None:
+    """In a device's `order`, the index of `stage`'s first pass (its gathered
+    weights must be there by then), or None."""
+    return next((i for i, p in enumerate(order) if p.stage == stage), None)
+
+
 DEFAULT_OVERLAP = 1
 """An overlapped F&B (a forward and a backward run as one pass) lasts this share
 of the two passes' costs unless the file says `cost overlap`: 1, back to back."""

@@ -74,7 +74,7 @@ def test_run_auto_with_one_gpu_for_two_ranks_picks_cpu(
     _fake_gpus(monkeypatch, 1)
     started = []
     monkeypatch.setattr("ppdsl.commands.run.launch",
-                        lambda compiled, rank_args, output=None: started.append(rank_args) or 0)
+                        lambda compiled, rank_args, output=None, **_: started.append(rank_args) or 0)
     code = main(["run", str(ROOT / "examples" / "1f1b.pp"), "-D", "d=2", "--model", MODEL])
     assert code == 0
     (rank_args,) = started

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from ppdsl.runtime.profile import (
     Profile,
     StageProfile,
     StageTiming,
+    measure_collectives,
     measure_stage,
     measure_transfer,
     to_costs_pp,
@@ -80,9 +82,27 @@ def test_costs_file_round_trips(tmp_path: Path) -> None:
     assert m.activation == (1, 1) and m.weight_retained == (0.5, 0.5)
 
 
+def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
+    """`--dp`: each stage's all-reduce, reduce-scatter and all-gather are timed
+    among real gloo processes; the costs file states `cost reduce[s]` and `cost
+    gather[s]`, which the compiler reads back per stage."""
+    rows, method = measure_collectives([4096, 1 << 16], 2, repeats=1)
+    assert len(rows) == 2 and "gloo" in method
+    assert all(r[k] > 0 for r in rows for k in ("all_reduce", "reduce_scatter", "all_gather"))
+    base = _profile()
+    stages = tuple(replace(st, param_bytes=4096, reduce_ms=0.25 * (st.stage + 1), gather_ms=0.5)
+                   for st in base.stages)
+    path = tmp_path / "costs.pp"
+    path.write_text(to_costs_pp(replace(base, stages=stages, dp=2, collective_method=method)))
+    assert "cost reduce[s] = s == 0 ? 0.25 : 0.5" in path.read_text()
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.collective("reduce", 1) == 0.5 and c.collective("gather", 0) == 0.5
+
+
 def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """Impossible arguments are exit 2; a bad --model is exit 1 naming it."""
     assert main(["profile", "--model", TINY, "--stages", "0"]) == 2
+    assert main(["profile", "--model", TINY, "--stages", "1", "--dp", "0"]) == 2
     if not torch.cuda.is_available():
         assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err

@@ -7,6 +7,7 @@ cannot host two ranks."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import subprocess
@@ -224,3 +225,21 @@ def test_training_features_on_cuda(tmp_path: Path) -> None:
                   if line.startswith("step ")]
         assert losses and all(math.isfinite(x) for x in losses), proc.stdout
     assert (tmp_path / "ckpt" / "step-00000004" / ".metadata").is_file()
+
+
+def test_data_parallel_modes_on_cuda_with_nccl() -> None:
+    """A 1 x 1 ("dp", "pp") mesh on cuda:0 with NCCL: replicate's async all-reduce
+    and shard's FSDP2 gathers and reduce-scatters (CUDA streams) leave the
+    parameters of 3 steps equal to the plain runner's (tests/dist/dp_one_rank.py;
+    several replicas need several GPUs, so the dp x pp matrix runs on gloo)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from tests.dist.harness import free_port
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
+         str(free_port()), str(ROOT / "tests" / "dist" / "dp_one_rank.py"), "cuda"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["replicate"] <= 1e-5 and found["shard"] <= 1e-5, found

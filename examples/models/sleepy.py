@@ -7,6 +7,10 @@ training run whose pass times are known. Sleeping takes no CPU, so the ranks do
 not compete for cores: what the run adds to the simulator's makespan is the
 runtime's own cost (transfers, Python, start of each pass).
 
+`PPDSL_SLEEP_PARAMS=N` gives each stage a further parameter of N floats that the
+passes do not use (`bulk`): a stage as heavy to reduce or gather as a real
+one's weights, for data-parallel measurements (set its `.grad` yourself).
+
 The times come from the environment, in milliseconds (defaults F=20, B=20, W=10):
 
     PPDSL_SLEEP_MS="F=20,B=20,W=10" ppdsl run examples/zb_h1.pp \\
@@ -67,6 +71,9 @@ class SleepyStage(nn.Module):
         super().__init__()
         self.gain = nn.Parameter(torch.ones(FEATURES))
         self.times = times
+        bulk = int(os.environ.get("PPDSL_SLEEP_PARAMS", "0") or 0)
+        if bulk:
+            self.bulk = nn.Parameter(torch.zeros(bulk))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Sleep.apply(x, self.gain, self.times)

@@ -192,10 +192,13 @@ def generate(
     programs: tuple[RankProgram, ...] | RankArrays,
     timeline: Any = None,
     costs_from: str | None = None,
+    dp: int = 1,
+    dp_mode: str = "replicate",
 ) -> GeneratedFiles:
     """The files of `schedule` lowered to `programs` (`timeline`, a
     `ppdsl.analysis.simulate.Timeline`, adds the predicted busy shares and
-    makespan; `costs_from` names the `--costs-from` file its costs came from)."""
+    makespan; `costs_from` names the `--costs-from` file its costs came from;
+    `dp`, `dp_mode`: the data-parallel replicas the launcher starts by default)."""
     plan = plan_from_schedule(schedule, programs, timeline, costs_from)
     env = _environment()
     files: dict[str, str] = {}
@@ -218,10 +221,12 @@ def generate(
             **common, rank=_int(rank), stages=stages, ops=ops,
             vocabulary=", ".join(sorted(used)) or "F",
         )
-    files["launch.py"] = env.get_template("launch.py.j2").render(**common)
+    files["launch.py"] = env.get_template("launch.py.j2").render(
+        **common, dp=_int(dp), num_processes=_int(dp * schedule.num_devices))
     manifest = plan.to_json()
     manifest["generated_by"] = f"ppdsl {__version__}"
     manifest["placement_kind"] = schedule.placement.kind
+    manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}
     files["manifest.json"] = json_text.dumps(manifest, 1) + "\n"
     return GeneratedFiles(files, plan)
 

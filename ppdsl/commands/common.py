@@ -144,6 +144,26 @@ def output_directory(path: str | Path) -> Path:
     return out
 
 
+def add_dp_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--dp N` and `--dp-mode replicate|shard` (data parallel x pipeline)."""
+    parser.add_argument(
+        "--dp", type=int, default=1, metavar="N",
+        help="data-parallel replicas of the pipeline (world = N x pipeline ranks; global "
+        "rank = replica * pipeline ranks + pipeline rank; default 1)",
+    )
+    parser.add_argument(
+        "--dp-mode", choices=["replicate", "shard"], default="replicate",
+        help="replicate (default): all-reduce each stage's gradients after its last W; "
+        "shard: FSDP2 per stage, gathered once per step, reduce-scattered after its last W",
+    )
+
+
+def check_dp_arguments(args: argparse.Namespace) -> None:
+    """A usage error for a bad `--dp`."""
+    if args.dp < 1:
+        raise UsageError(f"--dp must be at least 1, not {args.dp}")
+
+
 def add_costs_from_argument(parser: argparse.ArgumentParser) -> None:
     """`--costs-from COSTS.pp` (read by `costs_from_args`)."""
     parser.add_argument(

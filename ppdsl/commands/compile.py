@@ -1,7 +1,8 @@
 """Compile a schedule into per-rank torch programs: rank<N>.py for every rank, a
 launch.py that picks the rank's program from torchrun's RANK, and manifest.json
 (schedule, params, placement, costs, per-rank torch action lists, fingerprint).
-Start it with `torchrun --nproc-per-node D OUT/launch.py --model FILE.py:FACTORY`."""
+Start it with `torchrun --nproc-per-node D OUT/launch.py --model FILE.py:FACTORY`
+(D x N processes with `--dp N`: N data-parallel replicas of the pipeline)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
+    add_dp_arguments,
     add_schedule_arguments,
+    check_dp_arguments,
     compile_from_args,
     output_directory,
 )
@@ -24,6 +27,7 @@ HELP = "generate per-rank torch programs (run them with torchrun)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
+    add_dp_arguments(parser)
     parser.add_argument(
         "-o", "--output", metavar="DIR", default=None,
         help="output directory (default: build/<file name without .pp>)",
@@ -40,16 +44,17 @@ def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.backend.codegen import write
     from ppdsl.compiler import generate
 
+    check_dp_arguments(args)
     out = output_directory(args.output if args.output else default_output(args.file))
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    generated = generate(compiled)
+    generated = generate(compiled, args.dp, args.dp_mode)
     try:
         write(generated, out)
     except OSError as exc:
         raise UsageError(f"cannot write into '{out}': {exc.strerror or exc}") from None
-    d = compiled.schedule.num_devices
+    d = compiled.schedule.num_devices * args.dp
     print(
         f"wrote {out}/: rank0.py..rank{d - 1}.py, launch.py, manifest.json "
         f"(fingerprint {generated.plan.fingerprint[:12]})\n"

@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the zero-bubble paper's implementation; default) or w (deferred to W)")
     parser.add_argument("--no-transfer", action="store_true",
                         help="skip measuring the transfer between stages (cost comm = 0)")
+    parser.add_argument("--dp", type=int, default=1, metavar="N",
+                        help="also measure each stage's data-parallel collectives over N gloo "
+                        "processes: cost reduce (all-reduce; reduce-scatter with --dp-mode shard) "
+                        "and cost gather (all-gather) of its parameter bytes")
+    parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
+                        help="what cost reduce measures (default replicate: an all-reduce)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("-o", "--output", metavar="COSTS.pp", default=None,
                         help="write cost and memory statements for --costs-from")
@@ -61,6 +67,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--stages {args.stages}: need at least 1 stage")
     if args.microbatch_size < 1:
         raise UsageError(f"--microbatch-size {args.microbatch_size}: need at least 1 sample")
+    if args.dp < 1:
+        raise UsageError(f"--dp {args.dp}: need at least 1 rank")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
     check_model_file(args.model)
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         profile = profile_model(
             args.model, args.stages, args.microbatch_size, device,
             warmup=args.warmup, repeats=args.repeats, transfer=not args.no_transfer,
-            progress=bar, norms=args.norms,
+            progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.runtime.devices import choose_device  # imports torch: only when running
 
     # Every rank runs on this machine: decide the device once, before torchrun starts.
-    choice = choose_device(args.device, compiled.schedule.num_devices)
+    dp = args.dp or 1
+    choice = choose_device(args.device, compiled.schedule.num_devices * dp)
     if choice.error is not None:
         raise UsageError(choice.error)
     if choice.note is not None:
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> ExitCode:
                         ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:
             rank_args += [flag, str(value)]
-    return launch(compiled, rank_args, args.output)
+    return launch(compiled, rank_args, args.output, dp=dp, dp_mode=args.dp_mode or "replicate")
 
 
 def _check_run_arguments(args: argparse.Namespace) -> None:
@@ -177,9 +178,11 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
     check_model_file(args.model)
 
 
-def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) -> ExitCode:
+def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
+           dp: int = 1, dp_mode: str = "replicate") -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
-    torchrun on this machine; OK when every rank succeeded, else INVALID."""
+    torchrun on this machine, `dp` replicas of the pipeline; OK when every rank
+    succeeded, else INVALID."""
     from ppdsl.backend.codegen import write
     from ppdsl.compiler import generate
 
@@ -190,8 +193,8 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None) 
         tmp = tempfile.TemporaryDirectory(prefix="ppdsl-run-")
         out = Path(tmp.name)
     try:
-        write(generate(compiled), out)
-        cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices, free_port(),
+        write(generate(compiled, dp, dp_mode), out)
+        cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices * dp, free_port(),
                                rank_args)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    MASTER_ADDR="127.0.0.1")

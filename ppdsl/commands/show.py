@@ -1,5 +1,7 @@
 """Draw a schedule's simulated timeline in the terminal: one row per device,
-F/B/W coloured like the papers' figures, microbatch numbers in each pass.
+F/B/W coloured like the papers' figures, microbatch numbers in each pass; with
+data parallelism (`--dp N`, or `cost reduce`/`cost gather` declared), a row per
+device for its communication lane (`--dp-mode shard` adds the gathers).
 Colour only on a terminal and when NO_COLOR is unset."""
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import sys
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
+    add_dp_arguments,
     add_schedule_arguments,
+    check_dp_arguments,
     compile_from_args,
     output_file,
     write_output,
@@ -37,9 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--svg", metavar="OUT.svg", default=None,
         help="also write the timeline as an SVG figure (a bar per pass, to scale)",
     )
+    add_dp_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    check_dp_arguments(args)
     if args.width is not None and args.width < _MIN_WIDTH:
         raise UsageError(f"--width {args.width}: need at least {_MIN_WIDTH} columns")
     if args.svg:
@@ -53,7 +59,12 @@ def run(args: argparse.Namespace) -> ExitCode:
         color = args.color == "always"
     width = args.width or shutil.get_terminal_size((120, 24)).columns
     style = TimelineStyle(width=max(width, _MIN_WIDTH), color=color)
-    sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style))
+    lanes = None
+    if args.dp > 1 or compiled.schedule.costs.declared_collectives():
+        from ppdsl.analysis.collectives import comm_lanes
+
+        lanes = comm_lanes(compiled.schedule, compiled.timeline, args.dp_mode)
+    sys.stdout.write(render_timeline(compiled.schedule, compiled.timeline, style, lanes))
     if args.svg:
         write_output(args.svg, render_svg(compiled.schedule, compiled.timeline))
         print(f"wrote {args.svg}", file=sys.stderr)

@@ -52,7 +52,7 @@ __all__ = [
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap", "comm")
+_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES + ("comm",)
 _MEMORY_NAMES = ("M_B", "M_W", "M_I")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -83,6 +83,8 @@ class Declarations:
     comm: Num = semantics.DEFAULT_COMM
     overlap: Num = semantics.DEFAULT_OVERLAP
     """The cost of one transfer between devices."""
+    collectives: dict[str, list[Num]] = field(default_factory=dict)
+    """Per data-parallel collective (reduce, gather) given, its cost on each stage."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
     memory: dict[str, list[Num]] = field(default_factory=dict)
@@ -121,7 +123,7 @@ class Declarations:
             {k: [float(x) for x in values] for k, values in self.costs.items()},
             float(self.comm),
             overlap=float(self.overlap),
-        )
+        ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()})
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it (with M_I of the stages
@@ -345,6 +347,8 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name in semantics.COLLECTIVES:
+        state.collectives[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "overlap":
         if stmt.index is not None:
             raise ElaborationError("'overlap' is one factor, not per stage", stmt.span)

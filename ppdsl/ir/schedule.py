@@ -9,7 +9,7 @@ canonical text form; golden tests compare that text.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from ppdsl import semantics
@@ -113,6 +113,29 @@ class Costs:
     durations: tuple[tuple[float, ...], ...]
     comm: float
     overlap: float = float(semantics.DEFAULT_OVERLAP)
+    collectives: tuple[tuple[float, ...], ...] = ()
+    """Per `semantics.COLLECTIVES` name (reduce, gather), its cost on each stage;
+    empty: none declared (all 0)."""
+
+    def collective(self, name: str, stage: int) -> float:
+        """The cost of stage `stage`'s data-parallel collective `name` (reduce, gather)."""
+        if not self.collectives:
+            return float(semantics.DEFAULT_COLLECTIVE)
+        return self.collectives[semantics.COLLECTIVES.index(name)][stage]
+
+    def declared_collectives(self) -> dict[str, tuple[float, ...]]:
+        """The collectives with a non-zero cost on some stage: name -> per stage."""
+        return {n: row for n, row in zip(semantics.COLLECTIVES, self.collectives, strict=False)
+                if any(row)}
+
+    def with_collectives(self, given: Mapping[str, Sequence[float]]) -> Costs:
+        """These costs with the collectives `given` (name -> per stage), the others 0."""
+        if not given:
+            return self
+        num_stages = len(self.durations[0])
+        rows = tuple(tuple(float(x) for x in given.get(n, [semantics.DEFAULT_COLLECTIVE] * num_stages))
+                     for n in semantics.COLLECTIVES)
+        return replace(self, collectives=rows)
 
     @staticmethod
     def of(
@@ -373,7 +396,8 @@ def format_schedule(schedule: Schedule) -> str:
             if k is not PassKind.R or mem.recompute  # R's cost only where it runs
         )
         + f" comm={format_number(c.comm)}"
-        + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else ""),
+        + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else "")
+        + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items()),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}"
         + (
             f" recompute [{' '.join(map(str, sorted(mem.recompute)))}]"

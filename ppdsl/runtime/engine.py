@@ -54,6 +54,7 @@ from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.trace import Tracer
+from ppdsl.semantics import reduction_points
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
 
@@ -181,15 +182,16 @@ class Engine:
                 upcoming = op
         # Per stage: the index of its first F and of its last W/BW (its gradients
         # are final after it).
+        # (`semantics.reduction_point`, the rule the compiler's reductions check proves).
+        computes = [(i, op.pass_) for i, op in enumerate(self.ops) if isinstance(op, Compute)]
+        passes = [p for _, p in computes]
         self._first_forward: dict[int, int] = {}
         self._grads_final: dict[int, int] = {}
-        for index, op in enumerate(self.ops):
-            if isinstance(op, Compute):
-                done = op.pass_
-                if done.kind is PassKind.F:
-                    self._first_forward.setdefault(done.stage, index)
-                if done.kind in (PassKind.W, PassKind.BW):
-                    self._grads_final[done.stage] = index
+        for i, p in computes:
+            if p.kind is PassKind.F:
+                self._first_forward.setdefault(p.stage, i)
+        for stage, at in reduction_points(passes).items():
+            self._grads_final[stage] = computes[at][0]
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
@@ -200,6 +202,17 @@ class Engine:
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
+
+    @property
+    def first_forward(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its first F."""
+        return dict(self._first_forward)
+
+    @property
+    def grads_final(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its last W or BW, after
+        which its weight gradients are final (derived from the compiled order)."""
+        return dict(self._grads_final)
 
     def set_specs(self, specs: dict[int, Spec]) -> None:
         """Every stage's output spec (the same on every rank)."""

@@ -64,7 +64,8 @@ class MemoryMeter:
     """Per rank: what each (microbatch, stage) holds, and the peak of the total."""
 
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self._param_ptrs: set[int] = set()
+        self.add_parameters(params)
         self._held: dict[tuple[int, int], _Held] = {}
         self._bytes: dict[tuple[int, int], int] = {}
         self.f_bytes: dict[tuple[int, int], int] = {}
@@ -79,6 +80,15 @@ class MemoryMeter:
         self._gradient_bytes: dict[tuple[int, int], int] = {}
         self.peak_gradient_bytes = 0
         """Peak of the output gradients held in W stashes (not activations)."""
+
+    def add_parameters(self, params: Iterable[torch.Tensor]) -> None:
+        """Tensors autograd saves that are these parameters are not activations (a
+        sharded stage's gathered parameters live in storage that changes at each
+        gather). A DTensor counts by its local shard."""
+        for p in params:
+            to_local = getattr(p, "to_local", None)
+            local = to_local() if callable(to_local) else p
+            self._param_ptrs.add(local.untyped_storage().data_ptr())
 
     def saving(self, key: tuple[int, int]) -> torch.autograd.graph.saved_tensors_hooks:
         """Context for the forward of `key`: boxes every saved non-parameter tensor."""

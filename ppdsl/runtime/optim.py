@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.runtime.data_parallel import local_tensor
+
 __all__ = [
     "OPTIMIZERS",
     "LR_SCHEDULES",
@@ -123,7 +125,8 @@ class OptimizerStep:
     `max_norm`: clip by the global gradient norm (None: no clipping; inf/NaN steps
     are still skipped). `validation`: "sync" or "post" (module docstring).
     `norm_groups`: the process groups the norm and flags are summed over (default:
-    the runner's group; a sharded data-parallel layer adds its shard group).
+    the runner's `norm_groups`: its pipeline group, plus its DP group in shard
+    mode, where each rank holds a shard of the gradients).
     `norm_parameters`: whose gradients count in the norm (default:
     `runner.norm_parameters()`, each tied parameter once). With fp16 the runner's
     loss scaler is unscaled and updated here."""
@@ -146,7 +149,8 @@ class OptimizerStep:
         self.optimizer = optimizer
         self.max_norm = max_norm
         self.validation = validation
-        self.norm_groups = list(norm_groups) if norm_groups is not None else [runner.group]
+        self.norm_groups = list(norm_groups) if norm_groups is not None else \
+            list(getattr(runner, "norm_groups", [runner.group]))
         self._norm_ids = {id(p) for p in (norm_parameters if norm_parameters is not None
                                           else runner.norm_parameters())}
         self.scaler = runner.scaler
@@ -170,6 +174,7 @@ class OptimizerStep:
         grads = [p.grad for p in params if p.grad is not None and id(p) in self._norm_ids]
         if not grads:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
+        grads = [local_tensor(g) for g in grads]  # a sharded gradient: this rank's shard
         norms = torch.stack([n.double() for n in torch._foreach_norm(grads, 2.0)])
         return torch.stack([(norms * norms).sum(), (~torch.isfinite(norms)).sum().double()])
 

@@ -50,6 +50,17 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "type": int, "metavar": "N",
         "help": "stop after N steps, saving a checkpoint, as an interrupted run would; "
                 "--steps still sets the run's length (the LR schedule's)"}, None),
+    ("--dp", "dp", {
+        "type": int, "metavar": "N",
+        "help": "data-parallel replicas of the pipeline (world = N x pipeline ranks, a 2-D "
+                "mesh ('dp', 'pp'); global rank = replica * pipeline ranks + pipeline rank; "
+                "default: as compiled, else 1)"}, None),
+    ("--dp-mode", "dp_mode", {
+        "choices": ["replicate", "shard"],
+        "help": "replicate: all-reduce each stage's gradients after its last W (DDP); "
+                "shard: FSDP2 fully_shard per stage on the dp sub-mesh, gathered once per "
+                "step, gradients reduce-scattered after its last W (default: as compiled, "
+                "else replicate)"}, None),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
@@ -107,6 +118,8 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return f"--stop-after must be at least 1, not {given('stop_after')}"
         if not given("checkpoint_dir"):
             return "--stop-after needs --checkpoint-dir DIR (to resume from)"
+    if given("dp") is not None and given("dp") < 1:
+        return f"--dp must be at least 1, not {given('dp')}"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

@@ -20,8 +20,11 @@ Under a bidirectional placement (`place dualpipe`) each model stage is held twic
 once per direction: the runner builds both copies from the same factory call
 (`stages(k)` for model stage k), starts them equal and sums their gradients
 after each step's passes, as it does for tied parameters.
-Everything collective runs on `group` (default: the world), so a data-parallel
-layer can give each pipeline its own group; `Hooks` are its points of entry.
+Everything collective runs on `group` (default: the world); with `mesh` (a 2-D
+DeviceMesh ("dp", "pp"), `ppdsl.runtime.data_parallel.dp_pp_mesh`) the runner is
+one replica's pipeline: its group is the mesh's "pp" group and its gradients are
+combined over "dp" (`dp_mode` "replicate" or "shard", docs/runtime.md);
+`Hooks` are the points of entry such a layer uses.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch import nn
 
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Op
+from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks
 from ppdsl.runtime.model import ModelError
 from ppdsl.runtime.precision import LossScaler, autocast_dtype
@@ -178,10 +182,22 @@ class PipelineRunner:
         tied: Sequence[Mapping[int, str]] = (),
         timeout: float = 60.0,
         note: Callable[[str], None] = _default_note,
+        mesh: Any = None,
+        dp_mode: str = "replicate",
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("PipelineRunner needs torch.distributed initialised "
                                "(dist.init_process_group, e.g. under torchrun)")
+        if dp_mode not in MODES:
+            raise ValueError(f"dp_mode must be one of {', '.join(MODES)}, not {dp_mode!r}")
+        dp_mesh = None
+        if mesh is not None:
+            if group is not None:
+                raise ValueError("give either group or mesh (whose 'pp' group is the pipeline's)")
+            if tuple(mesh.mesh_dim_names or ()) != ("dp", "pp"):
+                raise ValueError(f"mesh must be 2-D with dims ('dp', 'pp'), not {mesh.mesh_dim_names}")
+            group = mesh["pp"].get_group()
+            dp_mesh = mesh["dp"]
         self.schedule = schedule
         self.plan = schedule.plan
         self.group = group
@@ -217,6 +233,10 @@ class PipelineRunner:
                 self._check_ties(modules)
                 tie_parameters(modules, self.tied)
                 tie_parameters(modules, self._copy_groups(modules))
+                if dp_mesh is not None and dp_mode == "shard" and (self.tied or self.plan.lanes > 1):
+                    raise ModelError("tied parameters and a bidirectional placement's stage "
+                                     "copies are not supported with dp_mode 'shard' (FSDP shards "
+                                     "each stage on its own); use 'replicate'")
             except ModelError as exc:
                 error = str(exc)
             except Exception as exc:  # the user's code
@@ -230,8 +250,12 @@ class PipelineRunner:
         if len({fp for fp, _ in theirs}) > 1:
             lines = [f"  rank {r}: {fp[:12]}" for r, (fp, _) in enumerate(theirs)]
             raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
+        if dp_mesh is not None:
+            self._broadcast_replica_zero(modules, dp_mesh.get_group())
+            if dp_mode == "shard":
+                shard_stages(modules, dp_mesh)
         self.stages: dict[int, nn.Module] = modules
-        """This rank's stage modules, by stage index."""
+        """This rank's stage modules, by stage index (FSDP modules in shard mode)."""
         self.loss_fn = loss_fn
         self.scaler = LossScaler(self.device) if precision == "fp16" else None
         """fp16's loss scale (GradScaler semantics, one decision for all ranks), or None."""
@@ -253,6 +277,29 @@ class PipelineRunner:
         self._sync_tied_values()
         if self._tie_peers():
             self.hooks.after_passes.append(self.sync_tied_grads)
+        self.data_parallel: DataParallel | None = None
+        """The data-parallel layer (with `mesh`), else None."""
+        if dp_mesh is not None:
+            self.data_parallel = DataParallel(dp_mode, dp_mesh, modules, self.engine.grads_final,
+                                              self.engine.first_forward)
+            self.data_parallel.on_gather.append(self.engine.meter.add_parameters)
+            self.data_parallel.attach(self.hooks)
+
+    @staticmethod
+    def _broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.ProcessGroup) -> None:
+        """Every replica starts from replica 0's parameters and buffers (as DDP does)."""
+        src = dist.get_global_rank(dp_group, 0)
+        with torch.no_grad():
+            for _, module in sorted(modules.items()):
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t.data, src=src, group=dp_group)
+
+    @property
+    def norm_groups(self) -> list[dist.ProcessGroup | None]:
+        """The groups a global gradient norm sums over: the pipeline's, and the DP
+        group where each rank holds a shard of the gradients."""
+        dp = self.data_parallel
+        return [self.group] + ([dp.group] if dp is not None and dp.mode == "shard" else [])
 
     # -- what this rank holds ----------------------------------------------------
 

@@ -107,6 +107,13 @@ class StageProfile:
     """Measured time to move that tensor to another rank (None for the last stage)."""
     uncovered: tuple[str, ...]
     """Parameters whose gradient B computes (the split does not cover them)."""
+    param_bytes: int = 0
+    """Bytes of the stage's parameters (what data parallelism reduces and gathers)."""
+    reduce_ms: float | None = None
+    """`--dp`: measured reduction of the stage's gradients over dp ranks (all-reduce,
+    or reduce-scatter under shard), else None."""
+    gather_ms: float | None = None
+    """`--dp`: measured all-gather of the stage's parameters over dp ranks."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,12 @@ class Profile:
     torch thread: the passes' own work, not time other processes took)."""
     norms: str = "b"
     """When the split computes layer norms' weight gradients (`split.backward_input`)."""
+    dp: int = 1
+    """Data-parallel ranks the collectives were measured over (1: not measured)."""
+    dp_mode: str = "replicate"
+    """What `cost reduce` stands for: an all-reduce (replicate) or a reduce-scatter (shard)."""
+    collective_method: str = "not measured"
+    """How the collectives were measured."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -154,6 +167,9 @@ class Profile:
                 / (t.plain_forward_ms + t.fused_ms) - 1.0,
                 "boundary_bytes": s.boundary_bytes,
                 "transfer_ms": s.transfer_ms,
+                "param_bytes": s.param_bytes,
+                "reduce_ms": s.reduce_ms,
+                "gather_ms": s.gather_ms,
                 "uncovered_parameters": list(s.uncovered),
             })
         return {
@@ -170,6 +186,9 @@ class Profile:
             "norms": self.norms,
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
+            "dp": self.dp,
+            "dp_mode": self.dp_mode,
+            "collective_method": self.collective_method,
             "memory_unit_bytes": self.memory_unit_bytes(),
             "stages": stages,
         }
@@ -205,6 +224,14 @@ class Profile:
             "bytes x = M_B / plain M_B"
         )
         lines.append(f"transfer: {self.transfer_method}")
+        if self.dp > 1:
+            reduce = "all-reduce" if self.dp_mode == "replicate" else "reduce-scatter"
+            for s in self.stages:
+                lines.append(
+                    f"stage {s.stage}: {s.param_bytes} parameter bytes: {reduce} "
+                    f"{s.reduce_ms if s.reduce_ms is not None else float('nan'):.3f} ms, all-gather "
+                    f"{s.gather_ms if s.gather_ms is not None else float('nan'):.3f} ms over {self.dp} ranks")
+            lines.append(f"collectives: {self.collective_method}")
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -414,6 +441,74 @@ def _cuda_transfer(sizes: list[int], device: torch.device, repeats: int) -> tupl
     )
 
 
+_COLLECTIVES = """
+import json, statistics, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+sizes, repeats = json.loads(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+world, rank = dist.get_world_size(), dist.get_rank()
+found = []
+for size in sizes:
+    rows = -(-max(size // 4, 1) // world)
+    whole, part = torch.ones(rows * world), torch.ones(rows)
+    row = {}
+    for name in ("all_reduce", "reduce_scatter", "all_gather"):
+        times = []
+        for rep in range(repeats + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if name == "all_reduce":
+                dist.all_reduce(whole)
+            elif name == "reduce_scatter":
+                dist.reduce_scatter_tensor(part, whole)
+            else:
+                dist.all_gather_into_tensor(whole, part)
+            if rep >= 2:
+                times.append(time.perf_counter() - t0)
+        row[name] = statistics.median(times) * 1e3
+    found.append(row)
+dist.destroy_process_group()
+if rank == 0:
+    print(json.dumps(found))
+"""
+
+
+def measure_collectives(sizes: list[int], dp: int, repeats: int = 5) -> tuple[list[dict[str, float]], str]:
+    """Median ms of an all-reduce, a reduce-scatter and an all-gather of each of
+    `sizes` bytes (fp32) over `dp` gloo processes on this machine's loopback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(dp):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _COLLECTIVES, json.dumps([sizes, repeats])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    outputs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"the {dp}-process gloo collectives did not finish in 300 s") from None
+        if p.returncode != 0:
+            first = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
+            raise RuntimeError(f"the {dp}-process gloo collectives failed: {first}")
+        outputs.append(out)
+    return json.loads(outputs[0].strip().splitlines()[-1]), (
+        f"gloo collectives among {dp} processes on this machine's loopback (what `ppdsl run "
+        f"--dp {dp}` does on CPU; NCCL between GPUs is faster)"
+    )
+
+
 _EXCHANGE = """
 import json, os, statistics, sys, time
 from datetime import timedelta
@@ -505,12 +600,17 @@ def profile_model(
     transfer: bool = True,
     progress: Callable[[str, float], None] | None = None,
     norms: str = "b",
+    dp: int = 1,
+    dp_mode: str = "replicate",
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
     torch thread the passes are timed in this thread's CPU time (a busy machine's
     other work does not count), else in wall time. `norms`: when the split
-    computes layer norms' weight gradients ("b" or "w", `split.backward_input`)."""
+    computes layer norms' weight gradients ("b" or "w", `split.backward_input`).
+    `dp` > 1 also measures each stage's data-parallel collectives over `dp` gloo
+    processes (`cost reduce`: all-reduce, or reduce-scatter with `dp_mode`
+    "shard"; `cost gather`: all-gather)."""
     if norms not in ("b", "w"):
         raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
     thread_clock = device.type == "cpu" and torch.get_num_threads() == 1
@@ -521,6 +621,7 @@ def profile_model(
     timings: list[StageTiming] = []
     boundary: list[int] = []
     uncovered: list[tuple[str, ...]] = []
+    param_bytes: list[int] = []
     x = inputs
     for s in range(num_stages):
         stage = model.stage(s).to(device)
@@ -563,6 +664,7 @@ def profile_model(
             warmup=warmup, repeats=repeats, progress=report, clock=clock, norms=norms,
         ))
         uncovered.append(tuple(uncovered_parameters(stage, stage_input)))
+        param_bytes.append(sum(p.numel() * p.element_size() for p in stage.parameters()))
         x = out.detach()
     sizes = [b for b in boundary if b]
     if transfer:
@@ -572,6 +674,13 @@ def profile_model(
     else:
         measured, method = [], "not measured"
     by_size = dict(zip(sizes, measured, strict=False))
+    collectives: list[dict[str, float] | None] = [None] * num_stages
+    collective_method = "not measured"
+    if dp > 1:
+        if progress is not None:
+            progress("collectives", 1.0)
+        found, collective_method = measure_collectives(param_bytes, dp)
+        collectives = list(found)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
@@ -586,10 +695,20 @@ def profile_model(
         norms=norms,
         stages=tuple(
             StageProfile(s, timings[s], boundary[s], by_size.get(boundary[s]) if boundary[s] else None,
-                         uncovered[s])
+                         uncovered[s], param_bytes[s],
+                         _reduce_ms(collectives[s], dp_mode), (collectives[s] or {}).get("all_gather"))
             for s in range(num_stages)
         ),
+        dp=dp,
+        dp_mode=dp_mode,
+        collective_method=collective_method,
     )
+
+
+def _reduce_ms(row: dict[str, float] | None, dp_mode: str) -> float | None:
+    if row is None:
+        return None
+    return row["all_reduce" if dp_mode == "replicate" else "reduce_scatter"]
 
 
 # --- the costs file ----------------------------------------------------------------
@@ -641,6 +760,10 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         + "); memory in units of the mean stage's M_B "
         f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {profile.norms.upper()}.",
         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
+        *([f"# data parallel over {profile.dp} ranks: cost reduce = "
+           + ("all-reduce" if profile.dp_mode == "replicate" else "reduce-scatter")
+           + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
+          if profile.dp > 1 else []),
         *rows,
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
@@ -650,6 +773,10 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         "    cost W[s] = " + _per_stage([_decimal(s.timing.weight_ms) for s in stages]),
         "    cost BW[s] = " + _per_stage([_decimal(s.timing.fused_ms) for s in stages]),
         f"    cost comm = {_decimal(profile.comm_ms())}",
+        *([
+            "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),
+            "    cost gather[s] = " + _per_stage([_decimal(s.gather_ms or 0.0) for s in stages]),
+        ] if profile.dp > 1 else []),
         "    memory M_B[s] = "
         + _per_stage([_decimal(s.timing.activation_bytes / unit) for s in stages]),
         "    memory M_W[s] = "

@@ -5,8 +5,13 @@ predicted-vs-measured table.
 
     torchrun --nproc-per-node 4 build/zb_v/launch.py --model examples/models/tiny_gpt.py:stages
 
-Start-up, before any training: the world size must equal the schedule's device
-count; every rank must run the same compiled schedule (fingerprint all-gather);
+With `--dp N` the world is N replicas of the pipeline on a ("dp", "pp") mesh:
+global rank = replica * P + pipeline rank (P = the schedule's device count),
+each replica trains on its contiguous share of the step's batch
+(`ppdsl.runtime.data_parallel`).
+
+Start-up, before any training: the world size must equal dp x the schedule's
+device count; every rank must run the same compiled schedule (fingerprint all-gather);
 the model must follow the protocol, build the schedule's stage count, and its
 stages must chain (the runner's probe at the first step); the batch must split
 into m microbatches. Any failure prints one clear message (from rank 0, or from
@@ -50,13 +55,14 @@ from ppdsl.runtime.checkpoint import (
     save_checkpoint,
 )
 from ppdsl.runtime.cpu import keep_freed_memory
+from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner
-from ppdsl.runtime.structure import flatten
+from ppdsl.runtime.structure import flatten, unflatten
 from ppdsl.runtime.trace import (
     Tracer,
     chrome_trace,
@@ -147,28 +153,36 @@ def main(
     """Run this rank's program; returns the exit code (0, 1 for invalid input, 2 for
     a device request the node cannot meet)."""
     opts = parse_options(argv)
-    plan = Plan.from_json(json.loads(Path(manifest).read_text()))
+    data = json.loads(Path(manifest).read_text())
+    plan = Plan.from_json(data)
+    compiled_dp = data.get("data_parallel") or {}
+    dp = opts.dp if opts.dp is not None else int(compiled_dp.get("dp", 1))
+    opts.dp = dp
+    opts.dp_mode = opts.dp_mode or compiled_dp.get("mode", "replicate")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print(
             "ppdsl: start this program with torchrun (or `ppdsl run`), e.g. "
-            f"torchrun --nproc-per-node {plan.num_devices} {Path(manifest).parent / 'launch.py'} "
+            f"torchrun --nproc-per-node {plan.num_devices * dp} {Path(manifest).parent / 'launch.py'} "
             "--model examples/models/tiny_gpt.py:stages",
             file=sys.stderr,
         )
         return EXIT_INVALID
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != plan.num_devices:
+    if world != plan.num_devices * dp:
         if rank == 0:
             print(
-                f"ppdsl: schedule {plan.name!r} was compiled for {plan.num_devices} ranks but "
-                f"torchrun started {world}; use --nproc-per-node {plan.num_devices} "
-                "(or recompile with -D d=...)",
+                f"ppdsl: schedule {plan.name!r} was compiled for {plan.num_devices} ranks"
+                + (f" and runs {dp} data-parallel replicas ({dp * plan.num_devices} processes)"
+                   if dp > 1 else "")
+                + f" but torchrun started {world}; use --nproc-per-node {dp * plan.num_devices} "
+                "in all (or recompile with -D d=..., or change --dp)",
                 file=sys.stderr,
             )
         return EXIT_INVALID
-    if rank_in_file != rank:
+    if rank_in_file != rank % plan.num_devices:
         print(
-            f"ppdsl: rank {rank}: was handed the program of rank {rank_in_file}; start it "
+            f"ppdsl: rank {rank}: was handed the program of pipeline rank {rank_in_file}, not "
+            f"{rank % plan.num_devices}; start it "
             "through the generated launch.py",
             file=sys.stderr,
         )
@@ -242,12 +256,44 @@ def _startup_error(rank: int, error: str) -> int:
 
 
 def _digest(runner: PipelineRunner) -> str:
-    """sha256 of this rank's parameters' bytes, in name order (to compare runs)."""
+    """sha256 of this rank's parameters' bytes (a sharded one's shard), in name order
+    (to compare runs)."""
     h = hashlib.sha256()
     for name, p in runner.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(local_tensor(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _whole_digest(runner: PipelineRunner) -> str:
+    """sha256 of this rank's whole parameters (a sharded one gathered over its DP
+    group: collective), in name order: the same on every replica when they agree."""
+    h = hashlib.sha256()
+    for name, p in runner.named_parameters():
+        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+        h.update(name.encode())
+        h.update(whole.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _share(value: Any, rows: slice) -> Any:
+    """This replica's rows of a batch (a tensor or a tuple/list/dict of them)."""
+    leaves, spec = flatten(value, "the batch")
+    return unflatten(spec, [t[rows] for t in leaves])
+
+
+def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> str:
+    """Whether the DP replicas of each pipeline rank ended with the same parameters."""
+    lines = [""]
+    for pp in range(num_ranks):
+        mine = [r for r in ranks if r["pp_rank"] == pp]
+        same = len({r["whole_parameters_sha256"] for r in mine}) == 1
+        lines.append(
+            f"pipeline rank {pp}: replicas on global ranks {', '.join(str(r['rank']) for r in mine)} "
+            f"({mode}): parameters {'equal' if same else 'DIFFER'} "
+            f"(sha256 {mine[0]['whole_parameters_sha256'][:12]})"
+        )
+    return "\n".join(lines)
 
 
 def _run(
@@ -277,17 +323,20 @@ def _run(
             )
         return EXIT_INVALID
     m = plan.num_microbatches
-    batch_size = opts.batch_size if opts.batch_size is not None else 2 * m
+    dp = opts.dp
+    num_ranks = plan.num_devices
+    batch_size = opts.batch_size if opts.batch_size is not None else 2 * m * dp
     error = None
     model: Any = None
     torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
     random.seed(opts.seed)
     try:
         model = build_model(opts.model, plan.num_model_stages)
-        if batch_size % m:
+        if batch_size % (m * dp):
             raise ModelError(
-                f"--batch-size {batch_size} does not split into {m} microbatches; "
-                f"use a multiple of {m}"
+                f"--batch-size {batch_size} does not split into {m} microbatches"
+                + (f" on each of {dp} replicas" if dp > 1 else "")
+                + f"; use a multiple of {m * dp}"
             )
     except ModelError as exc:
         error = str(exc)
@@ -296,12 +345,14 @@ def _run(
     error = _agree(error, rank, world)
     if error is not None:
         return _startup_error(rank, error)
-    schedule = CompiledPipeline(plan, {rank: tuple(ops)}, fingerprint)
+    pp_rank, replica = rank % num_ranks, rank // num_ranks
+    schedule = CompiledPipeline(plan, {pp_rank: tuple(ops)}, fingerprint)
+    mesh = dp_pp_mesh(dp, num_ranks, device.type) if dp > 1 else None
     try:
         runner = PipelineRunner(
             schedule, model.stage, model.loss, device=device, precision=opts.precision,
             release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
-            timeout=opts.timeout,
+            timeout=opts.timeout, mesh=mesh, dp_mode=opts.dp_mode,
         )
     except ModelError as exc:  # the same message on every rank
         return _startup_error(rank, str(exc))
@@ -327,8 +378,11 @@ def _run(
     tokens_per_sample = getattr(model, "tokens_per_sample", None)
     _say(
         rank,
-        f"ppdsl: schedule {plan.name} ({plan.file}): {world} ranks, {plan.num_stages} stages, "
-        f"{m} microbatches, batch {batch_size}, {device.type}"
+        f"ppdsl: schedule {plan.name} ({plan.file}): "
+        + (f"{dp} {opts.dp_mode} replicas x {num_ranks} pipeline ranks = " if dp > 1 else "")
+        + f"{world} ranks, {plan.num_stages} stages, "
+        f"{m} microbatches, batch {batch_size}"
+        + (f" ({batch_size // dp} per replica)" if dp > 1 else "") + f", {device.type}"
         + (" (gloo)" if device.type == "cpu" else " (nccl)")
         + f", {opts.optimizer}" + (f", {opts.precision}" if opts.precision != "fp32" else "")
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
@@ -337,6 +391,7 @@ def _run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
+    share = slice(replica * (batch_size // dp), (replica + 1) * (batch_size // dp))
     runner.engine.tracer = tracer
     dist.barrier()  # the ranks' trace epochs line up here
     tracer.start()
@@ -355,14 +410,16 @@ def _run(
     def report(done: tuple[Any, torch.Tensor, int]) -> None:
         work, stats, at = done
         work.wait()
-        loss, step_time = float(stats[0]), float(stats[1])
+        # each replica's mean loss on its share; the step's loss is their mean
+        loss, step_time = float(stats[:dp].mean()), float(stats[dp])
         losses[at] = loss
         if at > first_step or last_step - first_step == 1:
             step_times.append(step_time)
         rate = f"  {batch_size / step_time:9.1f} samples/s"
         if tokens_per_sample:
             rate += f"  {batch_size * tokens_per_sample / step_time:9.0f} tokens/s"
-        _say(rank, f"step {at + 1:4d}/{opts.steps}  loss {loss:.4f}  "
+        each = "" if dp == 1 else " (replicas " + " ".join(f"{float(x):.4f}" for x in stats[:dp]) + ")"
+        _say(rank, f"step {at + 1:4d}/{opts.steps}  loss {loss:.4f}{each}  "
                    f"time {step_time * 1e3:8.1f} ms{rate}")
 
     for step in range(first_step, last_step):
@@ -389,6 +446,8 @@ def _run(
         tracer.timed = step > first_step or last_step - first_step == 1
         optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
+        if dp > 1 and inputs is not None:
+            inputs, targets = _share(inputs, share), _share(targets, share)
         try:
             loss = runner.step(inputs if runner.is_first else None,
                                targets if runner.is_last else None,
@@ -408,9 +467,10 @@ def _run(
             cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
         peak_bytes = max(peak_bytes, meter.peak_bytes)
         peak_units = max(peak_units, meter.peak_units)
-        stats = torch.tensor(
-            [float(loss) if loss is not None else float("-inf"), step_time], device=device
-        )
+        stats = torch.full((dp + 1,), float("-inf"), device=device)
+        if loss is not None:
+            stats[replica] = float(loss)
+        stats[dp] = step_time
         if pending is not None:
             report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
@@ -440,9 +500,11 @@ def _run(
     real_memory = _with_real_mw(plan.memory, ratios, kept_ratios)
     mine = {
         "rank": rank,
+        "pp_rank": pp_rank,
+        "replica": replica,
         "stages": sorted(engine.stages),
-        "predicted_peak": str(plan.predicted_peak(rank)),
-        "predicted_peak_real_mw": str(plan.predicted_peak(rank, real_memory)),
+        "predicted_peak": str(plan.predicted_peak(pp_rank)),
+        "predicted_peak_real_mw": str(plan.predicted_peak(pp_rank, real_memory)),
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
         "stash_gradient_bytes": meter.peak_gradient_bytes,
@@ -450,11 +512,12 @@ def _run(
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
-        "predicted_busy_share": plan.predicted_busy_share[rank] if plan.predicted_busy_share else None,
+        "predicted_busy_share": plan.predicted_busy_share[pp_rank] if plan.predicted_busy_share else None,
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
         "parameters_sha256": _digest(runner),
+        "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
@@ -469,8 +532,9 @@ def _run(
         if rank == 0:
             stages: list[Any] = [None] * world
             for r in range(world):
-                stages[r] = f"rank {r} (stage{'s' if len(plan.orders[r]) else ''} " + ", ".join(
-                    str(st) for st in sorted({st for _, _, st in plan.orders[r]})) + ")"
+                order = plan.orders[r % num_ranks]
+                stages[r] = f"rank {r} (stage{'s' if len(order) else ''} " + ", ".join(
+                    str(st) for st in sorted({st for _, _, st in order})) + ")"
             write_chrome_trace(opts.trace, chrome_trace(events, stages, {
                 "schedule": plan.name, "file": plan.file, "device": device.type,
                 "time": "CUDA events" if device.type == "cuda" else "perf_counter",
@@ -484,6 +548,8 @@ def _run(
         (out / f"rank{rank}.json").write_text(json.dumps(mine, indent=1))
     if rank == 0:
         print(memory_table(plan, everyone), flush=True)
+        if dp > 1:
+            print(replicas_summary(everyone, num_ranks, opts.dp_mode), flush=True)
         print(timing_summary(plan, mine), flush=True)
         if opts.trace:
             print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev)",
