@@ -169,12 +169,22 @@ def test_interleaved_zb_against_interleaved_1f1b(p, v, m, g):
 
 
 def test_a_group_size_that_does_not_divide_m_is_located():
-    """m = 10 in groups of 4: an error at the group size, saying what to do."""
+    """m = 10 in groups of 4: the example's `require` says so first; without it,
+    the block itself gives an error at the group size, saying what to do."""
+    path = EXAMPLES / "interleaved_1f1b.pp"
     with pytest.raises(CompileError) as err:
-        compile_file(EXAMPLES / "interleaved_1f1b.pp", {"m": "10"})
+        compile_file(path, {"m": "10"})
+    [diag] = err.value.diagnostics
+    assert diag.message.startswith("Megatron's interleaved order needs g >= d and m a multiple of g")
+    assert diag.span is not None and diag.span.line == 18
+    text = path.read_text().splitlines(keepends=True)
+    assert text[17].lstrip().startswith("require ")
+    without_require = "".join(text[:17] + ["\n"] + text[18:])
+    with pytest.raises(CompileError) as err:
+        compile_source(without_require, "interleaved.pp", {"m": "10"})
     [diag] = err.value.diagnostics
     assert diag.message.startswith("the group size 4 does not divide m = 10")
-    assert diag.span is not None and diag.span.line == 20
+    assert diag.span is not None and diag.span.line == 21 and text[20][diag.span.column - 1] == "g"
 
 
 @pytest.mark.parametrize(
