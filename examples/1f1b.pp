@@ -20,4 +20,7 @@ schedule one_f_one_b {
     expect peak_memory[0] == d * M_B
     expect bubble == (d - 1) * (T_F + T_BW) / (m * (T_F + T_BW) + (d - 1) * (T_F + T_BW))
     expect makespan == (m + d - 1) * (T_F + T_BW)
+    # controllable-memory paper: stage s lives 3(d - s), so holds d - s microbatches
+    expect lifespan[0] == 3 * d
+    expect lifespan[d - 1] == 3
 }

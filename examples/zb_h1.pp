@@ -22,4 +22,6 @@ schedule zb_h1 {
     expect bubble == ((d - 1) * (T_F + T_B - T_W)
                       / (m * (T_F + T_B + T_W) + (d - 1) * (T_F + T_B - T_W)))
     expect makespan == 3*m + d - 1
+    # controllable-memory paper: every stage lives 3d (F to W), so holds ⌈3d/3⌉ = d microbatches
+    expect lifespan == 3 * d
 }

@@ -178,14 +178,17 @@ def schedule_with_costs(
 ) -> tuple[Schedule, tuple[Expect, ...]]:
     """(the schedule to compile, its expectations to report as warnings): orders
     as the file designs them; costs and memory model from the costs file."""
-    from ppdsl.analysis.checks import collisions
+    from ppdsl.analysis.checks import collisions, lifespans
     from ppdsl.frontend.elaborate import elaborate
 
     designed = elaborate(module, overrides)
     measured = elaborate(apply_costs(module, costs), overrides)
     check_stage_count(measured, costs)
     if designed.block is not None:
-        found = [d for d in collisions.check(designed) if d.severity == "error"]
+        found = [
+            d for d in collisions.check(designed) + lifespans.check(designed)
+            if d.severity == "error"
+        ]
         if found:
             raise CompileError(found)
     return replace(measured, orders=designed.orders, block=None, expects=()), measured.expects

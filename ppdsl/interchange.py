@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from ppdsl import limits
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
+from ppdsl.frontend.parse import parse_expression
 from ppdsl.ir.schedule import (
     Costs,
     MemoryModel,
@@ -41,7 +43,7 @@ from ppdsl.ir.schedule import (
     Schedule,
     torch_action,
 )
-from ppdsl.semantics import KINDS, read_placement
+from ppdsl.semantics import DEFAULT_KEPT_INPUT, KINDS, read_placement
 
 __all__ = [
     "to_torch_actions",
@@ -53,7 +55,7 @@ __all__ = [
 ]
 
 _LETTER_KIND = {k.torch_letter: k for k in KINDS}
-_ACTION = re.compile(r"(\d+)([FIWB])(\d+)")
+_ACTION = re.compile(r"(\d+)([FIWBR])(\d+)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 
@@ -284,7 +286,13 @@ def from_torch_csv(
 
     m = num_microbatches if num_microbatches is not None else 1 + max(a[1] for r in rows for a in r)
     kinds = 2 if fused else 3
-    limits.check_passes(num_stages * m * kinds, whole, f"{num_stages} stages x {m} microbatches x {kinds} pass kinds")
+    redone = len({a[2] for r in rows for a in r if a[0] is PassKind.R})  # recomputed stages
+    also = f" + R on {redone} recomputed stage{'s' if redone != 1 else ''}" if redone else ""
+    limits.check_passes(
+        num_stages * m * kinds + m * redone,
+        whole,
+        f"{num_stages} stages x {m} microbatches x {kinds} pass kinds{also}",
+    )
     S = num_stages
     def overlapped(row: list, k: int) -> bool:
         # the backward of an OVERLAP_F_B cell, right after the cell's forward
@@ -299,6 +307,14 @@ def from_torch_csv(
         )
         for row in rows
     )
+    # a stage with R actions is recomputed (ppdsl's own letter; torch has none)
+    recomputed = {p.stage for order in orders for p in order if p.kind is PassKind.R}
+    memory = MemoryModel.default(S)
+    if recomputed:
+        kept = Fraction(DEFAULT_KEPT_INPUT)
+        memory = replace(
+            memory, kept_input=tuple(kept if s in recomputed else None for s in range(S))
+        )
     return Schedule(
         name=name or _identifier(Path(file).stem),
         file=file,
@@ -307,7 +323,7 @@ def from_torch_csv(
         placement=place,
         split_backward=not fused,
         costs=Costs.unit(S),
-        memory=MemoryModel.default(S),
+        memory=memory,
         orders=orders,
         span=whole,
     )
@@ -355,6 +371,17 @@ def to_pp(schedule: Schedule, source: str = "") -> str:
         ast.place(s.placement.stage_device, s.num_devices, s.placement.lanes),
         ast.Backward("split" if s.split_backward else "fused", ast.GENERATED, ast.GENERATED),
     ]
+    if s.recompute:
+        marked = sorted(s.recompute)
+        every = len(marked) == s.num_stages
+        condition = " or ".join(f"s == {x}" for x in marked)
+        stmts.append(
+            ast.Recompute(
+                None if every else "s",
+                None if every else parse_expression(condition, "<import>"),
+                ast.GENERATED,
+            )
+        )
     if not any(e.metric == "peak_memory" for e in s.expects):
         header.append(
             "# its memory bound is the imported order's own peak under the default "

@@ -1,6 +1,6 @@
 """The terminal timeline of `ppdsl show`: one row per device, passes placed at
 their simulated start times, coloured like the papers' figures (F blue, B
-cyan, W green, fused backward teal), microbatch numbers written in each pass.
+cyan, W green, fused backward teal; R recompute purple), microbatch numbers written in each pass.
 
 Nothing is cut off: a timeline wider than the terminal is wrapped into bands,
 each band covering a time window and repeating every device row.
@@ -21,9 +21,11 @@ from ppdsl.ir.schedule import PassKind, Schedule
 __all__ = ["TimelineStyle", "render_timeline", "render_svg"]
 
 # Background colours (ANSI 256): the zero-bubble paper draws F blue, B cyan/teal, W green.
-_BG = {PassKind.F: 33, PassKind.B: 44, PassKind.W: 34, PassKind.BW: 37}
+_BG = {PassKind.F: 33, PassKind.B: 44, PassKind.W: 34, PassKind.BW: 37, PassKind.R: 141}
 # A device's second and later chunks are drawn in a lighter shade of the same colour.
-_BG_LATER_CHUNK = {PassKind.F: 75, PassKind.B: 87, PassKind.W: 78, PassKind.BW: 80}
+_BG_LATER_CHUNK = {
+    PassKind.F: 75, PassKind.B: 87, PassKind.W: 78, PassKind.BW: 80, PassKind.R: 183
+}
 # A pass kind the papers do not draw is grey until it gets its own colour.
 _BG_OTHER = 245
 # The data-parallel lane: gradient reductions orange, weight gathers purple.
@@ -139,6 +141,8 @@ def render_timeline(
     legend = "F forward, B input-gradient backward, W weight-gradient backward"
     if not schedule.split_backward:
         legend = "F forward, B fused backward"
+    if schedule.recompute:
+        legend += ", R recompute (stages marked `recompute`)"
     if any(len(schedule.placement.chunks(d)) > 1 for d in range(schedule.num_devices)):
         legend += "; a device's later chunks " + ("lighter" if style.color else "in lower case")
     if lanes is not None:
@@ -151,9 +155,9 @@ def render_timeline(
 # The figures' colours: F blue, B cyan, W green, fused backward teal; a device's
 # later chunks lighter.
 _SVG_FILL = {PassKind.F: "#4a7fd4", PassKind.B: "#3fb8c9", PassKind.W: "#5cb85c",
-             PassKind.BW: "#2a9d8f"}
+             PassKind.BW: "#2a9d8f", PassKind.R: "#9b6fd4"}
 _SVG_FILL_LATER = {PassKind.F: "#9dbdf0", PassKind.B: "#a3e3ec", PassKind.W: "#a8dca8",
-                   PassKind.BW: "#8fd3ca"}
+                   PassKind.BW: "#8fd3ca", PassKind.R: "#cdb6ee"}
 _SVG_FILL_OTHER = "#aaaaaa"
 
 
@@ -210,7 +214,7 @@ def render_svg(schedule: Schedule, timeline: Timeline, *, unit_px: float = 24.0)
          (PassKind.W, "W weight-gradient backward")]
         if schedule.split_backward
         else [(PassKind.F, "F forward"), (PassKind.BW, "B fused backward")]
-    )
+    ) + ([(PassKind.R, "R recompute")] if schedule.recompute else [])
     x = float(left)
     for kind, text in kinds:
         out.append(

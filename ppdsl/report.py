@@ -7,13 +7,23 @@ from fractions import Fraction
 from typing import Any
 
 from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
+from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
 from ppdsl.semantics import format_decimal, format_exact
 
-__all__ = ["memory_bounds", "stats_table", "dp_table", "dp_json", "schedule_json", "diagnostic_json"]
+__all__ = [
+    "memory_bounds",
+    "stats_table",
+    "lifespan_table",
+    "lifespan_notes",
+    "dp_table",
+    "dp_json",
+    "schedule_json",
+    "diagnostic_json",
+]
 
 
 def memory_bounds(compiled: Compiled) -> list[Fraction | None]:
@@ -78,7 +88,109 @@ def stats_table(compiled: Compiled) -> str:
         "tensors a rank holds before the passes that use them (transfer buffers, outside the "
         "memory model)"
     )
+    found = block_memory(s)
+    if found is not None:
+        lines += ["", *lifespan_table(compiled, found)]
     return "\n".join(lines) + "\n"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
+    return [
+        "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+        for r in (header, *rows)
+    ]
+
+
+def lifespan_table(compiled: Compiled, found: BlockMemory) -> list[str]:
+    """The block's lifespans (controllable-memory paper §3): per stage, its
+    lifespan and ⌈l/T⌉; per device, the ⌈l/T⌉ rule, the exact steady state and
+    the elaborated peak; then where they differ and why."""
+    s = compiled.schedule
+    T = format_exact(found.period)
+    if not found.lifespans:
+        return [f"block period {T}: no lifespans ({found.why})"]
+    lines = [
+        f"block period T = {T}: lifespans, from the start of F to the end of the pass "
+        "freeing the last activation (controllable-memory paper: a stage holds ⌈l/T⌉ "
+        "microbatches)"
+    ]
+    recomputes = any(x.restored is not None for x in found.lifespans)
+    extra = ["R starts", "in full", "ceil"] if recomputes else []
+    lines += _table(
+        ["stage", "rank", "chunk", "F starts", "freed by", "ends", "lifespan", "ceil(l/T)", *extra],
+        [
+            [str(x.stage), str(x.device), str(x.chunk), format_exact(x.start), x.frees.value,
+             format_exact(x.end), format_exact(x.length), str(found.held(x.stage))]
+            + (
+                [format_exact(x.restored) if x.restored is not None else "-",
+                 format_exact(x.full_length), str(found.held_in_full(x.stage))]
+                if recomputes else []
+            )
+            for x in found.lifespans
+        ],
+    )
+    if recomputes:
+        lines.append(
+            "  (recompute: F keeps only its input, M_I, until R; the whole activation is held "
+            "from R's start)"
+        )
+    peaks = compiled.timeline.peak_memory
+    rows = []
+    for dev in range(s.num_devices):
+        rows.append([
+            str(dev),
+            format_exact(found.rule[dev]),
+            format_exact(found.steady[dev]) if found.steady is not None else "-",
+            format_exact(peaks[dev]),
+        ])
+    rule = "sum ceil(l/T)*M_B" + (" (+M_I)" if s.recompute else "")
+    lines += _table(["rank", rule, "steady state", "elaborated peak"], rows)
+    lines += lifespan_notes(compiled, found)
+    return lines
+
+
+def lifespan_notes(compiled: Compiled, found: BlockMemory) -> list[str]:
+    """Where the ⌈l/T⌉ rule, the block's exact steady state and the elaborated
+    schedule's peak differ, device by device, and why."""
+    s = compiled.schedule
+    if found.steady is None:
+        return [f"  steady state: - ({found.why})"]
+    notes = []
+    peaks = compiled.timeline.peak_memory
+    for dev in range(s.num_devices):
+        rule, steady, peak = found.rule[dev], found.steady[dev], peaks[dev]
+        if rule != steady:
+            why = []
+            stages = s.placement.chunks(dev)
+            if len(stages) > 1:
+                why.append("its stages do not all peak at once")
+            if s.block is not None and s.block.group_size > 1:
+                why.append(
+                    f"the rule counts each of a group's {s.block.group_size} microbatches at "
+                    "its own peak"
+                )
+            if any(s.memory.weight_retained[x] < s.memory.activation[x] for x in stages) and s.split_backward:
+                why.append("B frees M_B - M_W before W ends the lifespan")
+            if any(x in s.recompute for x in stages):
+                why.append("a recomputed stage's ⌈l/T⌉ counts M_I and M_B at their own peaks")
+            notes.append(
+                f"  note: rank {dev}: the ⌈l/T⌉ rule counts {format_exact(rule)}, the steady "
+                f"state holds {format_exact(steady)} ({'; '.join(why) or 'rounding up'})"
+            )
+        if peak != steady:
+            how = "below" if peak < steady else "above"
+            why_peak = (
+                f"its warm-up and cool-down never fill the steady state with m = "
+                f"{s.num_microbatches} microbatches"
+                if peak < steady
+                else "the tightened warm-up/cool-down holds more than the repeated block"
+            )
+            notes.append(
+                f"  note: rank {dev}: the elaborated peak {format_exact(peak)} is {how} the "
+                f"block's steady state {format_exact(steady)}: {why_peak}"
+            )
+    return notes
 
 
 def _bytes(x: float) -> str:
@@ -202,11 +314,47 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
             for dev in range(s.num_devices)
         ],
     }
+    found = block_memory(s)
+    if found is not None:
+        result["block"] = _block_json(found)
     if profile is not None:
         for dev, points in enumerate(profile):
             # (time, level) tuples: the JSON's pairs, not copied into lists
             result["devices"][dev]["memory_over_time"] = list(points)
     return result
+
+
+def _block_json(found: BlockMemory) -> dict[str, Any]:
+    return {
+        "period": _jsonable(found.period),
+        "lifespans": [
+            {
+                "stage": x.stage,
+                "rank": x.device,
+                "chunk": x.chunk,
+                "start": _jsonable(x.start),
+                "end": _jsonable(x.end),
+                "freed_by": x.frees.value,
+                "lifespan": _jsonable(x.length),
+                "ceil_lifespan_over_period": found.held(x.stage),
+                "recompute_start": _jsonable(x.restored) if x.restored is not None else None,
+                "held_in_full": _jsonable(x.full_length),
+                "ceil_held_in_full_over_period": found.held_in_full(x.stage),
+            }
+            for x in found.lifespans
+        ],
+        "devices": [
+            {
+                "rank": dev,
+                "lifespan_rule_peak": _jsonable(found.rule[dev]),
+                "steady_state_peak": (
+                    _jsonable(found.steady[dev]) if found.steady is not None else None
+                ),
+            }
+            for dev in range(len(found.rule))
+        ],
+        "no_steady_state": found.why,
+    }
 
 
 def diagnostic_json(d: Diagnostic) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The rules of the domain, each written once: what every other module asks.
 
 - Pass kinds (`PassKind`): F forward, B input-gradient backward, W
-  weight-gradient backward, BW fused backward (the zero-bubble paper's split).
+  weight-gradient backward, BW fused backward (the zero-bubble paper's split),
+  R recompute (activation checkpointing: a stage marked `recompute` keeps only
+  its input after F and re-runs its forward in R before its backward).
 - The dependency relation (`NEEDS`): which pass of the same microbatch each pass
   waits for, at which stage offset, and which tensor (if any) travels along that
   edge. Its array form (`NEED_KIND`, `NEED_STAGE_OFFSET`, `NEED_TRANSFER`, made
@@ -9,9 +11,10 @@
 - The transfer rule: a need with a tensor (an activation forward, an input
   gradient backward) between stages on two devices is a transfer; it costs
   `comm` and the lowering sends and receives it (`receives`, `sends`).
-- Memory deltas (`MEMORY_COEFFICIENTS`): each pass changes its device's
-  activation memory by a combination of M_B and M_W (§2 of the zero-bubble
-  paper); `delta_table` scales them to exact integers for the kernels.
+- Memory deltas (`MEMORY_COEFFICIENTS`, `RECOMPUTE_MEMORY_COEFFICIENTS`):
+  each pass changes its device's activation memory by a combination of M_B and
+  M_W (§2 of the zero-bubble paper), and on a recomputed stage of M_I (the
+  input its F keeps); `delta_table` scales them to exact integers for the kernels.
 - Placements (`PLACEMENTS`): stage -> device maps by name, and the spelling
   that gives a map back. A bidirectional placement (`LANES`: DualPipe) runs
   its stages as several pipelines ("lanes") of equal length: microbatch j
@@ -19,7 +22,7 @@
   crosses from one lane into another, and stage s is a copy of model stage
   `model_stage(s, S, lanes)` (the copies' gradients are summed).
 - Default costs and memory (`DEFAULT_DURATION`): unit pass costs, BW = B + W,
-  no transfer cost, M_B = 1, M_W = M_B / 2.
+  R = F, no transfer cost, M_B = 1, M_W = M_B / 2, M_I = 0.
 - Data-parallel collectives (`COLLECTIVES`: reduce, gather): when a stage's
   gradient reduction may start (after its last pass that writes weight
   gradients, `reduction_point`) and when its gathered weights are first needed
@@ -27,8 +30,8 @@
 - Number formatting for every message, table and printed file.
 
 Adding a pass kind means adding it here: `PassKind` (and `_TORCH_LETTER`),
-`NEEDS`, `MEMORY_COEFFICIENTS`, `DEFAULT_DURATION` and the backward form that
-runs it (`backward_kinds`); the kernels, checks, lowering, simulator and
+`NEEDS`, `MEMORY_COEFFICIENTS`, `DEFAULT_DURATION` and the form that runs it
+(`backward_kinds`, or `pass_kinds`' `recompute` for R); the kernels, checks, lowering, simulator and
 elaboration follow (docs/architecture.md lists what the runtime adds to run it).
 """
 
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
@@ -50,6 +53,8 @@ __all__ = [
     "NUM_KINDS",
     "pass_kinds",
     "backward_kinds",
+    "need_arrays",
+    "NEED_OPTIONAL",
     "TransferKind",
     "Need",
     "NEEDS",
@@ -66,6 +71,7 @@ __all__ = [
     "sends",
     "transfer_pass",
     "MEMORY_COEFFICIENTS",
+    "RECOMPUTE_MEMORY_COEFFICIENTS",
     "memory_delta",
     "allocates_at_start",
     "delta_table",
@@ -89,6 +95,7 @@ __all__ = [
     "DEFAULT_OVERLAP",
     "DEFAULT_ACTIVATION",
     "DEFAULT_WEIGHT_FRACTION",
+    "DEFAULT_KEPT_INPUT",
     "with_default_durations",
     "format_number",
     "format_exact",
@@ -104,12 +111,15 @@ __all__ = [
 
 class PassKind(str, Enum):
     """F: forward. B: input-gradient backward. W: weight-gradient backward.
-    BW: fused backward (input and weight gradients in one pass)."""
+    BW: fused backward (input and weight gradients in one pass). R: recompute,
+    the forward run again on a recomputed stage's kept input, restoring its
+    activations before its backward."""
 
     F = "F"
     B = "B"
     W = "W"
     BW = "BW"
+    R = "R"
 
     @property
     def code(self) -> int:
@@ -119,7 +129,8 @@ class PassKind(str, Enum):
     @property
     def torch_letter(self) -> str:
         """torch.distributed.pipelining's action letter: I is its input-gradient
-        pass and B its full (fused) backward."""
+        pass and B its full (fused) backward; R (recompute) is ppdsl's own, torch
+        has no such action."""
         return _TORCH_LETTER[self]
 
 
@@ -127,7 +138,13 @@ KINDS: tuple[PassKind, ...] = tuple(PassKind)
 """Every pass kind, in code order."""
 NUM_KINDS = len(KINDS)
 _CODE = {kind: code for code, kind in enumerate(KINDS)}
-_TORCH_LETTER = {PassKind.F: "F", PassKind.B: "I", PassKind.W: "W", PassKind.BW: "B"}
+_TORCH_LETTER = {
+    PassKind.F: "F",
+    PassKind.B: "I",
+    PassKind.W: "W",
+    PassKind.BW: "B",
+    PassKind.R: "R",
+}
 
 
 def backward_kinds(split_backward: bool) -> tuple[PassKind, ...]:
@@ -135,9 +152,10 @@ def backward_kinds(split_backward: bool) -> tuple[PassKind, ...]:
     return (PassKind.B, PassKind.W) if split_backward else (PassKind.BW,)
 
 
-def pass_kinds(split_backward: bool) -> tuple[PassKind, ...]:
-    """Every pass kind a schedule runs for each (microbatch, stage)."""
-    return (PassKind.F, *backward_kinds(split_backward))
+def pass_kinds(split_backward: bool, recompute: bool = False) -> tuple[PassKind, ...]:
+    """Every pass kind a schedule runs for each (microbatch, stage): F, R on a
+    stage marked `recompute`, then the backward passes."""
+    return (PassKind.F, *((PassKind.R,) if recompute else ()), *backward_kinds(split_backward))
 
 
 # --- the dependency relation and the transfer rule --------------------------------
@@ -163,58 +181,89 @@ _TRANSFER_CODE = {kind: code for code, kind in enumerate(TransferKind)}
 class Need:
     """A pass of microbatch j at stage s waits for the pass `kind` of microbatch
     j at stage s + `stage_offset`; `carries` is the tensor that pass hands over
-    (None: nothing crosses, the two passes share a stage and its device)."""
+    (None: nothing crosses, the two passes share a stage and its device).
+    `optional`: the need exists only where the schedule runs that pass (R, on a
+    stage marked `recompute`)."""
 
     kind: PassKind
     stage_offset: int
     carries: TransferKind | None
+    optional: bool = False
 
 
 NEEDS: dict[PassKind, tuple[Need, ...]] = {
     # F(j, s) takes the activation of F(j, s-1)
     PassKind.F: (Need(PassKind.F, -1, TransferKind.ACT),),
-    # B(j, s) needs its own F's saved activations and the input gradient of B(j, s+1)
-    PassKind.B: (Need(PassKind.F, 0, None), Need(PassKind.B, +1, TransferKind.GRAD)),
+    # B(j, s) needs its own F's saved activations (restored by R on a recomputed
+    # stage) and the input gradient of B(j, s+1)
+    PassKind.B: (
+        Need(PassKind.F, 0, None),
+        Need(PassKind.R, 0, None, optional=True),
+        Need(PassKind.B, +1, TransferKind.GRAD),
+    ),
     # W(j, s) needs what B(j, s) kept (its input and output gradients)
     PassKind.W: (Need(PassKind.B, 0, None),),
     # the fused backward: B's needs, with the next stage's fused backward
-    PassKind.BW: (Need(PassKind.F, 0, None), Need(PassKind.BW, +1, TransferKind.GRAD)),
+    PassKind.BW: (
+        Need(PassKind.F, 0, None),
+        Need(PassKind.R, 0, None, optional=True),
+        Need(PassKind.BW, +1, TransferKind.GRAD),
+    ),
+    # R(j, s) re-runs F(j, s) on the input F kept
+    PassKind.R: (Need(PassKind.F, 0, None),),
 }
 """The dependency relation (§2 of the zero-bubble paper). A need whose stage is
 outside 0..S-1 does not exist: the first stage's F reads the batch, the last
-stage's backward starts from the loss."""
+stage's backward starts from the loss. An optional need exists only where its
+pass does (R on a recomputed stage)."""
 
 MAX_NEEDS = max(len(n) for n in NEEDS.values())
 
 
-def _need_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def need_arrays(
+    with_optional: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`NEEDS` as arrays [kind code, slot]: the needed kind's code (-1: no need
+    in that slot), its stage offset, the transfer kind's code (-1: none) and
+    whether the need is optional (1). `with_optional=False` leaves the optional
+    needs out: for a scheduler that never places R (the search)."""
     kind = np.full((NUM_KINDS, MAX_NEEDS), -1, dtype=np.int64)
     offset = np.zeros((NUM_KINDS, MAX_NEEDS), dtype=np.int64)
     carries = np.full((NUM_KINDS, MAX_NEEDS), -1, dtype=np.int64)
+    optional = np.zeros((NUM_KINDS, MAX_NEEDS), dtype=np.int64)
     for k in KINDS:
-        for slot, need in enumerate(NEEDS[k]):
+        kept = [n for n in NEEDS[k] if with_optional or not n.optional]
+        for slot, need in enumerate(kept):
             kind[k.code, slot] = need.kind.code
             offset[k.code, slot] = need.stage_offset
             carries[k.code, slot] = -1 if need.carries is None else need.carries.code
-    for array in (kind, offset, carries):
+            optional[k.code, slot] = int(need.optional)
+    for array in (kind, offset, carries, optional):
         array.flags.writeable = False
-    return kind, offset, carries
+    return kind, offset, carries, optional
 
 
-NEED_KIND, NEED_STAGE_OFFSET, NEED_TRANSFER = _need_arrays()
-"""`NEEDS` as arrays [kind code, slot]: the needed kind's code (-1: no need in
-that slot), its stage offset, and the transfer kind's code (-1: none)."""
+NEED_KIND, NEED_STAGE_OFFSET, NEED_TRANSFER, NEED_OPTIONAL = need_arrays()
+"""`NEEDS` as arrays [kind code, slot] (`need_arrays`): made once at import, for
+every numba kernel."""
 
 
 def needs(
-    kind: PassKind, microbatch: int, stage: int, num_stages: int, lanes: int = 1
+    kind: PassKind,
+    microbatch: int,
+    stage: int,
+    num_stages: int,
+    lanes: int = 1,
+    recompute: Container[int] = (),
 ) -> list[tuple[PassKind, int, int]]:
     """The (kind, microbatch, stage) of every pass that this one waits for
-    (`lanes`: the placement's pipelines; a need never leaves its lane)."""
+    (`lanes`: the placement's pipelines, a need never leaves its lane;
+    `recompute`: the stages marked `recompute`, whose R is needed)."""
     return [
         (n.kind, microbatch, stage + n.stage_offset)
         for n in NEEDS[kind]
         if same_lane(stage, stage + n.stage_offset, num_stages, lanes)
+        and (not n.optional or stage + n.stage_offset in recompute)
     ]
 
 
@@ -273,28 +322,43 @@ def transfer_pass(transfer: TransferKind, sending: bool, split_backward: bool) -
 
 # --- memory -----------------------------------------------------------------------
 
-MEMORY_COEFFICIENTS: dict[PassKind, tuple[int, int]] = {
-    PassKind.F: (1, 0),  # leaves M_B of activations
-    PassKind.B: (-1, 1),  # frees M_B - M_W, keeping what W needs
-    PassKind.W: (0, -1),  # frees the last M_W
-    PassKind.BW: (-1, 0),  # frees all of M_B
+MEMORY_COEFFICIENTS: dict[PassKind, tuple[int, int, int]] = {
+    PassKind.F: (1, 0, 0),  # leaves M_B of activations
+    PassKind.B: (-1, 1, 0),  # frees M_B - M_W, keeping what W needs
+    PassKind.W: (0, -1, 0),  # frees the last M_W
+    PassKind.BW: (-1, 0, 0),  # frees all of M_B
+    PassKind.R: (0, 0, 0),  # runs on recomputed stages only
 }
-"""A pass's memory delta on its device as (a, w): a·M_B + w·M_W of its stage
-(§2 of the zero-bubble paper)."""
+"""A pass's memory delta on its device as (a, w, i): a·M_B + w·M_W + i·M_I of
+its stage (§2 of the zero-bubble paper), on a stage that keeps its activations."""
+
+RECOMPUTE_MEMORY_COEFFICIENTS: dict[PassKind, tuple[int, int, int]] = {
+    **MEMORY_COEFFICIENTS,
+    PassKind.F: (0, 0, 1),  # keeps only its input, M_I
+    PassKind.R: (1, 0, -1),  # restores the activations: M_B in all, the input among them
+}
+"""The same on a stage marked `recompute` (activation checkpointing)."""
 
 
-def memory_delta(kind: PassKind, activation: Fraction, weight_retained: Fraction) -> Fraction:
+def memory_delta(
+    kind: PassKind,
+    activation: Fraction,
+    weight_retained: Fraction,
+    kept_input: Fraction | None = None,
+) -> Fraction:
     """The change of its device's activation memory when a pass of `kind` runs,
-    for a stage with M_B = `activation` and M_W = `weight_retained`."""
-    a, w = MEMORY_COEFFICIENTS[kind]
-    return a * Fraction(activation) + w * Fraction(weight_retained)
+    for a stage with M_B = `activation` and M_W = `weight_retained`;
+    `kept_input` is M_I of a stage marked `recompute` (None: it keeps its
+    activations)."""
+    table = MEMORY_COEFFICIENTS if kept_input is None else RECOMPUTE_MEMORY_COEFFICIENTS
+    a, w, i = table[kind]
+    return a * Fraction(activation) + w * Fraction(weight_retained) + i * Fraction(kept_input or 0)
 
 
 def allocates_at_start(kind: PassKind) -> bool:
     """A pass that leaves activations allocates them as it starts; one that
     frees them does so when it ends (what a timed memory profile shows)."""
-    a, w = MEMORY_COEFFICIENTS[kind]
-    return a > 0 or w > 0
+    return any(x > 0 for t in (MEMORY_COEFFICIENTS, RECOMPUTE_MEMORY_COEFFICIENTS) for x in t[kind])
 
 
 def delta_table(
@@ -302,15 +366,23 @@ def delta_table(
     weight_retained: Sequence[Fraction],
     also: Iterable[Fraction] = (),
     longest_order: int = 0,
+    kept_input: Sequence[Fraction | None] = (),
 ) -> tuple[np.ndarray, int]:
     """Per (kind code, stage), the memory delta times `scale`, the least common
-    denominator of M_B, M_W and the values `also` (a budget that must scale the
-    same way). int64 unless `longest_order` passes could overflow it (then
-    Python ints)."""
-    values = [Fraction(x) for x in (*activation, *weight_retained, *also)]
+    denominator of M_B, M_W, M_I and the values `also` (a budget that must scale
+    the same way). `kept_input[s]` is M_I of a recomputed stage, None for one
+    that keeps its activations (empty: none recomputes). int64 unless
+    `longest_order` passes could overflow it (then Python ints)."""
+    kept = list(kept_input) or [None] * len(activation)
+    values = [
+        Fraction(x) for x in (*activation, *weight_retained, *also, *kept) if x is not None
+    ]
     scale = math.lcm(*(v.denominator for v in values)) if values else 1
     rows = [
-        [int(memory_delta(kind, a, w) * scale) for a, w in zip(activation, weight_retained, strict=True)]
+        [
+            int(memory_delta(kind, a, w, i) * scale)
+            for a, w, i in zip(activation, weight_retained, kept, strict=True)
+        ]
         for kind in KINDS
     ]
     biggest = max((abs(x) for r in rows for x in r), default=0)
@@ -452,6 +524,8 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
     PassKind.W: 1,
     # a fused backward does B's and W's work
     PassKind.BW: (PassKind.B, PassKind.W),
+    # a recompute runs the forward again
+    PassKind.R: (PassKind.F,),
 }
 """A pass kind's cost when the file gives none: unit costs, or the sum of the
 costs of the kinds listed (of the same stage)."""
@@ -499,6 +573,9 @@ DEFAULT_ACTIVATION = 1
 """M_B: one unit of activation per microbatch and stage."""
 DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)
 """M_W = M_B / 2 unless given: the part of an F's activation W still needs."""
+DEFAULT_KEPT_INPUT = 0
+"""M_I = 0 unless given: what a recomputed stage's F keeps (its input; for a
+transformer layer s·b·h against M_B = s·b·(34h + 5a·s), small)."""
 
 
 def with_default_durations(

@@ -12,6 +12,7 @@ from factories import brute_force_finishes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppdsl.analysis.lifespans import block_memory
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.analysis.simulate import simulate
 from ppdsl.compiler import compile_source
@@ -35,6 +36,11 @@ def block_sources(draw) -> str:
     fill = split and draw(st.booleans())
     kinds = ["F", "B"] if fill else (["F", "B", "W"] if split else ["F", "BW"])
     S = 2 * d if vshape else d
+    # recomputation: none, every stage, or a condition on s; R written or left to
+    # its default (ending as the backward starts)
+    recompute = draw(st.sampled_from(["", "recompute", "recompute[s] = s % 2 == 0",
+                                      "recompute[s] = s < d"]))
+    write_r = bool(recompute) and draw(st.booleans())
     if draw(st.booleans()):
         period = draw(st.integers(1, 14))
 
@@ -42,6 +48,9 @@ def block_sources(draw) -> str:
             a = draw(st.integers(-3, 4))
             b = draw(st.integers(0, 6 * d + 4))
             return f"{kind} at {a}*i + {b}"
+
+        def r_slot(chunk: int) -> str:
+            return slot("R", chunk)
     else:
         x, y = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         gap, wait = draw(st.integers(0, 3)), draw(st.integers(0, 3))
@@ -56,9 +65,15 @@ def block_sources(draw) -> str:
             b = f"{b0 - y * base} + {-sign * y}*i"
             return f"{kind} at {b}" if kind in ("B", "BW") else f"{kind} at {b} + {1 + wait}"
 
+        def r_slot(chunk: int) -> str:  # R just before the backward, or a slot earlier
+            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
+            return f"R at {b0 - y * base} + {-sign * y}*i - {draw(st.integers(1, 2))}"
+
     lines = []
     for chunk in range(2 if vshape else 1):
         slots = ", ".join(slot(k, chunk) for k in kinds)
+        if write_r and (recompute != "recompute[s] = s < d" or chunk == 0):
+            slots += ", " + r_slot(chunk)
         lines.append(f"chunk {chunk}: {slots}" if vshape else slots)
     if fill:
         lines.append("W fill")
@@ -68,6 +83,7 @@ def block_sources(draw) -> str:
             costs.append(f"cost {kind} = {draw(st.integers(1, 4))}")
         costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
     bound = draw(st.integers(1, 2 * m + 1))
+    life = draw(st.one_of(st.none(), st.integers(1, 12 * d + 12)))
     body = "\n".join(
         [
             f"    param d = {d}",
@@ -75,22 +91,28 @@ def block_sources(draw) -> str:
             f"    place {'vshape' if vshape else 'parallel'}",
             f"    backward {'split' if split else 'fused'}",
             *(f"    {c}" for c in costs),
+            *([f"    {recompute}", f"    memory M_I = {draw(st.sampled_from(['0', '1/4']))}"]
+              if recompute else []),
             f"    block period {period} {{",
             *(f"        {line}" for line in lines),
             "    }",
             f"    expect peak_memory <= {bound} * M_B",
+            *([f"    expect lifespan <= {life}"] if life is not None else []),
         ]
     )
     return f"schedule random_block {{\n{body}\n}}\n"
 
 
-def _needs(kind: PassKind, j: int, s: int, last: int, split: bool):
+def _needs(kind: PassKind, j: int, s: int, last: int, split: bool, recompute=frozenset()):
     if kind is PassKind.F:
         return [(PassKind.F, j, s - 1)] if s > 0 else []
     if kind is PassKind.W:
         return [(PassKind.B, j, s)]
+    if kind is PassKind.R:
+        return [(PassKind.F, j, s)]
     back = PassKind.B if split else PassKind.BW
-    return [(PassKind.F, j, s)] + ([(back, j, s + 1)] if s < last else [])
+    mine = [(PassKind.R, j, s)] if s in recompute else [(PassKind.F, j, s)]
+    return mine + ([(back, j, s + 1)] if s < last else [])
 
 
 @st.composite
@@ -201,11 +223,12 @@ def _keeps_every_guarantee(source, seed):
             assert key not in seen, (key, source)
             assert s.placement.stage_device[p.stage] == dev
             seen[key] = (dev, index)
+    marked = s.recompute
     expected = {
         (k, j, st_)
-        for k in kinds
         for j in range(s.num_microbatches)
         for st_ in range(s.num_stages)
+        for k in (*kinds, *((PassKind.R,) if st_ in marked else ()))
     }
     assert set(seen) == expected
     # dependencies: in the timeline, each pass starts after what it needs ends
@@ -213,7 +236,7 @@ def _keeps_every_guarantee(source, seed):
     last = s.num_stages - 1
     for key, (dev, index) in seen.items():
         start = t.start[dev][index]
-        for need in _needs(key[0], key[1], key[2], last, split):
+        for need in _needs(key[0], key[1], key[2], last, split, marked):
             ndev, nindex = seen[need]
             assert t.end[ndev][nindex] <= start + 1e-9, (key, need, source)
     # memory: the prefix-sum peak on every device is within the file's bound
@@ -222,11 +245,31 @@ def _keeps_every_guarantee(source, seed):
         level = peak = 0
         for p in order:
             a, w = mm.activation[p.stage], mm.weight_retained[p.stage]
-            level += {PassKind.F: a, PassKind.B: w - a, PassKind.W: -w, PassKind.BW: -a}[p.kind]
+            kept = mm.kept(p.stage)
+            if kept is None:
+                change = {PassKind.F: a, PassKind.B: w - a, PassKind.W: -w, PassKind.BW: -a}
+            else:  # recomputed: F keeps its input, R restores the rest
+                change = {PassKind.F: kept, PassKind.R: a - kept, PassKind.B: w - a,
+                          PassKind.W: -w, PassKind.BW: -a}
+            level += change[p.kind]
             peak = max(peak, level)
         assert peak <= s.num_stages * s.num_microbatches  # sanity
         bound = next(e for e in s.expects if e.metric == "peak_memory").bound
         assert peak <= bound, source
+    # lifespans: a W-less or explicit-W block's run from its F slot to the end of
+    # the slot freeing the last activation, within the file's bound; the steady
+    # state (derived two ways inside the compiler) never exceeds the ⌈l/T⌉ rule
+    found = block_memory(s)
+    slots = {(x.kind, x.stage): x for x in s.block.slots}
+    for x in found.lifespans:
+        if (x.frees, x.stage) in slots:
+            last = slots[(x.frees, x.stage)]
+            assert x.length == last.start + last.duration - slots[(PassKind.F, x.stage)].start
+        for e in s.expects:
+            if e.metric == "lifespan":
+                assert x.length <= e.bound, source
+    if found.steady is not None:
+        assert all(a <= b for a, b in zip(found.steady, found.rule, strict=True)), source
     # the lowered programs run to the end under blocking exchanges
     assert brute_force_finishes(compiled.programs, random.Random(seed)), source
     return compiled

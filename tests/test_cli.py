@@ -101,8 +101,10 @@ def test_stats_table_has_every_device(capsys: pytest.CaptureFixture[str]) -> Non
     code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=4", "-D", "m=8")
     assert code == 0
     assert "bubble ratio" in out and "makespan" in out
-    rows = [ln for ln in out.splitlines() if ln.strip().split(" ")[0] in {"0", "1", "2", "3"}]
+    table, lifespans = out.split("block period T = 3: lifespans")
+    rows = [ln for ln in table.splitlines() if ln.strip().split(" ")[0] in {"0", "1", "2", "3"}]
     assert len(rows) == 4
+    assert "ceil(l/T)" in lifespans and "steady state" in lifespans
 
 
 def test_stats_shows_receive_buffers_held_ahead(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ DEVICES = (2, 4, 8, 16)
 MICROBATCHES = {
     "gpipe": lambda d: (1, d, 2 * d + 1),
     "1f1b": lambda d: (d, 2 * d, 3 * d + 1),
+    "1f1b_recompute": lambda d: (d, 2 * d, 3 * d + 1),
     "zb_h1": lambda d: (d, 2 * d, 3 * d + 1),
     "zb_h2": lambda d: (2 * d - 1, 2 * d, 3 * d + 1),
     "v_min": lambda d: (2, d, 2 * d, 3 * d + 1),

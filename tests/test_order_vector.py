@@ -3,7 +3,8 @@ arithmetic, `order_form._VectorLoop`) give exactly what running the loop value
 by value gives: the same orders, or the same located error, on random loop
 bodies of pass calls and `if`s over random integer expressions (division and
 modulo by zero, rationals, out-of-range microbatches and chunks, runaway
-orders and huge values included)."""
+orders and huge values included; R calls with and without stages marked
+`recompute`)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _cond(depth: int):
 
 
 def _call():
-    kind = st.sampled_from(["F", "B", "W"])
+    kind = st.sampled_from(["F", "B", "W", "R"])  # R: an error where no stage recomputes
     one = st.tuples(kind, _expr(2)).map(lambda p: f"{p[0]}({p[1]})")
     two = st.tuples(kind, _expr(2), _expr(1)).map(lambda p: f"{p[0]}({p[1]}, {p[2]})")
     return st.one_of(one, two)
@@ -84,10 +85,11 @@ def programs(draw):
     big = draw(st.sampled_from([5, 2**40, 2**62]))
     body = "; ".join(draw(st.lists(_stmt(2), min_size=1, max_size=4)))
     reverse = draw(st.booleans())
+    recompute = draw(st.sampled_from(["", " recompute\n", " recompute[s] = s % 2 == 0\n"]))
     rng = f"reversed({start}..{stop})" if reverse else f"{start}..{stop}"
     return (
         f"schedule r {{\n param d = {d}\n param m = {m}\n let big = {big}\n place {place}\n"
-        f" backward split\n order {{\n  for t in {rng} {{ {body} }}\n }}\n}}\n"
+        f" backward split\n{recompute} order {{\n  for t in {rng} {{ {body} }}\n }}\n}}\n"
     )
 
 

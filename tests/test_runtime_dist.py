@@ -31,6 +31,7 @@ TOL = 1e-5
 CASES = [(d, p.stem) for d in (2, 4) for p in example_files()]
 V_FILES = {"1f1b": "1f1b", "half": "v_half", "min": "v_min"}
 FROZEN_FILES = ["1f1b", "zb_h1", "zb_v"]
+DUALPIPE_RECOMPUTE = ROOT / "tests" / "dist" / "dualpipe_recompute.pp"
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,8 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
                 cases += build_cases(d, work, check_grads=False, factory="stages_long")
                 # LoRA-style: frozen weights, split and fused backward schedules
                 cases += build_cases(d, work, only=FROZEN_FILES, factory="stages_frozen")
+                # DualPipe's lanes with recomputed stages (each lane's first)
+                cases += build_cases(d, work, paths=[DUALPIPE_RECOMPUTE])
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
                                      release="w")
@@ -77,15 +80,46 @@ def test_step_equals_single_process(dist_results, d: int, name: str) -> None:
 @pytest.mark.parametrize(("d", "name"), CASES, ids=[f"{n}-d{d}" for d, n in CASES])
 def test_measured_memory_equals_prediction(dist_results, d: int, name: str) -> None:
     """Measured peak activation per rank, in microbatch-stage units, equals the
-    memory model's prefix-sum peak with M_W set to the model's measured M_W/M_B;
-    for a fused backward (nothing retained between B and W) it equals the file's
-    prediction exactly."""
+    memory model's prefix-sum peak with M_W set to the model's measured M_W/M_B
+    (and a recomputed stage's M_I to its measured M_I/M_B); for a fused backward
+    without recomputation (nothing retained between B and W, nothing kept
+    between F and R) it equals the file's prediction exactly."""
     for r in _case(dist_results, d, name):
         measured = Fraction(r["measured_peak"])
         assert measured == Fraction(r["predicted_peak_real_mw"]), r
-        if not r["mw_ratio"]:  # fused backward: the file's model is the real one
+        if not r["mw_ratio"] and not r["mi_ratio"]:  # fused, no recompute: the file's model
             assert measured == Fraction(r["predicted_peak"]), r
         assert r["measured_peak_bytes"] > 0
+
+
+@pytest.mark.parametrize("d", [2, 4])
+def test_recomputed_stages_keep_only_their_input(dist_results, d: int) -> None:
+    """examples/1f1b_recompute.pp: on every rank the recomputed stage's F keeps
+    under a tenth of what its R restores (its input, not its activations), and
+    the measured peak is the prediction with that measured M_I, below 1F1B's."""
+    plain = {r["rank"]: Fraction(r["measured_peak"]) for r in _case(dist_results, d, "1f1b")}
+    for r in _case(dist_results, d, "1f1b_recompute"):
+        assert [int(s) for s in r["mi_ratio"]] == r["stages"], r
+        assert set(r["stages"]) <= set(r["recompute"]), r
+        assert all(0 < Fraction(x) < Fraction(1, 10) for x in r["mi_ratio"].values()), r
+        assert Fraction(r["measured_peak"]) == Fraction(r["predicted_peak_real_mw"]), r
+        assert Fraction(r["measured_peak"]) <= plain[r["rank"]], r
+        if r["rank"] == 0:  # 1F1B's first rank holds d whole activations, this one about 1
+            assert Fraction(r["measured_peak"]) < Fraction(3, 2) < plain[0], (r, plain)
+
+
+def test_dualpipe_lanes_with_recompute(dist_results) -> None:
+    """tests/dist/dualpipe_recompute.pp (d=2): two lanes whose first stages (0 on
+    rank 0, 2 on rank 1) recompute: the step equals the single-process run, each
+    rank's recomputed stage keeps only its input, and the measured peak is the
+    prediction with the measured M_I."""
+    for r in _case(dist_results, 2, "dualpipe_recompute"):
+        assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
+        assert r["grad_rel_err"] <= TOL and r["param_rel_err"] <= TOL, r
+        assert sorted(r["recompute"]) == [0, 2], r
+        assert [int(s) for s in r["mi_ratio"]] == [s for s in r["stages"] if s % 2 == 0], r
+        assert all(0 < Fraction(x) < Fraction(1, 10) for x in r["mi_ratio"].values()), r
+        assert Fraction(r["measured_peak"]) == Fraction(r["predicted_peak_real_mw"]), r
 
 
 NAMES_D2 = [name for d, name in CASES if d == 2]

@@ -36,6 +36,20 @@ def test_needs_are_the_papers():
     assert semantics.needs(BW, 3, 2, S) == [(F, 3, 2), (BW, 3, 3)]
 
 
+def test_recompute_needs():
+    """R(j,s) re-runs F(j,s); on a recomputed stage B and BW also wait for R(j,s),
+    elsewhere there is no R to wait for (an optional need)."""
+    R, S = PassKind.R, 4
+    assert semantics.needs(R, 3, 2, S) == [(F, 3, 2)]
+    assert semantics.needs(B, 3, 2, S, recompute={2}) == [(F, 3, 2), (R, 3, 2), (B, 3, 3)]
+    assert semantics.needs(BW, 3, 3, S, recompute={3}) == [(F, 3, 3), (R, 3, 3)]
+    assert semantics.needs(B, 3, 2, S, recompute={1, 3}) == [(F, 3, 2), (B, 3, 3)]
+    assert semantics.receives(R) == semantics.sends(R) == ()
+    assert semantics.pass_kinds(True, recompute=True) == (F, R, B, W)
+    plain = semantics.need_arrays(with_optional=False)[0]
+    assert R.code not in plain[B.code] and R.code in NEED_KIND[B.code]
+
+
 def test_need_arrays_are_the_needs():
     """The arrays every kernel takes say exactly what NEEDS says, and are read-only."""
     for kind in KINDS:
@@ -47,6 +61,7 @@ def test_need_arrays_are_the_needs():
                 assert NEED_STAGE_OFFSET[kind.code, slot] == need.stage_offset
                 carried = -1 if need.carries is None else need.carries.code
                 assert NEED_TRANSFER[kind.code, slot] == carried
+                assert semantics.NEED_OPTIONAL[kind.code, slot] == need.optional
             else:
                 assert NEED_KIND[kind.code, slot] == -1
     with pytest.raises(ValueError):
@@ -70,12 +85,28 @@ def test_memory_deltas_and_table():
     denominator (a budget in `also` scales with it)."""
     a, w = Fraction(3, 2), Fraction(1, 3)
     deltas = {k: semantics.memory_delta(k, a, w) for k in KINDS}
-    assert deltas == {F: a, B: w - a, W: -w, BW: -a}
+    assert deltas == {F: a, B: w - a, W: -w, BW: -a, PassKind.R: 0}
     table, scale = semantics.delta_table((a, a), (w, w), also=(Fraction(1, 4),))
     assert scale == 12 and table.dtype == np.int64
     assert [Fraction(int(x), scale) for x in table[:, 1]] == [deltas[k] for k in KINDS]
     assert semantics.allocates_at_start(F) and not semantics.allocates_at_start(W)
     assert semantics.peak_of_deltas([1, 1, -1, 2, -3]) == 3
+
+
+def test_recomputed_memory_deltas():
+    """On a stage marked recompute: F keeps M_I, R brings it to M_B, B and W free
+    as usual; a microbatch-stage's deltas sum to 0; the table scales M_I too."""
+    a, w, i = Fraction(3, 2), Fraction(1, 3), Fraction(1, 5)
+    R = PassKind.R
+    deltas = {k: semantics.memory_delta(k, a, w, i) for k in KINDS}
+    assert deltas == {F: i, R: a - i, B: w - a, W: -w, BW: -a}
+    assert deltas[F] + deltas[R] + deltas[B] + deltas[W] == 0
+    table, scale = semantics.delta_table((a, a), (w, w), kept_input=(None, i))
+    assert scale == 30
+    assert Fraction(int(table[F.code, 0]), scale) == a
+    assert Fraction(int(table[F.code, 1]), scale) == i
+    assert Fraction(int(table[R.code, 1]), scale) == a - i
+    assert semantics.allocates_at_start(R)
 
 
 def test_placements_and_their_spellings():

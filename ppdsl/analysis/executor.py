@@ -19,7 +19,7 @@ import numpy as np
 
 from ppdsl.ir.flat import FlatSchedule
 from ppdsl.jit import kernel
-from ppdsl.semantics import NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS
+from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
 
 __all__ = [
     "Needs",
@@ -45,12 +45,15 @@ class Needs:
 
 @kernel
 def pass_needs(
-    kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset
+    kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset,
+    need_optional,
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (`table[kind,
     microbatch, stage]` is a pass's flat index, -1 when absent), and how many
     needed passes are absent. A need beyond the first or last stage of its lane
-    (`lane_length` consecutive stages; `semantics.same_lane`) does not exist."""
+    (`lane_length` consecutive stages; `semantics.same_lane`) does not exist,
+    nor an optional one whose pass the schedule does not run (R of a stage that
+    keeps its activations: the passes check vouches for the set)."""
     n = kind.shape[0]
     width = need_kind.shape[1]
     needs = np.full((n, width), -1, dtype=np.int64)
@@ -65,6 +68,8 @@ def pass_needs(
             if ns < 0 or ns >= num_stages or ns // lane_length != stage[k] // lane_length:
                 continue
             q = table[nk, microbatch[k], ns]
+            if q < 0 and need_optional[kd, slot]:
+                continue
             needs[k, slot] = q
             if q < 0:
                 missing += 1
@@ -85,6 +90,7 @@ def dependencies(flat: FlatSchedule) -> Needs:
             flat.num_stages // flat.lanes,
             NEED_KIND,
             NEED_STAGE_OFFSET,
+            NEED_OPTIONAL,
         )
         if flat.joined is not None:
             index = _unit_needs(index, flat.joined)
@@ -192,7 +198,7 @@ def measure(offsets, kind, stage, start, end, duration, delta):  # pragma: no co
 @kernel
 def _timed(
     offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-    need_kind, need_offset, num_kinds, lanes,
+    need_kind, need_offset, need_optional, num_kinds, lanes,
 ):  # pragma: no cover - numba
     num_stages = stage_device.shape[0]
     n = kind.shape[0]
@@ -200,7 +206,8 @@ def _timed(
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
     needs, missing = pass_needs(
-        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset
+        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset,
+        need_optional,
     )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
@@ -231,11 +238,11 @@ class Metrics:
 @kernel
 def _evaluate(
     offsets, kind, microbatch, stage, stage_device, duration, comm, delta, num_microbatches,
-    need_kind, need_offset, num_kinds, lanes,
+    need_kind, need_offset, need_optional, num_kinds, lanes,
 ):  # pragma: no cover - numba
     start, end, ok = _timed(
         offsets, kind, microbatch, stage, stage_device, duration, comm, num_microbatches,
-        need_kind, need_offset, num_kinds, lanes,
+        need_kind, need_offset, need_optional, num_kinds, lanes,
     )
     if not ok:
         return False, np.inf, 1.0, 1.0, np.zeros(offsets.shape[0] - 1, dtype=np.int64)
@@ -261,7 +268,7 @@ def evaluate(
     `delta[kind code, stage]` as in `measure`; `lanes`: the placement's pipelines."""
     ok, makespan, bubble, idle, peak = _evaluate(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -281,5 +288,5 @@ def timed(
     placement's pipelines)."""
     return _timed(
         offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NUM_KINDS, lanes,
+        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )

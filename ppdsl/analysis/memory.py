@@ -14,7 +14,6 @@ import numpy as np
 
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Schedule
-from ppdsl.semantics import delta_table
 
 __all__ = ["peak_positions", "peak_memory"]
 
@@ -25,7 +24,7 @@ def peak_positions(schedule: Schedule) -> tuple[tuple[Fraction, int | None], ...
     flat = flatten(schedule)
     mem = schedule.memory
     longest = max((len(o) for o in schedule.orders), default=0)
-    table, scale = delta_table(mem.activation, mem.weight_retained, longest_order=longest)
+    table, scale = mem.delta_table(longest_order=longest)
     deltas = table[flat.kind, flat.stage]
     found: list[tuple[Fraction, int | None]] = []
     for dev in range(schedule.num_devices):

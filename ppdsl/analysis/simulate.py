@@ -129,13 +129,15 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
         order = schedule.orders[dev]
         p: Pass = order[k]
         keys = semantics.needs(
-            p.kind, p.microbatch, p.stage, schedule.num_stages, placement.lanes
+            p.kind, p.microbatch, p.stage, schedule.num_stages,
+            lanes=placement.lanes, recompute=schedule.recompute,
         )
         if k + 1 < len(order) and order[k + 1].overlapped:
             # an overlapped pair starts as one unit: when its backward's inputs are in too
             q = order[k + 1]
             keys += semantics.needs(
-                q.kind, q.microbatch, q.stage, schedule.num_stages, placement.lanes
+                q.kind, q.microbatch, q.stage, schedule.num_stages,
+                lanes=placement.lanes, recompute=schedule.recompute,
             )
         found_keys = keys
         found: list[tuple[tuple[int, int], float]] = []

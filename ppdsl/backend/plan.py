@@ -17,7 +17,7 @@ import numpy as np
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
 from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
-from ppdsl.semantics import KINDS, PassKind, delta_table, peak_of_deltas
+from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
 __all__ = ["Plan", "plan_from_schedule", "fingerprint", "predicted_peak"]
 
@@ -27,7 +27,7 @@ def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -
     deltas of its passes (kind, stage) in order (exact: integer deltas over their
     common denominator, `semantics.delta_table`)."""
     order = list(order)
-    table, scale = delta_table(memory.activation, memory.weight_retained, longest_order=len(order))
+    table, scale = memory.delta_table(longest_order=len(order))
     if table.dtype != np.int64 or not order:
         return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
     codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
@@ -121,6 +121,8 @@ class Plan:
             "memory": {
                 "M_B": [str(x) for x in self.memory.activation],
                 "M_W": [str(x) for x in self.memory.weight_retained],
+                # per stage M_I of a stage marked `recompute`, null for one that is not
+                "M_I": [None if x is None else str(x) for x in self.memory.kept_input],
             },
             "costs": self.costs,
             "predicted_makespan": self.predicted_makespan,
@@ -155,6 +157,7 @@ class Plan:
             memory=MemoryModel(
                 tuple(Fraction(x) for x in data["memory"]["M_B"]),
                 tuple(Fraction(x) for x in data["memory"]["M_W"]),
+                tuple(None if x is None else Fraction(x) for x in data["memory"].get("M_I", ())),
             ),
             orders=tuple(orders),
             fingerprint=data["fingerprint"],

@@ -32,6 +32,7 @@ __all__ = [
     "Backward",
     "Cost",
     "Memory",
+    "Recompute",
     "Slot",
     "SlotLine",
     "Fill",
@@ -224,6 +225,16 @@ class Memory:
 
 
 @dataclass(frozen=True, slots=True)
+class Recompute:
+    """`recompute` (every stage), `recompute = cond` or `recompute[s] = cond(s)`:
+    the stages whose F keeps only its input and whose R restores the rest."""
+
+    index: str | None
+    value: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Slot:
     """`KIND at start` in a block line."""
 
@@ -352,7 +363,19 @@ class ExpectDecl:
     metric_span: Span
 
 
-Stmt = Param | Let | Require | Place | Backward | Cost | Memory | BlockDecl | OrderDecl | ExpectDecl
+Stmt = (
+    Param
+    | Let
+    | Require
+    | Place
+    | Backward
+    | Cost
+    | Memory
+    | Recompute
+    | BlockDecl
+    | OrderDecl
+    | ExpectDecl
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,6 +557,10 @@ def _format_stmt(stmt: Stmt) -> list[str]:
         word = "cost" if isinstance(stmt, Cost) else "memory"
         index = "" if stmt.index is None else f"[{stmt.index}]"
         return [f"{pad}{word} {stmt.name}{index} = {format_expr(stmt.value)}"]
+    if isinstance(stmt, Recompute):
+        index = "" if stmt.index is None else f"[{stmt.index}]"
+        value = "" if stmt.value is None else f" = {format_expr(stmt.value)}"
+        return [f"{pad}recompute{index}{value}"]
     if isinstance(stmt, BlockDecl):
         group = stmt.group
         grouping = (

@@ -5,9 +5,10 @@ Each slot line gives, for microbatch 0, the start of a pass kind for every
 chunk, for one chunk (`chunk 0:`) or for the chunks not given by number
 (`chunk c:`); `W fill` leaves W to the greedy rule. A header `group G every U`
 makes the block a grouped one: G microbatches a group, one every U, a group
-every T (Megatron's microbatch groups of its interleaved 1F1B). The slot table
-is evaluated for every stage of every device and handed to
-`ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
+every T (Megatron's microbatch groups of its interleaved 1F1B). A stage marked
+`recompute` runs R: where no line places it, R ends as its backward (B or BW)
+starts. The slot table is evaluated for every stage of every device and handed
+to `ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def elaborate_block(
     base = Scope(["s", "i", "c"], state.scope())
     for line in decl.lines:
         if isinstance(line, ast.Fill):
-            pass_kind(line.kind, line.span, split)
+            pass_kind(line.kind, line.span, split, state.recomputes)
             if line.kind != "W":
                 raise ElaborationError(f"only W passes can be filled, not {line.kind}", line.span)
             if w_fill:
@@ -77,7 +78,7 @@ def elaborate_block(
             table = general
             scope = base
         for slot in line.slots:
-            pass_kind(slot.kind, slot.span, split)
+            pass_kind(slot.kind, slot.span, split, state.recomputes)
             if slot.kind in table:
                 other = table[slot.kind][0].span
                 raise ElaborationError(
@@ -89,12 +90,20 @@ def elaborate_block(
             table[slot.kind] = (slot, start, line.chunk) if table is named else (slot, start)
     if w_fill and ("W" in general or "W" in named or any("W" in x for x in numbered.values())):
         raise ElaborationError("W is placed explicitly and by 'W fill'; keep one", decl.span)
-    kinds = [k.value for k in pass_kinds(split) if not (w_fill and k is PassKind.W)]
-    slots = []
+    recompute = state.recompute or [False] * placement.num_stages
+    used_r: set[int] = set()  # ids of the R slots some recomputed stage took
+    slots: list[BlockSlot] = []
     env = dict(state.env)
     for device in range(placement.num_devices):
         for c, stage in enumerate(placement.chunks(device)):
             env["s"], env["i"], env["c"] = stage, device, c
+            kinds = [
+                k.value
+                for k in pass_kinds(split, recompute[stage])
+                if not (w_fill and k is PassKind.W)
+            ]
+            # R last: by default it ends as the backward starts
+            kinds.sort(key=lambda k: k == "R")
             for kind in kinds:
                 entry = numbered.get(c, {}).get(kind)
                 if entry is None and kind in named:
@@ -103,6 +112,22 @@ def elaborate_block(
                     entry = (slot, start)
                 if entry is None:
                     entry = general.get(kind)
+                if entry is None and kind == "R":
+                    backward = next(x for x in reversed(slots) if x.kind in (PassKind.B, PassKind.BW))
+                    duration = norm(Fraction(_stage_cost(state, kind, stage)))
+                    slots.append(
+                        BlockSlot(
+                            PassKind.R,
+                            stage,
+                            device,
+                            backward.start - Fraction(duration),
+                            Fraction(duration),
+                            backward.span,
+                        )
+                    )
+                    continue
+                if kind == "R" and entry is not None:
+                    used_r.add(id(entry[0]))
                 if entry is None:
                     raise ElaborationError(
                         f"the block places no {kind} for stage {stage} (chunk {c} of device "
@@ -117,6 +142,15 @@ def elaborate_block(
                 slots.append(
                     BlockSlot(pk, stage, device, Fraction(at), Fraction(duration), slot.span)
                 )
+    tables: list[dict] = [general, named, *numbered.values()]
+    r_slots = [t["R"][0] for t in tables if "R" in t]
+    for r_slot in r_slots:
+        if id(r_slot) not in used_r:
+            raise ElaborationError(
+                "this R applies to no stage marked `recompute`: mark its stages "
+                "(`recompute[s] = ...`) or remove it",
+                r_slot.span,
+            )
     # repeat_block breaks ties by slot position: keep the order the file wrote the slots
     slots.sort(key=lambda slot: (slot.span.sort_key() if slot.span else ("", 0, 0), slot.stage))
     block = Block(Fraction(period), tuple(slots), decl.span, group_size, Fraction(spacing))
@@ -124,7 +158,15 @@ def elaborate_block(
         raise ElaborationError(
             f"the block repeated m = {m} times makes more than {MAX_PASSES} passes", decl.span
         )
-    orders = repeat_block(block, placement, m, split_backward=split, w_fill=w_fill, costs=costs)
+    orders = repeat_block(
+        block,
+        placement,
+        m,
+        split_backward=split,
+        w_fill=w_fill,
+        costs=costs,
+        recompute=frozenset(s for s, on in enumerate(recompute) if on),
+    )
     return block, orders
 
 

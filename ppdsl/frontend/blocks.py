@@ -58,10 +58,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, MemoryModel, Pass, PassKind, Placement
-from ppdsl.semantics import needs
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
+from ppdsl.semantics import memory_delta, needs
 
-__all__ = ["repeat_block", "tighten_warm_up_and_cool_down"]
+__all__ = ["repeat_block", "timed_slots", "fill_timeline", "tighten_warm_up_and_cool_down"]
 
 _F, _B, _W, _BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 
@@ -74,12 +74,32 @@ def repeat_block(
     split_backward: bool,
     w_fill: bool,
     costs: Costs,
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...]:
     """Per-device pass orders of `block` repeated for `num_microbatches`
     microbatches. Every Pass carries the span of the block line that made it; a
-    W placed by `w_fill` carries the span of its B's line."""
+    W placed by `w_fill` carries the span of its B's line. `recompute`: the
+    stages marked `recompute` (their B waits for their R)."""
     if w_fill and not split_backward:
         raise ValueError("W fill needs a split backward (F, B, W)")
+    timed = timed_slots(block, placement, num_microbatches)
+    if w_fill:
+        orders = _fill_w(timed, costs)
+    else:
+        orders = tuple(
+            tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
+            for device_slots in timed
+        )
+    return tighten_warm_up_and_cool_down(orders, placement, costs, recompute)
+
+
+def timed_slots(
+    block: Block, placement: Placement, num_microbatches: int
+) -> list[list[tuple[Fraction, int, int, BlockSlot]]]:
+    """Per device, (start, slot index, microbatch, slot) of every slot repeated
+    for `num_microbatches` microbatches (microbatch j shifted by
+    `block.shift(j)`), sorted by start, then slot position, then microbatch
+    (the plain repetition's order)."""
     shifts = [block.shift(j) for j in range(num_microbatches)]
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]] = [
         [] for _ in range(placement.num_devices)
@@ -90,53 +110,62 @@ def repeat_block(
             timed[slot.device].append((start + shift, index, j, slot))
     for device_slots in timed:
         device_slots.sort(key=lambda t: (t[0], t[1], t[2]))
-    if w_fill:
-        orders = _fill_w(timed, costs)
-    else:
-        orders = tuple(
-            tuple(Pass(s.kind, j, s.stage, s.span) for _, _, j, s in device_slots)
-            for device_slots in timed
-        )
-    return tighten_warm_up_and_cool_down(orders, placement, costs)
+    return timed
 
 
 def _fill_w(
     timed: list[list[tuple[Fraction, int, int, BlockSlot]]], costs: Costs
 ) -> tuple[tuple[Pass, ...], ...]:
-    """Insert every W into the repeated block's timeline, device by device: a
-    W becomes pending when its B ends; the oldest pending W starts whenever the
-    device is free before its next F/B slot's start; the rest run at the end."""
-    orders = []
+    """Insert every W into the repeated block's timeline (`fill_timeline`)."""
+    return tuple(tuple(p for _, p in row) for row in fill_timeline(timed, costs))
+
+
+def fill_timeline(
+    timed: list[list[tuple[Fraction, int, int, BlockSlot]]], costs: Costs
+) -> tuple[tuple[tuple[Fraction, Pass], ...], ...]:
+    """Per device, (start, pass) of the repeated block with every W inserted, in
+    order: a W becomes pending when its B ends; the oldest pending W starts
+    whenever the device is free before its next F/B slot's start (a W that runs
+    over that start delays the slot); the rest run at the end. `timed` holds per
+    device (start, slot index, microbatch, slot) sorted by start."""
+    rows = []
     for device_slots in timed:
-        order: list[Pass] = []
+        row: list[tuple[Fraction, Pass]] = []
         pending: deque[tuple[Fraction, Pass]] = deque()
         free: Fraction | None = None
         for start, _, j, slot in device_slots:
-            if slot.kind not in (_F, _B):
+            if slot.kind is _W or slot.kind is _BW:
                 raise ValueError(f"a W-fill block holds only F and B slots, not {slot.kind.value}")
             while pending and free is not None and free < start and pending[0][0] <= free:
                 _, w = pending.popleft()
-                order.append(w)
+                row.append((free, w))
                 free += Fraction(costs.duration(_W, w.stage))
             free = max(start, free) if free is not None else start
+            row.append((free, Pass(slot.kind, j, slot.stage, slot.span)))
             free += Fraction(slot.duration)
-            order.append(Pass(slot.kind, j, slot.stage, slot.span))
             if slot.kind is _B:
                 pending.append((free, Pass(_W, j, slot.stage, slot.span)))
-        order += [w for _, w in pending]
-        orders.append(tuple(order))
-    return tuple(orders)
+        for _, w in pending:
+            assert free is not None
+            row.append((free, w))
+            free += Fraction(costs.duration(_W, w.stage))
+        rows.append(tuple(row))
+    return tuple(rows)
 
 
 def tighten_warm_up_and_cool_down(
-    orders: tuple[tuple[Pass, ...], ...], placement: Placement, costs: Costs
+    orders: tuple[tuple[Pass, ...], ...],
+    placement: Placement,
+    costs: Costs,
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...]:
     """The orders with warm-up and cool-down tightened (module docstring), or
-    the orders themselves when that would not help or would raise a peak."""
-    plain = _Run(orders, placement, costs, improve=False)
+    the orders themselves when that would not help or would raise a peak.
+    `recompute`: the stages marked `recompute`."""
+    plain = _Run(orders, placement, costs, recompute, improve=False)
     if not plain.finished:
         return orders  # the dependency check reports why
-    peaks = _peaks(orders)
+    peaks = _peaks(orders, recompute)
 
     def acceptable(run: _Run) -> bool:
         return (
@@ -144,20 +173,27 @@ def tighten_warm_up_and_cool_down(
             and run.makespan <= plain.makespan
             and run.worst_idle <= plain.worst_idle
             and (run.makespan, run.worst_idle) != (plain.makespan, plain.worst_idle)
-            and all(b <= p for b, p in zip(_peaks(run.orders), peaks, strict=True))
+            and all(
+                all(x <= y for x, y in zip(b, p, strict=True))
+                for b, p in zip(_peaks(run.orders, recompute), peaks, strict=True)
+            )
         )
 
     chosen: _Run | None = None
     for hoist_forwards in (True, False):
-        better = _Run(orders, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+        better = _Run(
+            orders, placement, costs, recompute, improve=True, hoist_forwards=hoist_forwards
+        )
         if acceptable(better):
             chosen = better
             break
     # Compaction first, then the same step: kept only where strictly better.
-    compact = _compact(orders, placement, costs, plain.ends, peaks)
+    compact = _compact(orders, placement, costs, plain.ends, peaks, recompute)
     if compact is not None:
         for hoist_forwards in (True, False):
-            better = _Run(compact, placement, costs, improve=True, hoist_forwards=hoist_forwards)
+            better = _Run(
+                compact, placement, costs, recompute, improve=True, hoist_forwards=hoist_forwards
+            )
             best = chosen or plain
             if acceptable(better) and (better.worst_idle, better.makespan) < (
                 best.worst_idle,
@@ -167,14 +203,26 @@ def tighten_warm_up_and_cool_down(
     return chosen.orders if chosen is not None else orders
 
 
+_CHANNELS = ((1, 1), (0, 1), (1, 0), (0, 0))
+"""The extreme memory models `_peaks` counts in, as (M_W, M_I) in units of M_B:
+W holding all of M_B or none of it; a recomputed stage's F keeping all of it or
+none (M_I). The first counts an F as one microbatch-stage, as `_Run` does."""
+
 _EXTREME_DELTAS = {
-    kind: tuple(
-        int(MemoryModel((Fraction(1),), (Fraction(w),)).delta(kind, 0)) for w in (1, 0)
+    (kind, recomputed): tuple(
+        int(memory_delta(kind, Fraction(1), Fraction(w), Fraction(i) if recomputed else None))
+        for w, i in _CHANNELS
     )
     for kind in PassKind
+    for recomputed in (False, True)
 }
-"""A pass's memory change in microbatch-stages, counted as `_peaks` counts:
-with W holding all of M_B and with W holding none of it (whole numbers)."""
+"""A pass's memory change in microbatch-stages in each of `_CHANNELS`, on a
+stage that keeps its activations (False) or recomputes them (True)."""
+
+
+def _extreme_delta(kind: PassKind, stage: int, recompute: frozenset[int]) -> tuple[int, ...]:
+    """A pass's memory change in microbatch-stages in each channel (whole numbers)."""
+    return _EXTREME_DELTAS[(kind, stage in recompute)]
 
 
 def _compact(
@@ -182,7 +230,8 @@ def _compact(
     placement: Placement,
     costs: Costs,
     ends: dict[tuple[PassKind, int, int], float],
-    peaks: list[tuple[Fraction, Fraction]],
+    peaks: list[tuple[Fraction, ...]],
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Pass, ...], ...] | None:
     """Compaction (the paper's reordering, done with the file's costs): every
     pass, in the order the plain repetition starts them, takes the earliest
@@ -198,23 +247,23 @@ def _compact(
         for k, p in enumerate(order)
     )
     placed: list[list[tuple[float, float, Pass]]] = [[] for _ in orders]
-    arrays = [_Placed() for _ in orders]
+    arrays = [_Placed(recompute) for _ in orders]
     end_of: dict[tuple[PassKind, int, int], float] = {}
     for _, dev, _, p in queue:
         ready = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, num_stages):
+        for key in needs(p.kind, p.microbatch, p.stage, num_stages, recompute=recompute):
             if key not in end_of:
                 return None
             lag = costs.comm if stage_device[key[2]] != stage_device[p.stage] else 0.0
             ready = max(ready, end_of[key] + lag)
         duration = costs.duration(p.kind, p.stage)
         limit = tuple(int(x) for x in peaks[dev])
-        at = arrays[dev].first_fit(ready, duration, _EXTREME_DELTAS[p.kind], limit)
+        at = arrays[dev].first_fit(ready, duration, _extreme_delta(p.kind, p.stage, recompute), limit)
         if at is None:
             return None
         index, start = at
         placed[dev].insert(index, (start, start + duration, p))
-        arrays[dev].insert(index, start, start + duration, p.kind)
+        arrays[dev].insert(index, start, start + duration, p.kind, p.stage)
         end_of[p.key] = start + duration
     return tuple(tuple(p for _, _, p in row) for row in placed)
 
@@ -225,41 +274,45 @@ def _first_fit(
     duration: float,
     delta: tuple[int, ...],
     limit: tuple[int, ...],
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
-    placed = _Placed()
+    placed = _Placed(recompute)
     for k, (s, e, q) in enumerate(row):
-        placed.insert(k, s, e, q.kind)
+        placed.insert(k, s, e, q.kind, q.stage)
     return placed.first_fit(ready, duration, delta, limit)
 
 
 class _Placed:
     """A device's placed passes as arrays, in start order: starts, ends and each
-    pass's deltas under either memory extreme (`_EXTREME_DELTAS`)."""
+    pass's deltas under every memory extreme (`_CHANNELS`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recompute: frozenset[int] = frozenset()) -> None:
+        self.recompute = recompute
         self.starts = np.zeros(0, dtype=np.float64)
         self.ends = np.zeros(0, dtype=np.float64)
-        self.deltas = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self.deltas = np.zeros((len(_CHANNELS), 0), dtype=np.int64)
 
-    def insert(self, index: int, start: float, end: float, kind: PassKind) -> None:
+    def insert(self, index: int, start: float, end: float, kind: PassKind, stage: int) -> None:
         def put(a: np.ndarray, value: float | int) -> np.ndarray:
             return np.concatenate((a[:index], np.array([value], dtype=a.dtype), a[index:]))
 
         self.starts = put(self.starts, start)
         self.ends = put(self.ends, end)
-        extreme = _EXTREME_DELTAS[kind]
-        self.deltas = (put(self.deltas[0], extreme[0]), put(self.deltas[1], extreme[1]))
+        extreme = np.array(_extreme_delta(kind, stage, self.recompute), dtype=np.int64)
+        self.deltas = np.concatenate(
+            (self.deltas[:, :index], extreme[:, None], self.deltas[:, index:]), axis=1
+        )
 
     def first_fit(
         self, ready: float, duration: float, delta: tuple[int, ...], limit: tuple[int, ...]
     ) -> tuple[int, float] | None:
         """`_first_fit`, every place at once: the levels after each placed pass
-        and their running maxima from both ends, for either memory extreme."""
+        and their running maxima from both ends, for every memory extreme."""
         n = len(self.starts)
         fits = np.ones(n + 1, dtype=bool)
-        for c in (0, 1):
+        for c in range(len(_CHANNELS)):
             levels = np.zeros(n + 1, dtype=np.int64)  # level after the first i passes
             np.cumsum(self.deltas[c], out=levels[1:])
             before = np.maximum.accumulate(levels)
@@ -278,16 +331,20 @@ class _Placed:
         return index, float(start[index])
 
 
-def _peaks(orders: tuple[tuple[Pass, ...], ...]) -> list[tuple[Fraction, Fraction]]:
-    """Per device, the peak number of microbatch-stages holding activations,
-    counting W as releasing them (M_W = M_B) and B as releasing them (M_W = 0)
-    (whole numbers: prefix sums of `_EXTREME_DELTAS`, never below 0)."""
+def _peaks(
+    orders: tuple[tuple[Pass, ...], ...], recompute: frozenset[int] = frozenset()
+) -> list[tuple[Fraction, ...]]:
+    """Per device, the peak number of microbatch-stages holding activations in
+    each of `_CHANNELS`: W releasing them (M_W = M_B) or B (M_W = 0); a
+    recomputed stage's F holding them (M_I = M_B) or R (M_I = 0) (whole numbers:
+    prefix sums of `_EXTREME_DELTAS`, never below 0)."""
     found = []
     for order in orders:
-        deltas = np.array([_EXTREME_DELTAS[p.kind] for p in order], dtype=np.int64)
-        deltas = deltas.reshape(len(order), 2)
+        deltas = np.array(
+            [_extreme_delta(p.kind, p.stage, recompute) for p in order], dtype=np.int64
+        ).reshape(len(order), len(_CHANNELS))
         tops = np.cumsum(deltas, axis=0).max(axis=0, initial=0)
-        found.append((Fraction(int(tops[0])), Fraction(int(tops[1]))))
+        found.append(tuple(Fraction(int(x)) for x in tops))
     return found
 
 
@@ -301,6 +358,7 @@ class _Run:
         orders: tuple[tuple[Pass, ...], ...],
         placement: Placement,
         costs: Costs,
+        recompute: frozenset[int],
         *,
         improve: bool,
         hoist_forwards: bool = True,
@@ -308,6 +366,7 @@ class _Run:
         self.stage_device = placement.stage_device
         self.num_stages = placement.num_stages
         self.costs = costs
+        self.recompute = recompute
         # how far down its order a device looks for a pass to run early: far enough
         # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
         self.window = 8 * placement.num_stages + 16
@@ -318,7 +377,7 @@ class _Run:
         forwards_left = [sum(1 for p in o if p.kind is _F) for o in orders]
         in_warm_up = [True] * n
         live = [0] * n
-        allowed = [peak for peak, _ in _peaks(orders)]
+        allowed = [peaks[0] for peaks in _peaks(orders, recompute)]
         result: list[list[Pass]] = [[] for _ in orders]
         free = [0.0] * n
         first: list[float | None] = [None] * n
@@ -385,7 +444,7 @@ class _Run:
     def _ready_at(self, p: Pass) -> float | None:
         """When p's inputs are all there; None while one has not run yet."""
         at = 0.0
-        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages):
+        for key in needs(p.kind, p.microbatch, p.stage, self.num_stages, recompute=self.recompute):
             end = self.ends.get(key)
             if end is None:
                 return None

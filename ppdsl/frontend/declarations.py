@@ -1,5 +1,6 @@
 """The top-level declarations: params (with `-D` overrides), lets, the
-placement, costs, the memory model and expectations.
+placement, costs, the memory model, the stages marked `recompute` and
+expectations.
 
 `Declarations` holds what the statements have established so far: the names in
 scope and their values, the placement, the per-stage costs and memory. Costs and
@@ -42,16 +43,17 @@ __all__ = [
     "declare_placement",
     "declare_cost",
     "declare_memory",
+    "declare_recompute",
     "ensure_placement",
     "expectation",
     "pass_kind",
     "require",
 ]
 
-METRICS = ("peak_memory", "bubble", "idle", "makespan")
+METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
 _COST_NAMES = tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES + ("comm",)
-_MEMORY_NAMES = ("M_B", "M_W")
+_MEMORY_NAMES = ("M_B", "M_W", "M_I")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
 _MAX_MICROBATCHES = 1 << 20
@@ -86,7 +88,11 @@ class Declarations:
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
     memory: dict[str, list[Num]] = field(default_factory=dict)
-    """M_B and M_W per stage."""
+    """M_B, M_W and M_I per stage."""
+    recompute: list[bool] | None = None
+    """Per stage, whether it is marked `recompute` (None: no `recompute` line)."""
+    recompute_span: Span | None = None
+    """Where the `recompute` line is."""
 
     def scope(self) -> Scope:
         """The names visible at the top level."""
@@ -120,11 +126,22 @@ class Declarations:
         ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()})
 
     def memory_model(self) -> MemoryModel:
-        """The memory model in force, as the IR states it."""
+        """The memory model in force, as the IR states it (with M_I of the stages
+        marked `recompute`)."""
+        marked = self.recompute or []
+        kept = tuple(
+            Fraction(x) if on else None for x, on in zip(self.memory["M_I"], marked, strict=False)
+        )
         return MemoryModel(
             tuple(Fraction(x) for x in self.memory["M_B"]),
             tuple(Fraction(x) for x in self.memory["M_W"]),
+            kept if any(marked) else (),
         )
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether some stage is marked `recompute` (so R is a pass of the file)."""
+        return self.recompute is not None and any(self.recompute)
 
 
 def _at_most(value: int, limit: int, span: Span | None, what: str, prefix: str = "") -> None:
@@ -268,6 +285,8 @@ def _refresh_names(state: Declarations) -> None:
     if "M_W" not in state.explicit:
         fraction = semantics.DEFAULT_WEIGHT_FRACTION
         state.memory["M_W"] = [norm(Fraction(x) * fraction) for x in state.memory["M_B"]]
+    if "M_I" not in state.explicit:
+        state.memory["M_I"] = [semantics.DEFAULT_KEPT_INPUT] * num_stages
     for kind in KINDS:
         state.env[f"T_{kind.value}"] = state.costs[kind][0]
     state.env["T_comm"] = state.comm
@@ -286,10 +305,14 @@ def ensure_placement(state: Declarations) -> Placement:
     return state.placement
 
 
-def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: str) -> list[Num]:
+def _per_stage_values(
+    stmt: ast.Cost | ast.Memory | ast.Recompute, state: Declarations, what: str
+) -> list[Num]:
     num_stages = ensure_placement(state).num_stages
+    expr = stmt.value
+    assert expr is not None  # a bare `recompute` has no value to evaluate
     if stmt.index is None:
-        value = state.evaluate(stmt.value)
+        value = state.evaluate(expr)
         values = [value] * num_stages
     else:
         if stmt.index in state.env:
@@ -297,7 +320,7 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: st
                 f"'{stmt.index}' is already defined; name the stage index something else",
                 stmt.span,
             )
-        fn = compile_expr(stmt.value, Scope([stmt.index], state.scope()))
+        fn = compile_expr(expr, Scope([stmt.index], state.scope()))
         env = dict(state.env)
         values = []
         for s in range(num_stages):
@@ -308,7 +331,7 @@ def _per_stage_values(stmt: ast.Cost | ast.Memory, state: Declarations, what: st
     for value in values:
         if isinstance(value, range) or value < 0:
             raise ElaborationError(
-                f"{what} must be a number >= 0, got {show(value)}", stmt.value.span
+                f"{what} must be a number >= 0, got {show(value)}", expr.span
             )
         nums.append(int(value) if isinstance(value, bool) else value)
     return nums
@@ -353,6 +376,33 @@ def declare_memory(stmt: ast.Memory, state: Declarations) -> None:
     _refresh_names(state)
 
 
+def declare_recompute(stmt: ast.Recompute, state: Declarations) -> None:
+    """`recompute` (every stage), `recompute = cond` or `recompute[s] = cond(s)`:
+    the stages marked for recomputation (a condition is true when not 0)."""
+    if state.recompute is not None:
+        where = state.recompute_span
+        at = f" (also at {where.line}:{where.column})" if where else ""
+        raise ElaborationError(
+            f"'recompute' is given twice{at}; mark every stage in one line, e.g. "
+            "`recompute[s] = s < 2 or s == S - 1`",
+            stmt.span,
+        )
+    num_stages = ensure_placement(state).num_stages
+    if stmt.value is None:
+        if stmt.index is not None:
+            raise ElaborationError(
+                f"`recompute[{stmt.index}]` needs its condition: `recompute[{stmt.index}] = ...` "
+                f"(true for the stages {stmt.index} to recompute)",
+                stmt.span,
+            )
+        marked = [True] * num_stages
+    else:
+        values = _per_stage_values(stmt, state, "a recompute condition")
+        marked = [value != 0 for value in values]
+    state.recompute = marked
+    state.recompute_span = stmt.span
+
+
 def require(stmt: ast.Require, state: Declarations) -> None:
     """`require COND, "message"`: an error at the statement when COND is false,
     quoting the message and the values of the names COND uses."""
@@ -378,15 +428,23 @@ def _names(expr: ast.Expr) -> set[str]:
     return found
 
 
-def pass_kind(name: str, span: Span, split_backward: bool) -> PassKind:
+def pass_kind(
+    name: str, span: Span, split_backward: bool, recompute: bool = False
+) -> PassKind:
     """The pass kind a block slot or an order's pass call names, checked
-    against the schedule's backward form."""
-    kinds = semantics.pass_kinds(split_backward)
+    against the schedule's backward form and (for R) its `recompute` line."""
+    kinds = semantics.pass_kinds(split_backward, recompute)
     words = tuple(k.value for k in kinds)
     if name not in {k.value for k in KINDS}:
         hint = did_you_mean(name, words) or "; passes are " + ", ".join(words)
         raise ElaborationError(f"unknown pass '{name}'{hint}", span)
     kind = PassKind(name)
+    if kind is PassKind.R and not recompute:
+        raise ElaborationError(
+            "R is the recompute pass of a stage marked `recompute`, and this schedule marks "
+            "none; add `recompute` (every stage) or `recompute[s] = ...` above",
+            span,
+        )
     if kind not in kinds:
         if split_backward:
             raise ElaborationError(
@@ -410,11 +468,19 @@ def expectation(decl: ast.ExpectDecl, state: Declarations, num_devices: int) -> 
             f"expect takes one of {' '.join(_EXPECT_OPS)}, not '{decl.op}'", decl.span
         )
     device = None
-    if decl.device is not None:
+    if decl.device is not None and decl.metric == "lifespan":
+        num_stages = ensure_placement(state).num_stages
+        device = integer(state.evaluate(decl.device), decl.device.span, "a stage index")
+        if not 0 <= device < num_stages:
+            raise ElaborationError(
+                f"stage {device} out of range: S = {num_stages}, so lifespan[0..{num_stages}]",
+                decl.device.span,
+            )
+    elif decl.device is not None:
         if decl.metric != "peak_memory":
             raise ElaborationError(
                 f"'{decl.metric}' is one value for the schedule; only peak_memory takes "
-                "a device [k]",
+                "a device [k] (and lifespan a stage [s])",
                 decl.device.span,
             )
         device = integer(state.evaluate(decl.device), decl.device.span, "a device index")

@@ -1,6 +1,6 @@
 """Elaborate the AST into the schedule IR: the driver of the front end's second
 half. Top-level statements run in order (`declarations`: params with `-D`
-overrides, lets, placement, backward form, costs, memory); then the order form
+overrides, lets, placement, backward form, costs, memory, recompute); then the order form
 (`order_form`, run once per device) or the block form (`block_form`, repeated
 by `blocks`), then the expectations. Every error is located at the source that
 caused it (`expressions.ElaborationError` becomes one CompileError).
@@ -18,6 +18,7 @@ from ppdsl.frontend.declarations import (
     declare_memory,
     declare_param,
     declare_placement,
+    declare_recompute,
     ensure_placement,
     expectation,
     require,
@@ -81,9 +82,14 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
                     stmt.span,
                 )
             seen[kind] = stmt.span
-        if isinstance(stmt, (ast.Place, ast.Cost, ast.Memory)) and "d" not in state.env:
+        if isinstance(stmt, (ast.Place, ast.Cost, ast.Memory, ast.Recompute)) and "d" not in state.env:
             d_span = next(s.span for s in module.stmts if isinstance(s, ast.Param) and s.name == "d")
-            what = {ast.Place: "'place'", ast.Cost: "'cost'", ast.Memory: "'memory'"}[type(stmt)]
+            what = {
+                ast.Place: "'place'",
+                ast.Cost: "'cost'",
+                ast.Memory: "'memory'",
+                ast.Recompute: "'recompute'",
+            }[type(stmt)]
             raise ElaborationError(
                 f"{what} depends on the number of devices, but 'param d' comes later "
                 f"(at {d_span.line}:{d_span.column}); move 'param d' above it",
@@ -108,6 +114,8 @@ def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
             declare_cost(stmt, state)
         elif isinstance(stmt, ast.Memory):
             declare_memory(stmt, state)
+        elif isinstance(stmt, ast.Recompute):
+            declare_recompute(stmt, state)
         else:
             deferred.append(stmt)
     placement = ensure_placement(state)
@@ -162,10 +170,14 @@ def _check_size(
     module: ast.Module, state: Declarations, stage_microbatches: int, overrides: dict[str, str]
 ) -> None:
     """The passes the schedule expands to (every stage runs each pass kind once per
-    microbatch) within `limits`, refused at `param m` before any expansion."""
+    microbatch, a recomputed one R besides) within `limits`, refused at `param m`
+    before any expansion."""
     kinds = len(pass_kinds(state.split_backward))
     where = next(s for s in module.stmts if isinstance(s, ast.Param) and s.name == "m")
     m = state.env["m"]
     given = f" (-D m={overrides['m']})" if "m" in overrides else ""
     what = f"{stage_microbatches // m} stages x m = {m}{given} microbatches x {kinds} pass kinds"
-    limits.check_passes(stage_microbatches * kinds, where.span, what)
+    recomputed = sum(1 for marked in state.recompute or () if marked)
+    if recomputed:
+        what += f" + R on {recomputed} recomputed stage{'s' if recomputed != 1 else ''}"
+    limits.check_passes(stage_microbatches * kinds + m * recomputed, where.span, what)

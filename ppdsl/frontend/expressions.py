@@ -51,7 +51,8 @@ Eval = Callable[[Env], Value]
 FUNCTIONS = ("min", "max", "ceil", "floor")
 # Names the compiler binds; a param or let may not take them (v may be a param).
 BUILTINS = frozenset(
-    ["S", "T_F", "T_B", "T_W", "T_BW", "T_comm", "T_overlap", "M_B", "M_W", "s", "i", "c", "chunks"]
+    ["S", "T_F", "T_B", "T_W", "T_BW", "T_R", "T_comm", "T_overlap", "M_B", "M_W", "M_I"]
+    + ["s", "i", "c", "chunks"]
     + list(FUNCTIONS)
 )
 _WHERE_BOUND = {

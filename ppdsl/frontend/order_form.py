@@ -40,6 +40,8 @@ class _Rules:
 
     split_backward: bool
     num_microbatches: int
+    recompute: bool = False
+    """Whether some stage is marked `recompute` (R is then a pass of the file)."""
 
 
 @dataclass
@@ -302,7 +304,7 @@ def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
                 chunk = compile_vector(s.args[1], stmt.var) if len(s.args) == 2 else None
                 if micro is None or (len(s.args) == 2 and chunk is None):
                     return False
-                kind = pass_kind(s.kind, s.span, rules.split_backward)
+                kind = pass_kind(s.kind, s.span, rules.split_backward, rules.recompute)
                 calls.append(_GuardedPass(kind, s.span, guards, micro, chunk))
             elif isinstance(s, ast.If):
                 cond = compile_vector(s.cond, stmt.var, as_number=False)
@@ -322,7 +324,7 @@ def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
 
 
 def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
-    kind = pass_kind(stmt.kind, stmt.span, rules.split_backward)
+    kind = pass_kind(stmt.kind, stmt.span, rules.split_backward, rules.recompute)
     if len(stmt.args) not in (1, 2):
         raise ElaborationError(
             f"{stmt.kind}(j) or {stmt.kind}(j, c) takes a microbatch and optionally a chunk, "
@@ -376,10 +378,10 @@ def elaborate_order(
 ) -> tuple[tuple[Pass, ...], ...]:
     """Every device's order: the body run once per device with `i` and
     `chunks` bound."""
-    rules = _Rules(state.split_backward, m)
+    rules = _Rules(state.split_backward, m, state.recomputes)
     scope = Scope(["i", "chunks"], state.scope())
     body = _compile_body(decl.body, scope, rules)
-    kinds_per_stage = len(pass_kinds(state.split_backward))
+    kinds_per_stage = len(pass_kinds(state.split_backward, state.recomputes))
     orders = []
     for device in range(placement.num_devices):
         stages = placement.chunks(device)

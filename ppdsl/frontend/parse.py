@@ -227,6 +227,11 @@ class _ToAst(Transformer):
     def memory(self, meta, children):
         return self._per_stage(ast.Memory, meta, children)
 
+    def recompute(self, meta, children):
+        index = next((c[1] for c in children if isinstance(c, tuple)), None)
+        value = next((c for c in children if not isinstance(c, tuple)), None)
+        return ast.Recompute(index, value, self._span(meta))
+
     # the block form
     def block(self, meta, children):
         period, *lines = children

@@ -24,10 +24,13 @@ __all__ = ["KEYWORDS", "syntax_error", "token_span"]
 
 # Words the grammar reserves; they cannot name a param or a loop variable.
 KEYWORDS = (
-    "schedule param let require place backward cost memory block period group every order expect chunk "
-    "at fill for in reversed repeat if else interleave with and or not"
+    "schedule param let require place backward cost memory recompute block period group every "
+    "order expect chunk at fill for in reversed repeat if else interleave with and or not"
 ).split()
-_STATEMENTS = ("param", "let", "require", "place", "backward", "cost", "memory", "block", "order", "expect")
+_STATEMENTS = (
+    "param", "let", "require", "place", "backward", "cost", "memory", "recompute", "block",
+    "order", "expect",
+)
 _ORDER_STATEMENTS = ("let", "for", "repeat", "if", "interleave")
 
 

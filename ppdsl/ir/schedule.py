@@ -214,10 +214,23 @@ class Costs:
 class MemoryModel:
     """Activation memory, §2 of the zero-bubble paper: M_B (`activation[s]`) and
     M_W (`weight_retained[s]`) per stage; what each pass kind allocates or frees
-    is `semantics.MEMORY_COEFFICIENTS`."""
+    is `semantics.MEMORY_COEFFICIENTS` (`RECOMPUTE_MEMORY_COEFFICIENTS` on a
+    stage marked `recompute`)."""
 
     activation: tuple[Fraction, ...]
     weight_retained: tuple[Fraction, ...]
+    kept_input: tuple[Fraction | None, ...] = ()
+    """Per stage, M_I (the input its F keeps) of a stage marked `recompute`, None
+    for a stage that keeps its activations; empty when no stage recomputes."""
+
+    @property
+    def recompute(self) -> frozenset[int]:
+        """The stages marked `recompute` (they run R before their backward)."""
+        return frozenset(s for s, kept in enumerate(self.kept_input) if kept is not None)
+
+    def kept(self, stage: int) -> Fraction | None:
+        """M_I of `stage` if it recomputes, else None."""
+        return self.kept_input[stage] if self.kept_input else None
 
     @staticmethod
     def default(num_stages: int) -> MemoryModel:
@@ -227,15 +240,24 @@ class MemoryModel:
 
     def delta(self, kind: PassKind, stage: int) -> Fraction:
         """The memory a pass of `kind` on `stage` leaves (> 0) or frees (< 0)."""
-        return semantics.memory_delta(kind, self.activation[stage], self.weight_retained[stage])
+        return semantics.memory_delta(
+            kind, self.activation[stage], self.weight_retained[stage], self.kept(stage)
+        )
+
+    def delta_table(self, also=(), longest_order: int = 0):  # type: ignore[no-untyped-def]
+        """`semantics.delta_table` of this model: (int deltas [kind code, stage], scale)."""
+        return semantics.delta_table(
+            self.activation, self.weight_retained, also, longest_order, self.kept_input
+        )
 
 
 @dataclass(frozen=True)
 class Expect:
-    """`expect METRIC[device] OP bound`. metric: peak_memory, bubble (the
-    zero-bubble paper's ratio), idle (whole-pipeline idle fraction), makespan.
-    device None means "every device" for peak_memory and the schedule-wide value
-    for the others."""
+    """`expect METRIC[index] OP bound`. metric: peak_memory, bubble (the
+    zero-bubble paper's ratio), idle (whole-pipeline idle fraction), makespan,
+    lifespan (a block stage's, controllable-memory paper §3). `device` is the
+    index: a device for peak_memory, a stage for lifespan; None means every
+    device (stage) for those two and the schedule-wide value for the others."""
 
     metric: str
     op: str
@@ -310,8 +332,18 @@ class Schedule:
 
     @property
     def pass_kinds(self) -> tuple[PassKind, ...]:
-        """The kinds of pass every (microbatch, stage) runs once."""
+        """The kinds of pass every (microbatch, stage) of a stage that keeps its
+        activations runs once (a recomputed stage adds R: `stage_pass_kinds`)."""
         return semantics.pass_kinds(self.split_backward)
+
+    @property
+    def recompute(self) -> frozenset[int]:
+        """The stages marked `recompute`."""
+        return self.memory.recompute
+
+    def stage_pass_kinds(self, stage: int) -> tuple[PassKind, ...]:
+        """The kinds of pass each microbatch runs once on `stage`."""
+        return semantics.pass_kinds(self.split_backward, stage in self.memory.recompute)
 
 
 def torch_action(p: Pass) -> str:
@@ -358,11 +390,21 @@ def format_schedule(schedule: Schedule) -> str:
         f"  placement {s.placement.kind} [{' '.join(map(str, s.placement.stage_device))}]",
         f"  backward {backward}",
         "  costs "
-        + " ".join(f"{k.value}={_fmt_per_stage(c.per_stage(k))}" for k in KINDS)
+        + " ".join(
+            f"{k.value}={_fmt_per_stage(c.per_stage(k))}"
+            for k in KINDS
+            if k is not PassKind.R or mem.recompute  # R's cost only where it runs
+        )
         + f" comm={format_number(c.comm)}"
         + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else "")
         + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items()),
-        f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}",
+        f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}"
+        + (
+            f" recompute [{' '.join(map(str, sorted(mem.recompute)))}]"
+            f" M_I={_fmt_per_stage(tuple(x for x in mem.kept_input if x is not None))}"
+            if mem.recompute
+            else ""
+        ),
     ]
     for device, order in enumerate(s.orders):
         show_stage = len(s.placement.chunks(device)) > 1

@@ -8,6 +8,13 @@
   goes into a W stash (`ppdsl.runtime.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
 - BW(mb, s): one backward computing both.
+- Recompute (activation checkpointing) on a stage marked `recompute`: its F runs
+  the stage under `torch.no_grad()`, so it keeps only its input (and the RNG
+  state), and hands its output on; R(mb, s) runs the stage again on that input
+  with autograd on, the CPU and CUDA RNG states restored under
+  `torch.random.fork_rng` (torch.utils.checkpoint's recomputation: dropout draws
+  the same masks), which leaves exactly the graph and saved activations an
+  ordinary F would; B/BW/W then run on it unchanged.
 - Exchange: posts its sends (isend) and receives (irecv), and on gloo also the
   receives of the *next* exchange, so their data arrives while this rank computes
   the pass in between (gloo matches by tag, one tag per tensor of a transfer, so
@@ -91,6 +98,25 @@ def _tag(t: Transfer, leaf: int, num_microbatches: int, num_stages: int, num_lea
     return ((kind * num_microbatches + t.microbatch) * num_stages + t.dst_stage) * num_leaves + leaf
 
 
+class _RngState:
+    """The RNG state when a recomputed stage's F starts (CPU, and this device's
+    on CUDA), so that R draws what F drew."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.devices = [device] if device.type == "cuda" else []
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
+
+    @contextlib.contextmanager
+    def restored(self) -> Any:
+        """Run with F's RNG state; the state outside is left as it was."""
+        with torch.random.fork_rng(devices=self.devices):
+            torch.set_rng_state(self.cpu)
+            for d, state in zip(self.devices, self.cuda, strict=True):
+                torch.cuda.set_rng_state(state, d)
+            yield
+
+
 class Engine:
     """Runs one rank's ops on its stages."""
 
@@ -169,6 +195,8 @@ class Engine:
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
+        self.recompute = memory.recompute
+        """The stages marked `recompute`: their F keeps only its input, R restores."""
         self.meter = MemoryMeter(self.params)
         self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
         self.tracer: Tracer | None = None
@@ -217,6 +245,7 @@ class Engine:
         self._outbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
         self._state: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], list[torch.Tensor]]] = {}
         self._stash: dict[tuple[int, int], WStash] = {}
+        self._kept: dict[tuple[int, int], tuple[Any, list[torch.Tensor], _RngState]] = {}
         self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
         self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
         self._measure = measure
@@ -284,6 +313,8 @@ class Engine:
         key = (p.microbatch, p.stage)
         if p.kind is PassKind.F:
             self._forward(p.microbatch, p.stage)
+        elif p.kind is PassKind.R:
+            self._recompute(p.microbatch, p.stage)
         elif p.kind is PassKind.W:
             stash = self._stash.pop(key)
             with torch.no_grad():  # weight gradients are values, not graphs
@@ -293,7 +324,9 @@ class Engine:
         else:
             self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
         if self._measure:
-            self.meter.after(p.kind, key, self.memory.activation[p.stage])
+            self.meter.after(
+                p.kind, key, self.memory.activation[p.stage], recomputed=p.stage in self.recompute
+            )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward's precision context (autocast under bf16/fp16)."""
@@ -318,6 +351,32 @@ class Engine:
                 if t.is_floating_point() or t.is_complex():
                     inputs.append(t.requires_grad_(True))
             value = unflatten(self.specs[s - 1], received)
+        if s in self.recompute:
+            rng = _RngState(self.device)
+            with torch.no_grad():
+                self._run_stage(mb, s, value, inputs, send=True)
+            del self._state[(mb, s)]  # no graph: R makes the one B runs on
+            self._kept[(mb, s)] = (value, inputs, rng)
+            if self._measure:
+                leaves = flatten(value, f"stage {s}'s input")[0] if self._is_first(s) else received
+                self.meter.set_kept((mb, s), [t for t in leaves if isinstance(t, torch.Tensor)])
+            return
+        self._run_stage(mb, s, value, inputs, send=True)
+
+    def _recompute(self, mb: int, s: int) -> None:
+        """R: the stage's forward again on what its F kept, with autograd and the
+        F's RNG state, leaving the state B needs; nothing is sent."""
+        value, inputs, rng = self._kept.pop((mb, s))
+        if self._measure:
+            self.meter.set_kept((mb, s), [])
+        with rng.restored():
+            self._run_stage(mb, s, value, inputs, send=False)
+
+    def _run_stage(
+        self, mb: int, s: int, value: Any, inputs: list[torch.Tensor], *, send: bool
+    ) -> None:
+        """The stage (and on the last one the loss) on `value`; keeps what B needs
+        and, if `send`, hands the output to the next stage (the loss once)."""
         last = self._is_last(s)
         with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
             with self.autocast():
@@ -326,7 +385,8 @@ class Engine:
                     assert self._targets is not None, "the last stage's rank was given no targets"
                     loss = self.loss_fn(out, self._targets[mb])
             if last:
-                self._losses.append(loss.detach().float() / self.num_microbatches)
+                if send:
+                    self._losses.append(loss.detach().float() / self.num_microbatches)
                 scaled = loss / self.num_microbatches
                 if self._loss_scale is not None:
                     scaled = scaled * self._loss_scale
@@ -338,7 +398,8 @@ class Engine:
         floats = [i for i, t in enumerate(leaves) if t.is_floating_point() or t.is_complex()]
         outs = [i for i, t in enumerate(floats) if leaves[t].requires_grad]
         self._state[(mb, s)] = (inputs, outs, [leaves[floats[i]] for i in outs])
-        self._give(TransferKind.ACT, mb, s, s + 1, [t.detach() for t in leaves])
+        if send:
+            self._give(TransferKind.ACT, mb, s, s + 1, [t.detach() for t in leaves])
 
     def _backward(self, mb: int, s: int, fused: bool) -> None:
         inputs, which, outs = self._state.pop((mb, s))
@@ -475,6 +536,16 @@ class Engine:
             f = self.meter.f_bytes.get((mb, s))
             if f:
                 ratios.setdefault(s, Fraction(after, f))
+        return ratios
+
+    def measured_mi_ratio(self) -> dict[int, Fraction]:
+        """Per recomputed stage of this rank: bytes its F keeps / bytes after its R
+        (the model's real M_I / M_B)."""
+        ratios: dict[int, Fraction] = {}
+        for (mb, s), kept in self.meter.kept_bytes.items():
+            full = self.meter.f_bytes.get((mb, s))
+            if full:
+                ratios.setdefault(s, Fraction(kept, full))
         return ratios
 
     def stage_bytes(self) -> dict[int, int]:

@@ -12,7 +12,10 @@ no term for them): their peak is reported apart, in bytes.
 
 Units: the bytes one microbatch-stage holds right after its F are 1 M_B of that
 stage (the compiler's unit); after B, what it still holds divided by that is the
-model's real M_W / M_B.
+model's real M_W / M_B. On a stage marked `recompute` the F keeps only its input
+(registered with `set_kept`): those bytes over the bytes held right after R (its
+1 M_B) are the real M_I / M_B. Totals are put in units when read (`peak_units`),
+once every microbatch-stage's unit is known.
 """
 
 from __future__ import annotations
@@ -49,10 +52,12 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class _Held:
     boxes: list[weakref.ref] = field(default_factory=list)
     stash: list[torch.Tensor] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+    """What a recomputed stage's F keeps for its R (the stage's input)."""
 
     def tensors(self) -> list[torch.Tensor]:
         alive = [b() for b in self.boxes]
-        return [b.tensor for b in alive if b is not None] + list(self.stash)
+        return [b.tensor for b in alive if b is not None] + list(self.stash) + list(self.kept)
 
 
 class MemoryMeter:
@@ -64,15 +69,17 @@ class MemoryMeter:
         self._held: dict[tuple[int, int], _Held] = {}
         self._bytes: dict[tuple[int, int], int] = {}
         self.f_bytes: dict[tuple[int, int], int] = {}
-        """Bytes held right after each F: that microbatch-stage's 1 M_B."""
+        """Bytes held right after each F (after R on a recomputed stage): that
+        microbatch-stage's 1 M_B."""
+        self.kept_bytes: dict[tuple[int, int], int] = {}
+        """Bytes a recomputed stage's F keeps until its R (the real M_I)."""
         self.after_b: dict[tuple[int, int], int] = {}
         """Bytes still held right after each B (the model's real M_W)."""
         self.peak_bytes = 0
-        self.peak_units = Fraction(0)
+        self._events: list[tuple[tuple[int, int], int | None, Fraction]] = []
         self._gradient_bytes: dict[tuple[int, int], int] = {}
         self.peak_gradient_bytes = 0
         """Peak of the output gradients held in W stashes (not activations)."""
-        self._activation: dict[tuple[int, int], Fraction] = {}
 
     def add_parameters(self, params: Iterable[torch.Tensor]) -> None:
         """Tensors autograd saves that are these parameters are not activations (a
@@ -111,13 +118,23 @@ class MemoryMeter:
         self._gradient_bytes[key] = storage_bytes(gradients or [])
         self.peak_gradient_bytes = max(self.peak_gradient_bytes, sum(self._gradient_bytes.values()))
 
-    def after(self, kind: PassKind, key: tuple[int, int], activation: Fraction) -> None:
-        """Re-measure `key` after a pass of `kind` on it;
-        `activation` is the file's M_B of the stage, to express the total in its units."""
+    def set_kept(self, key: tuple[int, int], tensors: list[torch.Tensor]) -> None:
+        """What `key`'s F keeps for its R (a recomputed stage's input); [] once R
+        has run (the recomputed graph then holds what it needs)."""
+        self._held.setdefault(key, _Held()).kept = tensors
+
+    def after(
+        self, kind: PassKind, key: tuple[int, int], activation: Fraction, recomputed: bool = False
+    ) -> None:
+        """Re-measure `key` after a pass of `kind` on it; `activation` is the
+        file's M_B of the stage, to express the total in its units; `recomputed`:
+        the stage is marked `recompute` (its 1 M_B is measured after R)."""
         # Only `key`'s own passes free its tensors, so only its count can have changed.
         held = self._held.get(key)
         self._bytes[key] = storage_bytes(held.tensors()) if held is not None else 0
-        if kind is PassKind.F:
+        if kind is PassKind.F and recomputed:
+            self.kept_bytes[key] = self._bytes[key]
+        elif kind in (PassKind.F, PassKind.R):
             self.f_bytes[key] = self._bytes[key]
         elif kind is PassKind.B:
             self.after_b[key] = self._bytes[key]
@@ -125,16 +142,31 @@ class MemoryMeter:
             self._held.pop(key, None)
         total = sum(self._bytes.values())
         self.peak_bytes = max(self.peak_bytes, total)
-        self._activation[key] = activation
-        units = sum(
-            (Fraction(b, self.f_bytes[k]) * self._activation[k] if self.f_bytes.get(k) else 0)
-            for k, b in self._bytes.items()
-        )
-        self.peak_units = max(self.peak_units, Fraction(units))
+        self._events.append((key, self._bytes[key], Fraction(activation)))
         if kind in (PassKind.W, PassKind.BW):
             self._bytes.pop(key, None)
+            self._events.append((key, None, Fraction(activation)))
+
+    @property
+    def peak_units(self) -> Fraction:
+        """The peak of the total held, each microbatch-stage's bytes in its
+        stage's M_B (bytes over its 1 M_B, times the file's M_B), replayed over
+        the measured passes."""
+        levels: dict[tuple[int, int], tuple[int, Fraction]] = {}
+        peak = Fraction(0)
+        for key, held, activation in self._events:
+            if held is None:
+                levels.pop(key, None)
+                continue
+            levels[key] = (held, activation)
+            units = sum(
+                (Fraction(b, self.f_bytes[k]) * a for k, (b, a) in levels.items() if self.f_bytes.get(k)),
+                Fraction(0),
+            )
+            peak = max(peak, units)
+        return peak
 
     def reset_peak(self) -> None:
         self.peak_bytes = 0
-        self.peak_units = Fraction(0)
+        self._events = []
         self.peak_gradient_bytes = 0

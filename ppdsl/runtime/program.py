@@ -6,7 +6,7 @@ from __future__ import annotations
 from ppdsl.ir.rank import Compute, Exchange, Transfer, TransferKind
 from ppdsl.ir.schedule import Pass, PassKind
 
-__all__ = ["F", "B", "W", "BW", "act", "grad", "exchange"]
+__all__ = ["F", "B", "W", "BW", "R", "act", "grad", "exchange"]
 
 
 def F(microbatch: int, stage: int) -> Compute:
@@ -27,6 +27,11 @@ def W(microbatch: int, stage: int) -> Compute:
 def BW(microbatch: int, stage: int) -> Compute:
     """Fused backward."""
     return Compute(Pass(PassKind.BW, microbatch, stage))
+
+
+def R(microbatch: int, stage: int) -> Compute:
+    """Recompute: the forward run again on what a recomputed stage's F kept."""
+    return Compute(Pass(PassKind.R, microbatch, stage))
 
 
 def act(microbatch: int, src_stage: int, dst_stage: int, src_rank: int, dst_rank: int) -> Transfer:

@@ -51,6 +51,11 @@ def torch_schedule(
             f"torch {torch.__version__} has no _PipelineScheduleRuntime (torch 2.6 or later "
             "runs a schedule from action lists)"
         ) from exc
+    if schedule.plan.memory.recompute:
+        raise ValueError(
+            "this schedule recomputes stages (R passes); torch.distributed.pipelining has no "
+            "recompute action: run it with ppdsl's own runtime (PipelineRunner)"
+        )
     if schedule.plan.lanes > 1:
         raise ValueError(
             f"schedule {schedule.plan.name!r} runs {schedule.plan.lanes} pipelines (a "

@@ -496,7 +496,8 @@ def _run(
                       else ""))
     engine = runner.engine
     ratios = engine.measured_mw_ratio()
-    real_memory = _with_real_mw(plan.memory, ratios)
+    kept_ratios = engine.measured_mi_ratio()
+    real_memory = _with_real_mw(plan.memory, ratios, kept_ratios)
     mine = {
         "rank": rank,
         "pp_rank": pp_rank,
@@ -510,6 +511,7 @@ def _run(
         "cuda_peak_bytes": cuda_peak,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
+        "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
         "predicted_busy_share": plan.predicted_busy_share[pp_rank] if plan.predicted_busy_share else None,
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
@@ -613,13 +615,21 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _with_real_mw(memory: MemoryModel, ratios: dict[int, Fraction]) -> MemoryModel:
-    """The file's memory model with M_W replaced by the measured M_W/M_B where known."""
+def _with_real_mw(
+    memory: MemoryModel, ratios: dict[int, Fraction], kept: dict[int, Fraction] | None = None
+) -> MemoryModel:
+    """The file's memory model with M_W replaced by the measured M_W/M_B where
+    known, and M_I of a recomputed stage by the measured M_I/M_B (`kept`)."""
+    kept = kept or {}
     return MemoryModel(
         memory.activation,
         tuple(
             a * ratios[s] if s in ratios else w
             for s, (a, w) in enumerate(zip(memory.activation, memory.weight_retained, strict=True))
+        ),
+        tuple(
+            None if i is None else (memory.activation[s] * kept[s] if s in kept else i)
+            for s, i in enumerate(memory.kept_input)
         ),
     )
 

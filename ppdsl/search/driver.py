@@ -35,7 +35,11 @@ from ppdsl.search.evaluate import Metrics, evaluate_orders
 from ppdsl.search.listsched import list_schedule
 from ppdsl.search.localsearch import polish
 from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
-from ppdsl.semantics import KINDS, NEED_KIND, NEED_STAGE_OFFSET, NEED_TRANSFER, delta_table
+from ppdsl.semantics import KINDS, delta_table, need_arrays
+
+_NEEDS = need_arrays(with_optional=False)[:3]
+"""The dependency arrays for list scheduling: the search places F, B, W and
+BW only, never a recompute pass R, so R's optional needs are left out."""
 
 __all__ = [
     "Arrays",
@@ -284,9 +288,7 @@ class _Search:
                 caps,
                 params,
                 self.no_noise,
-                NEED_KIND,
-                NEED_STAGE_OFFSET,
-                NEED_TRANSFER,
+                *_NEEDS,
             )
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
@@ -325,9 +327,7 @@ class _Search:
                 caps,
                 params,
                 noise,
-                NEED_KIND,
-                NEED_STAGE_OFFSET,
-                NEED_TRANSFER,
+                *_NEEDS,
             )
             self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")  # type: ignore[call-arg]
             n += 1

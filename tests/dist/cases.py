@@ -24,14 +24,16 @@ def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
                 only: list[str] | None = None,
                 factory: str = "stages",
                 release: str = "b",
-                pipelines: int = 1) -> list[dict]:
+                pipelines: int = 1,
+                paths: list[Path] | None = None) -> list[dict]:
     """The cases for world size d * pipelines (each pipeline of d ranks in its own
     process group); each case's schedule is pickled into workdir. An example
-    that does not compile at d raises: nothing is skipped."""
+    that does not compile at d raises: nothing is skipped. `paths`: other .pp
+    files than examples/*.pp."""
     workdir.mkdir(parents=True, exist_ok=True)
     cases: list[dict] = []
     found: list[tuple[str, object, object]] = []
-    for path in example_files():
+    for path in example_files() if paths is None else paths:
         if only is not None and path.stem not in only:
             continue
         compiled = _compile(path, {"d": d})

@@ -111,7 +111,12 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     out["mw_ratio"] = {str(s): str(r) for s, r in ratios.items()}
     out["stage_bytes"] = {str(s): b for s, b in engine.stage_bytes().items()}
     out["predicted_peak"] = str(plan.predicted_peak(rank))
-    out["predicted_peak_real_mw"] = str(plan.predicted_peak(rank, _with_real_mw(plan.memory, ratios)))
+    kept = engine.measured_mi_ratio()
+    out["mi_ratio"] = {str(s): str(r) for s, r in kept.items()}
+    out["recompute"] = sorted(plan.memory.recompute)
+    out["predicted_peak_real_mw"] = str(
+        plan.predicted_peak(rank, _with_real_mw(plan.memory, ratios, kept))
+    )
     if not case.get("check_grads", True):
         return out
     ref_first, ref_params = _reference(model, num_stages, steps, batch_size)

@@ -4,7 +4,7 @@ oracle of the numpy version (tests/test_blocks_scale.py)."""
 
 from __future__ import annotations
 
-from ppdsl.frontend.blocks import _EXTREME_DELTAS
+from ppdsl.frontend.blocks import _extreme_delta
 from ppdsl.ir.schedule import Pass
 
 
@@ -14,18 +14,20 @@ def _first_fit(
     duration: float,
     delta: tuple[int, ...],
     limit: tuple[int, ...],
+    recompute: frozenset[int] = frozenset(),
 ) -> tuple[int, float] | None:
     """(index, start) of the earliest place in `row` where a pass of
     `duration` fits from `ready` on without raising the peak over `limit`."""
     n = len(row)
-    levels = [[0] * (n + 1), [0] * (n + 1)]  # level after the first i passes
+    channels = range(len(delta))
+    levels = [[0] * (n + 1) for _ in channels]  # level after the first i passes
     for i, (_, _, q) in enumerate(row):
-        dq = _EXTREME_DELTAS[q.kind]
-        for c in (0, 1):
+        dq = _extreme_delta(q.kind, q.stage, recompute)
+        for c in channels:
             levels[c][i + 1] = levels[c][i] + dq[c]
-    prefix_max = [[0] * (n + 1), [0] * (n + 1)]
-    suffix_max = [[0] * (n + 1), [0] * (n + 1)]
-    for c in (0, 1):
+    prefix_max = [[0] * (n + 1) for _ in channels]
+    suffix_max = [[0] * (n + 1) for _ in channels]
+    for c in channels:
         top = 0
         for i in range(n + 1):
             top = max(top, levels[c][i])
@@ -42,7 +44,7 @@ def _first_fit(
         if start + duration <= following + 1e-9 and all(
             max(prefix_max[c][index], levels[c][index] + delta[c], suffix_max[c][index] + delta[c])
             <= limit[c]
-            for c in (0, 1)
+            for c in channels
         ):
             return index, start
         if index < n:

@@ -1,7 +1,8 @@
 """`expect bubble|idle|makespan OP bound` against the simulated timeline.
 
 `peak_memory` expectations are the memory check's (`ppdsl.analysis.checks.memory`):
-they need only the order, and are reported there, once.
+they need only the order, and are reported there, once; `lifespan` ones are the
+block's (`ppdsl.analysis.checks.lifespans`).
 
 The timeline is in floats (pass costs are floats) and bounds are exact
 rationals, so a comparison allows a relative slack of 1e-9: `bubble == 1/9`
@@ -127,7 +128,7 @@ def check(schedule: Schedule, timeline: Timeline) -> list[Diagnostic]:
     """Every bubble, idle and makespan expectation; one error per broken one."""
     found = []
     for e in schedule.expects:
-        if e.metric == "peak_memory":
+        if e.metric in ("peak_memory", "lifespan"):  # the memory and lifespans checks'
             continue
         d = _check_one(schedule, timeline, e)
         if d is not None:

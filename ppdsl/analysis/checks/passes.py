@@ -1,10 +1,11 @@
 """Every pass exactly once, on the device the placement says.
 
-For each microbatch j < m and stage s < S the schedule must run F(j,s) and its
-backward (B(j,s) and W(j,s) with a split backward, BW(j,s) with a fused one)
-exactly once, in the order of the device that holds stage s. Under a
-bidirectional placement (DualPipe) microbatch j goes through the stages of its
-lane only (`semantics.microbatch_lane`). The other checks
+For each microbatch j < m and stage s < S the schedule must run F(j,s), R(j,s)
+on a stage marked `recompute` (and on no other), and its backward (B(j,s) and
+W(j,s) with a split backward, BW(j,s) with a fused one) exactly once, in the
+order of the device that holds stage s. Under a bidirectional placement
+(DualPipe) microbatch j goes through the stages of its lane only
+(`semantics.microbatch_lane`). The other checks
 assume this, so the driver stops here when it fails.
 """
 
@@ -78,11 +79,15 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         )
         return found
     flat = flatten(s)
-    allowed = {k.code for k in s.pass_kinds}
+    # allowed[kind code, stage]: the kinds each stage runs
+    allowed = np.zeros((NUM_KINDS, S), dtype=bool)
+    for stage in range(S):
+        allowed[[k.code for k in s.stage_pass_kinds(stage)], stage] = True
     kind, mb, st, dev = flat.kind, flat.microbatch, flat.stage, flat.device
     ok_mb = (mb >= 0) & (mb < m)
     ok_stage = (st >= 0) & (st < S)
-    ok_kind = np.isin(kind, list(allowed))
+    ok_kind = np.zeros(flat.size, dtype=bool)
+    ok_kind[ok_stage] = allowed[kind[ok_stage], st[ok_stage]]
     lanes = s.placement.lanes
     length = S // lanes
     mb_lane = np.asarray(
@@ -108,7 +113,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         elif not ok_lane[k]:
             reason = ("lane", int(mb_lane[p.microbatch]), p.stage // length)
         elif not ok_kind[k]:
-            reason = ("kind",)
+            reason = ("kind", p.kind)
         else:
             reason = ("device", p.stage)
         misplaced.setdefault((int(dev[k]), p.span, reason), []).append(p)
@@ -129,7 +134,12 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 f"lane {lane} or a microbatch of lane {wrong}"
             )
         elif reason[0] == "kind":
-            if s.split_backward:
+            if bad[0].kind is PassKind.R:
+                msg = (
+                    f"{what}: a recompute pass R on stage {bad[0].stage}, which keeps its "
+                    f"activations; mark it (`recompute[s] = ...`) or remove the R"
+                )
+            elif s.split_backward:
                 msg = f"{what}: a fused backward BW in a split-backward schedule; write B and W"
             else:
                 msg = f"{what}: B/W in a fused-backward schedule; write BW"
@@ -194,13 +204,13 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 )
             )
 
-    expected = sorted(k.code for k in s.pass_kinds)
-    present = counts.reshape(NUM_KINDS, m, S)[expected] > 0
+    expected = list(range(NUM_KINDS))
+    present = (counts.reshape(NUM_KINDS, m, S) > 0) | ~allowed[:, None, :]
     if lanes > 1:  # the passes of another lane's stages are not needed
         present |= (mb_lane[:, None] != np.arange(S)[None, :] // length)[None, :, :]
     if not present.all():
         # group by the device that should run them, then by (kind, stage)
-        missing = np.argwhere(~present)  # rows: (index into expected, mb, stage)
+        missing = np.argwhere(~present)  # rows: (kind code, mb, stage)
         by_device: dict[int, dict[tuple[int, int], list[int]]] = {}
         for e, j, stage in missing.tolist():
             groups = by_device.setdefault(s.placement.stage_device[stage], {})
