@@ -100,7 +100,8 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     # same value is the same object (not where a -0.0 could turn into 0.0)
     times: dict[float, float] = {}
     intern = times.setdefault if not (np.signbit(start).any() or np.signbit(end).any()) else None
-    starts, ends = [], []
+    starts: list[tuple[float, ...]] = []
+    ends: list[tuple[float, ...]] = []
     for dev in range(schedule.num_devices):
         a, b = flat.offsets[dev], flat.offsets[dev + 1]
         for row, out in ((start[a:b].tolist(), starts), (end[a:b].tolist(), ends)):

@@ -326,7 +326,7 @@ def _per_stage_values(
         for s in range(num_stages):
             env[stmt.index] = s
             values.append(fn(env))
-            limits.check_integer(values[-1], stmt.value.span, f"at stage {s}, the value")
+            limits.check_integer(values[-1], expr.span, f"at stage {s}, the value")
     nums: list[Num] = []
     for value in values:
         if isinstance(value, range) or value < 0:

@@ -112,7 +112,7 @@ class _Reduction:
     stage: int
     work: Any
     buffer: torch.Tensor
-    targets: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
+    targets: Sequence[tuple[torch.Tensor, Any]] = field(default_factory=list)
     """replicate: (grad, None) per parameter; shard: (sharded parameter, rows per
     shard) per parameter."""
 

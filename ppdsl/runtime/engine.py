@@ -169,8 +169,8 @@ class Engine:
         )
         params: dict[int, torch.nn.Parameter] = {}
         for module in stages.values():
-            for p in module.parameters():
-                params.setdefault(id(p), p)
+            for param in module.parameters():
+                params.setdefault(id(param), param)
         self.params = list(params.values())
         # For each exchange, the next one: its receives are posted a pass ahead.
         self._next_exchange: dict[int, Exchange | None] = {}
