@@ -478,32 +478,8 @@ if rank == 0:
 def measure_collectives(sizes: list[int], dp: int, repeats: int = 5) -> tuple[list[dict[str, float]], str]:
     """Median ms of an all-reduce, a reduce-scatter and an all-gather of each of
     `sizes` bytes (fp32) over `dp` gloo processes on this machine's loopback."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(dp):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _COLLECTIVES, json.dumps([sizes, repeats])],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
-    outputs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"the {dp}-process gloo collectives did not finish in 300 s") from None
-        if p.returncode != 0:
-            first = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
-            raise RuntimeError(f"the {dp}-process gloo collectives failed: {first}")
-        outputs.append(out)
-    return json.loads(outputs[0].strip().splitlines()[-1]), (
+    found = _run_gloo(_COLLECTIVES, dp, [sizes, repeats], 300, f"the {dp}-process gloo collectives")
+    return found, (
         f"gloo collectives among {dp} processes on this machine's loopback (what `ppdsl run "
         f"--dp {dp}` does on CPU; NCCL between GPUs is faster)"
     )
@@ -539,35 +515,42 @@ if rank == 0:
 
 
 def _gloo_transfer(sizes: list[int], repeats: int) -> tuple[list[float], str]:
+    found = _run_gloo(_EXCHANGE, 2, [sizes, repeats], 180, "the two-process gloo exchange")
+    return found, (
+        "send + receive between two gloo processes on loopback (half a ping-pong), "
+        "the transfer `ppdsl run` makes on CPU"
+    )
+
+
+def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str) -> Any:
+    """Run `script` in `world` gloo processes on loopback (payload as argv[1], JSON);
+    what rank 0 prints last, read as JSON."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", _EXCHANGE, json.dumps([sizes, repeats])],
+            [sys.executable, "-c", script, json.dumps(payload)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ))
     outputs = []
     for p in procs:
         try:
-            out, err = p.communicate(timeout=180)
+            out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise RuntimeError("the two-process gloo exchange did not finish in 180 s") from None
+            raise RuntimeError(f"{what} did not finish in {timeout} s") from None
         if p.returncode != 0:
             first = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
-            raise RuntimeError(f"the two-process gloo exchange failed: {first}")
+            raise RuntimeError(f"{what} failed: {first}")
         outputs.append(out)
-    return json.loads(outputs[0].strip().splitlines()[-1]), (
-        "send + receive between two gloo processes on loopback (half a ping-pong), "
-        "the transfer `ppdsl run` makes on CPU"
-    )
+    return json.loads(outputs[0].strip().splitlines()[-1])
 
 
 # --- the whole model ---------------------------------------------------------------
