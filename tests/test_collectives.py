@@ -6,14 +6,18 @@ last weight-gradient pass, and `show` / `stats` drawing and reporting them."""
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import ZB_H1, B, W, make_schedule, parse_rows, placement
+from factories import ZB_H1, B, W, corrupt, make_schedule, parse_rows, placement, schedules
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppdsl.analysis.checks import reductions
 from ppdsl.analysis.collectives import comm_lanes, state_bytes
-from ppdsl.analysis.simulate import simulate
+from ppdsl.analysis.simulate import SimulationError, simulate
 from ppdsl.cli import main
 from ppdsl.compiler import compile_file, compile_source
 from ppdsl.ir.schedule import format_schedule
@@ -125,6 +129,36 @@ def test_reduction_check_finds_a_missing_microbatch_and_a_late_pass() -> None:
     late[3].append((B, 7, 3))
     found = reductions.check(make_schedule(placement("parallel", 4), 8, late))
     assert any("writes stage 3's weight gradients after its reduction" in d.message for d in found)
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedules(), st.sampled_from(["none", "drop", "duplicate", "wrong_device", "dependency",
+                                     "late", "shuffle_times"]), st.integers(0, 2**32 - 1))
+def test_reduction_check_array_pass_agrees_with_the_scan(s, how, seed) -> None:
+    """The array pass that clears a well-formed schedule (`reductions._clean`)
+    never hides a finding: `check` equals the pass-by-pass `scan` on random
+    schedules, broken ones (a pass dropped, repeated, moved to another device,
+    before its F, a weight-gradient pass moved last) and timelines whose ends go
+    backwards."""
+    rng = random.Random(seed)
+    if how in ("drop", "duplicate", "wrong_device", "dependency"):
+        s = corrupt(s, how, rng).schedule
+    elif how == "late":
+        orders = [list(o) for o in s.orders]
+        dev = rng.randrange(len(orders))
+        movable = [i for i, p in enumerate(orders[dev]) if p.kind in (B, W) or p.kind.value == "BW"]
+        if movable:
+            p = orders[dev].pop(rng.choice(movable))
+            orders[dev].append(replace(p, overlapped=False))
+            s = replace(s, orders=tuple(tuple(o) for o in orders))
+    try:
+        t = simulate(s)
+    except SimulationError:
+        t = None
+    if t is not None and how == "shuffle_times":
+        t = replace(t, end=tuple(tuple(rng.sample(list(e), len(e))) for e in t.end))
+    assert reductions.check(s, t) == reductions.scan(s, t)
+    assert reductions.check(s) == reductions.scan(s)
 
 
 def test_stats_and_show_report_the_lane(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,13 +11,24 @@ those passes end. Both are checked: on the per-device orders (the compute order
 of the rank programs the runtime runs: lowering only adds exchanges between
 passes) and on the communication lane `show` and `stats` report
 (`analysis.collectives`).
+
+Both halves find nothing on a well-formed schedule, the common case at scale, so
+an array pass over the flat schedule (`_clean`) proves that first: where every
+stage a device runs has a W/BW, no weight-gradient pass after the last of them,
+each F's microbatch a W/BW on that device, and each device's pass ends never
+decreasing along its order, neither half can find anything (the lane starts a
+reduction at or after its point's end, which is then the latest end of every
+pass writing the stage). Otherwise the per-pass scan below finds the messages.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ppdsl.analysis.collectives import MODES, comm_lanes
 from ppdsl.analysis.simulate import Timeline
 from ppdsl.diagnostics import Diagnostic
+from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import PassKind, Schedule, format_pass
 from ppdsl.semantics import WRITES_WEIGHT_GRADIENTS, reduction_points
 
@@ -27,6 +38,11 @@ __all__ = ["check"]
 def check(schedule: Schedule, timeline: Timeline | None = None) -> list[Diagnostic]:
     """Findings where a stage's reduction could start before its weight
     gradients are final (on the lane too when `timeline` is given)."""
+    return [] if _clean(schedule, timeline) else scan(schedule, timeline)
+
+
+def scan(schedule: Schedule, timeline: Timeline | None = None) -> list[Diagnostic]:
+    """`check` pass by pass (what it runs where the array pass is not sure)."""
     found: list[Diagnostic] = []
     final = PassKind.W if schedule.split_backward else PassKind.BW
     for rank, passes in enumerate(schedule.orders):
@@ -81,3 +97,44 @@ def check(schedule: Schedule, timeline: Timeline | None = None) -> list[Diagnost
                         "error", f"rank {dev} ({mode}): stage {c.stage}'s reduction starts at "
                         f"{c.start:g}, before its last weight-gradient pass ends at {end:g}"))
     return found
+
+
+def _codes(kinds: object) -> list[int]:
+    return [k.code for k in kinds]  # type: ignore[attr-defined]
+
+
+def _clean(schedule: Schedule, timeline: Timeline | None) -> bool:
+    """True when `check` has nothing to find (module docstring); False when it
+    may (then the scan decides)."""
+    flat = flatten(schedule)
+    if flat.size == 0:
+        return not schedule.orders or all(not o for o in schedule.orders)
+    kind, stage, mb = flat.kind, flat.stage, flat.microbatch
+    if (stage.min() < 0 or stage.max() >= flat.num_stages or mb.min() < 0
+            or mb.max() >= flat.num_microbatches):
+        return False  # a malformed schedule: the scan words it
+    index = np.arange(flat.size, dtype=np.int64)
+    key = flat.device * flat.num_stages + stage  # (device, stage)
+    slots = flat.num_devices * flat.num_stages
+    final = PassKind.W if schedule.split_backward else PassKind.BW
+    points = np.full(slots, -1, dtype=np.int64)  # semantics.reduction_points
+    is_point = np.isin(kind, _codes((PassKind.W, PassKind.BW)))
+    np.maximum.at(points, key[is_point], index[is_point])
+    last_write = np.full(slots, -1, dtype=np.int64)
+    writes = np.isin(kind, _codes(WRITES_WEIGHT_GRADIENTS))
+    np.maximum.at(last_write, key[writes], index[writes])
+    present = np.zeros(slots, dtype=np.bool_)
+    present[key] = True
+    if (present & (points < 0)).any() or (last_write > points).any():
+        return False
+    forwards = kind == PassKind.F.code
+    # the F's microbatch has its final pass on this device (where the final pass
+    # repeats, the table holds one of them: a miss here only sends it to the scan)
+    finals = flat.index_table()[final.code, mb[forwards], stage[forwards]]
+    if (finals < 0).any() or (flat.device[np.maximum(finals, 0)] != flat.device[forwards]).any():
+        return False
+    if timeline is None:
+        return True
+    return all(
+        not (np.diff(np.asarray(ends, dtype=np.float64)) < 0).any() for ends in timeline.end
+    )
