@@ -244,9 +244,7 @@ def _memory_over_time(
     memory = schedule.memory
     flat = flatten(schedule)
     longest = max((len(o) for o in schedule.orders), default=0)
-    table, scale = semantics.delta_table(
-        memory.activation, memory.weight_retained, longest_order=longest
-    )
+    table, scale = memory.delta_table(longest_order=longest)  # M_I of recomputed stages too
     if table.dtype != np.int64 or scale >= 2**53:
         return _memory_over_time_exact(schedule, start, end)
     deltas = table[flat.kind, flat.stage]
