@@ -32,8 +32,9 @@ MODES = ("python", "numba")
 
 
 def _costs(draw, num_stages: int) -> Costs:
-    """Per-stage costs with zeros among them (ties and zero-length passes)."""
-    value = st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.0])
+    """Per-stage costs with zeros among them (ties and zero-length passes), and
+    0.1 (no exact binary fraction: a W fill's times need Fractions)."""
+    value = st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.0, 2.0, 3.0])
     kinds = {k: [draw(value) for _ in range(num_stages)] for k in (F, B, W, R)}
     kinds[BW] = [b + w for b, w in zip(kinds[B], kinds[W], strict=True)]
     return Costs.by_kind(kinds, draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])))
@@ -213,3 +214,22 @@ def test_zero_length_passes_keep_the_pass_order():
     expected = old.tighten_warm_up_and_cool_down(orders, place, zero)
     assert blocks.tighten_warm_up_and_cool_down(orders, place, zero) == expected
     assert all(isinstance(p, Pass) for o in expected for p in o)
+
+
+def test_times_past_int64_are_ordered_as_fractions():
+    """Starts and a period too large for int64 in the block's common unit: the
+    repetition falls back to Fractions and orders as the oracle does."""
+    place = placement("parallel", 2)
+    big = Fraction(2**70, 3)
+    span = Span("block.pp", 1, 5, 1, 20)
+    slots = tuple(
+        BlockSlot(k, s, s, big + start, Fraction(1), span)
+        for s in range(2)
+        for k, start in ((F, s), (B, 5 - 2 * s), (W, 6 + s))
+    )
+    block = Block(big, slots, None)
+    costs = Costs.unit(2)
+    for m in (1, 3, 6):
+        case = (block, place, m, True, False, frozenset(), costs)
+        assert _repeat(blocks, *case) == _repeat(old, *case)
+        assert blocks.timed_slots(block, place, m) == old.timed_slots(block, place, m)

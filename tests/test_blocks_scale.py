@@ -1,66 +1,45 @@
-"""Block compaction's array steps (issue 13) equal the Python scans they
-replaced: the first fit (tests/oracles/first_fit.py) on random rows, the
-extreme peaks against `semantics.peak_of_deltas`."""
+"""Block repetition at scale (issue 13): the array version's memory table
+counts what the memory model counts, and a large repetition (above the size
+where kernels compile) gives the orders of the Python version it replaced
+(tests/oracles/blocks.py)."""
 
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from oracles.first_fit import _first_fit as old_first_fit
+import pytest
+from oracles import blocks as old
 
-from ppdsl.frontend.blocks import _CHANNELS, _extreme_delta, _first_fit, _peaks
-from ppdsl.ir.schedule import MemoryModel, Pass, PassKind
-from ppdsl.semantics import peak_of_deltas
+from ppdsl.frontend.blocks import _CHANNELS, _EXTREME, repeat_block
+from ppdsl.frontend.elaborate import elaborate
+from ppdsl.frontend.parse import parse
+from ppdsl.ir.schedule import MemoryModel, PassKind
 
-_kinds = st.sampled_from(list(PassKind))
-
-
-@st.composite
-def rows(draw):
-    """A device's placed passes: sorted, non-overlapping (start, end, pass)."""
-    row, t = [], 0.0
-    for kind in draw(st.lists(_kinds, max_size=12)):
-        t += draw(st.sampled_from([0.0, 0.5, 1.0, 2.0]))
-        length = draw(st.sampled_from([0.5, 1.0, 1.5]))
-        row.append((t, t + length, Pass(kind, 0, 0)))
-        t += length
-    return row
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    rows(),
-    st.sampled_from([0.0, 0.5, 1.0, 3.0, 7.5]),
-    st.sampled_from([0.5, 1.0, 2.0]),
-    _kinds,
-    st.tuples(*(st.integers(0, 4) for _ in _CHANNELS)),
-    st.sampled_from([frozenset(), frozenset({0})]),
+@pytest.mark.parametrize("recomputed", [False, True])
+def test_extreme_deltas_are_the_memory_model_s(recomputed):
+    """Per kind and channel, the table's change is the memory model's delta in
+    units of M_B, with M_W and (on a recomputed stage) M_I at 0 or M_B."""
+    for c, (w, i) in enumerate(_CHANNELS):
+        model = MemoryModel((Fraction(1),), (Fraction(w),), (Fraction(i),) if recomputed else ())
+        for kind in PassKind:
+            assert _EXTREME[kind.code, int(recomputed), c] == model.delta(kind, 0)
+
+
+@pytest.mark.parametrize(
+    "name, d, m", [("v_zb", 12, 80), ("interleaved_1f1b", 8, 176), ("v_half", 10, 100)]
 )
-def test_first_fit_equals_the_scan(row, ready, duration, kind, limit, recompute):
-    """Same (index, start) or the same None, for any row, pass and memory limit,
-    on a stage that keeps or recomputes its activations."""
-    delta = _extreme_delta(kind, 0, recompute)
-    assert _first_fit(row, ready, duration, delta, limit, recompute) == old_first_fit(
-        row, ready, duration, delta, limit, recompute
-    )
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    st.lists(st.lists(_kinds, max_size=15), min_size=1, max_size=4),
-    st.sampled_from([frozenset(), frozenset({0})]),
-)
-def test_peaks_equal_the_fraction_sums(kinds, recompute):
-    """Per device, the extreme peaks are peak_of_deltas of the memory model's
-    deltas (M_W and, on a recomputed stage, M_I at 0 or M_B)."""
-    orders = tuple(tuple(Pass(k, 0, 0) for k in order) for order in kinds)
-    models = [
-        MemoryModel((Fraction(1),), (Fraction(w),), (Fraction(i),) if recompute else ())
-        for w, i in _CHANNELS
-    ]
-    expected = [
-        tuple(peak_of_deltas(m.delta(p.kind, 0) for p in order) for m in models) for order in orders
-    ]
-    assert _peaks(orders, recompute) == expected
+def test_large_repetitions_equal_the_python_version(name, d, m):
+    """Over 5000 passes (the kernel compiles): the same orders as the oracle."""
+    path = EXAMPLES / f"{name}.pp"
+    s = elaborate(parse(path.read_text(), str(path)), {"d": str(d), "m": str(m)})
+    assert s.block is not None and sum(len(o) for o in s.orders) > 5000
+    recompute = frozenset(s.recompute)
+    w_fill = s.split_backward and not any(x.kind is PassKind.W for x in s.block.slots)
+    args = (s.block, s.placement, m)
+    kwargs = dict(split_backward=s.split_backward, w_fill=w_fill, costs=s.costs, recompute=recompute)
+    expected = old.repeat_block(*args, **kwargs)
+    assert repeat_block(*args, **kwargs) == expected == s.orders
