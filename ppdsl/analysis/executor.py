@@ -36,8 +36,8 @@ __all__ = [
 @dataclass(frozen=True, eq=False)
 class Needs:
     """Per flat pass, the flat indices of the passes it waits for (`index[k,
-    slot]`, -1: no need in that slot), and how many needed passes are absent
-    (0 for a complete schedule)."""
+    slot]`, int32, -1: no need in that slot), and how many needed passes are
+    absent (0 for a complete schedule)."""
 
     index: np.ndarray
     missing: int
@@ -48,15 +48,15 @@ def pass_needs(
     kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset,
     need_optional,
 ):  # pragma: no cover - numba
-    """For each flat pass, the flat index of each pass it needs (`table[kind,
-    microbatch, stage]` is a pass's flat index, -1 when absent), and how many
+    """For each flat pass, the flat index of each pass it needs (int32;
+    `table[kind, microbatch, stage]` is a pass's flat index, -1 when absent), and how many
     needed passes are absent. A need beyond the first or last stage of its lane
     (`lane_length` consecutive stages; `semantics.same_lane`) does not exist,
     nor an optional one whose pass the schedule does not run (R of a stage that
     keeps its activations: the passes check vouches for the set)."""
     n = kind.shape[0]
     width = need_kind.shape[1]
-    needs = np.full((n, width), -1, dtype=np.int64)
+    needs = np.full((n, width), -1, dtype=np.int32)
     missing = 0
     for k in range(n):
         kd = kind[k]
@@ -104,7 +104,7 @@ def _unit_needs(index: np.ndarray, joined: np.ndarray) -> np.ndarray:
     backward's needs as well (a backward needing its own pair's forward then
     waits for itself: a cycle, which the dependency check reports)."""
     n, width = index.shape
-    wide = np.full((n, 2 * width), -1, dtype=np.int64)
+    wide = np.full((n, 2 * width), -1, dtype=index.dtype)
     wide[:, :width] = index
     second = np.flatnonzero(joined)
     wide[second - 1, width:] = index[second]

@@ -19,6 +19,7 @@ whole-pipeline 1 - busy / (devices x makespan).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -86,7 +87,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         # the passes of an overlapped pair take rows of their own: scaled by `overlap`
         paired = flat.joined | np.append(flat.joined[1:], False)
         table = np.concatenate([table, table * schedule.costs.overlap])
-        kind = kind + NUM_KINDS * paired
+        kind = kind + paired.astype(np.int8) * np.int8(NUM_KINDS)  # int8, as flat.kind
     start, end, position = run_orders(
         flat.offsets, kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
     )
@@ -100,19 +101,27 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     # same value is the same object (not where a -0.0 could turn into 0.0)
     times: dict[float, float] = {}
     intern = times.setdefault if not (np.signbit(start).any() or np.signbit(end).any()) else None
-    starts: list[tuple[float, ...]] = []
-    ends: list[tuple[float, ...]] = []
-    for dev in range(schedule.num_devices):
-        a, b = flat.offsets[dev], flat.offsets[dev + 1]
-        for row, out in ((start[a:b].tolist(), starts), (end[a:b].tolist(), ends)):
+    offsets = flat.offsets.tolist()
+
+    def rows(values: np.ndarray) -> tuple[tuple[float, ...], ...]:
+        out = []
+        for a, b in itertools.pairwise(offsets):
+            row = values[a:b].tolist()
             out.append(tuple(map(intern, row, row)) if intern else tuple(row))
-    # fsum: correctly rounded, so both simulators agree to the last bit
-    duration = table[kind, flat.stage]
+        return tuple(out)
+
+    # the tuples replace the arrays one at a time (the peak holds two of the three)
+    starts = rows(start)
+    del start
+    ends = rows(end)
+    del end
+    # fsum: correctly rounded, so both simulators agree to the last bit; device by
+    # device, so that no per-pass duration array is made
     busy = [
-        math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
-        for d in range(len(starts))
+        math.fsum(table[kind[a:b], flat.stage[a:b]].tolist())
+        for a, b in itertools.pairwise(offsets)
     ]
-    return _timeline(schedule, tuple(starts), tuple(ends), busy, memory_over_time)
+    return _timeline(schedule, starts, ends, busy, memory_over_time)
 
 
 def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
@@ -249,20 +258,20 @@ def _memory_over_time(
     )
     if table.dtype != np.int64 or scale >= 2**53:
         return _memory_over_time_exact(schedule, start, end)
-    deltas = table[flat.kind, flat.stage]
-    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])[flat.kind]
+    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])
     # the times are the timeline's own float objects, and one float object per
     # distinct level (an integer over a positive scale: never -0.0)
     same_level: dict[float, float] = {}
     out = []
     for dev in range(schedule.num_devices):
         a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
-        levels = np.cumsum(deltas[a:b])
+        kind, stage = flat.kind[a:b], flat.stage[a:b]
+        levels = np.cumsum(table[kind, stage])
         if len(levels) and np.abs(levels).max() >= 2**53:
             return _memory_over_time_exact(schedule, start, end)
         times = [
             s if first else e
-            for s, e, first in zip(start[dev], end[dev], at_start[a:b].tolist(), strict=True)
+            for s, e, first in zip(start[dev], end[dev], at_start[kind].tolist(), strict=True)
         ]
         values = (levels.astype(np.float64) / scale).tolist()
         values = list(map(same_level.setdefault, values, values))
