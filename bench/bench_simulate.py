@@ -11,13 +11,14 @@ import numba
 import numpy as np
 
 from ppdsl.analysis.checks import check_schedule, deadlock, expectations
-from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.executor import run_orders
 from ppdsl.analysis.simulate import simulate, simulate_reference
 from ppdsl.diagnostics import Span
 from ppdsl.ir import flat as flat_ir
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
 from ppdsl.lowering.lower import lower
+from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
 
 _F, _B, _W = PassKind.F, PassKind.B, PassKind.W
 _SPAN = Span("bench.pp", 1, 1, 1, 1)
@@ -85,10 +86,14 @@ def _numba_compile_seconds() -> float:
     fresh = numba.njit(run_orders.py_func)
     small = zb_h1_like(2, 2)
     flat = flatten(small)
-    needs = dependencies(flat).index
+    table = flat.index_table()
     t0 = time.perf_counter()
-    no_time = np.zeros((4, flat.num_stages))
-    fresh(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
+    no_time = np.zeros((NUM_KINDS, flat.num_stages))
+    fresh(
+        flat.offsets, flat.kind, flat.microbatch, flat.stage, flat.device, table,
+        flat.num_stages // flat.lanes, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL,
+        np.zeros(0, dtype=np.bool_), no_time, 0.0,
+    )
     return time.perf_counter() - t0
 
 

@@ -27,9 +27,9 @@ from fractions import Fraction
 import numpy as np
 
 from ppdsl import semantics
-from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.executor import missing_needs, run_flat
 from ppdsl.analysis.memory import peak_memory
-from ppdsl.ir.flat import flatten
+from ppdsl.ir.flat import FlatSchedule, flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
@@ -76,21 +76,15 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     """The timed simulation (numba kernel). Raises SimulationError when a pass
     is missing or the orders wait on each other in a cycle."""
     flat = flatten(schedule)
-    deps = dependencies(flat)
-    if deps.missing:
+    missing = missing_needs(flat)
+    if missing:
         raise SimulationError(
-            f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
+            f"cannot simulate: {missing} needed passes are missing (run the checks first)"
         )
     table = np.array(schedule.costs.durations, dtype=np.float64)
-    kind = flat.kind
-    if flat.joined is not None:
-        # the passes of an overlapped pair take rows of their own: scaled by `overlap`
-        paired = flat.joined | np.append(flat.joined[1:], False)
-        table = np.concatenate([table, table * schedule.costs.overlap])
-        kind = kind + paired.astype(np.int8) * np.int8(NUM_KINDS)  # int8, as flat.kind
-    start, end, position = run_orders(
-        flat.offsets, kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
-    )
+    # the passes of an overlapped pair take rows of their own: scaled by `overlap`
+    table = np.concatenate([table, table * schedule.costs.overlap])
+    start, end, position, _ = run_flat(flat, table, schedule.costs.comm)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -117,11 +111,19 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     del end
     # fsum: correctly rounded, so both simulators agree to the last bit; device by
     # device, so that no per-pass duration array is made
-    busy = [
-        math.fsum(table[kind[a:b], flat.stage[a:b]].tolist())
-        for a, b in itertools.pairwise(offsets)
-    ]
+    busy = [math.fsum(_durations(flat, table, a, b)) for a, b in itertools.pairwise(offsets)]
     return _timeline(schedule, starts, ends, busy, memory_over_time)
+
+
+def _durations(flat: FlatSchedule, table: np.ndarray, a: int, b: int) -> list[float]:
+    """The durations of flat passes a:b (`run_orders`' rows: a pass of an
+    overlapped pair takes its kind's second row)."""
+    row = flat.kind[a:b].astype(np.int64)
+    if flat.joined is not None:
+        joined = flat.joined[a : b + 1]
+        paired = joined[: b - a] | np.append(joined[1:], False)[: b - a]
+        row += NUM_KINDS * paired
+    return table[row, flat.stage[a:b]].tolist()
 
 
 def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
