@@ -68,7 +68,7 @@ class FlatSchedule:
     """bool per pass: it runs as one unit with the pass before it (an
     overlapped F&B's backward); None when no pass is."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
-    """What passes compute from these arrays once (the needs, the index table)."""
+    """What passes compute from these arrays once (the index table)."""
 
     @property
     def size(self) -> int:
@@ -151,7 +151,10 @@ def _arrays(orders, kind_dtype, index_dtype):
         # map/attrgetter loop in C over the orders: no list of every pass, and a
         # generator per field costs 3x more at 400k passes
         values = map(attrgetter(field), chain.from_iterable(orders))
-        return np.fromiter(values if code is None else map(code, values), dtype=dtype, count=n)
+        try:
+            return np.fromiter(values if code is None else map(code, values), dtype=dtype, count=n)
+        except OverflowError:  # a value far out of range, which the passes check reports
+            return column(field, np.int64, code)
 
     kind = column("kind", kind_dtype, _KIND_CODE.__getitem__)
     microbatch = column("microbatch", index_dtype)
