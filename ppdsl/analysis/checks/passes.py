@@ -89,9 +89,9 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     # the lookups by stage and microbatch, where both are in range (a slice when
     # all are: views of the columns, not copies)
     known = ok_mb & ok_stage
-    at = slice(None) if known.all() else known
+    sel = slice(None) if known.all() else known
     ok_kind = np.zeros(flat.size, dtype=bool)
-    ok_kind[at] = allowed[kind[at], st[at]]
+    ok_kind[sel] = allowed[kind[sel], st[sel]]
     lanes = s.placement.lanes
     length = S // lanes
     mb_lane = np.asarray(
@@ -99,11 +99,11 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     )
     ok_lane = np.ones(flat.size, dtype=bool)
     if lanes > 1:
-        ok_lane[at] = mb_lane[mb[at]] == st[at] // length
+        ok_lane[sel] = mb_lane[mb[sel]] == st[sel] // length
     stage_device = np.asarray(s.placement.stage_device, dtype=np.int64)
     ok_device = np.zeros(flat.size, dtype=bool)
-    ok_device[at] = stage_device[st[at]] == dev[at]
-    del known, at
+    ok_device[sel] = stage_device[st[sel]] == dev[sel]
+    del known, sel
     ok = ok_mb & ok_stage & ok_kind & ok_device & ok_lane
 
     # passes that cannot be where they are: one error per (device, source line, reason),
@@ -186,10 +186,10 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     else:
         valid = np.flatnonzero(ok)
         table = np.full((NUM_KINDS, m, S), -1, dtype=np.int64)
-        at = (kind[valid], mb[valid], st[valid])
-        table[at] = valid
-        repeated = bool((table[at] != valid).any())
-        del at
+        keys = (kind[valid], mb[valid], st[valid])
+        table[keys] = valid
+        repeated = bool((table[keys] != valid).any())
+        del keys
     # duplicates: every occurrence after the first, grouped by the lines of the
     # repeat and of the first run, with a note at the first run
     if repeated:
