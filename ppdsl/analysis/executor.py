@@ -43,8 +43,8 @@ def pass_needs(
     need_optional,
 ):  # pragma: no cover - numba
     """For each flat pass, the flat index of each pass it needs (int32;
-    `table[kind, microbatch, stage]` is a pass's flat index, -1 when absent), and how many
-    needed passes are absent. A need beyond the first or last stage of its lane
+    `table[kind, microbatch, stage]` is a pass's flat index, -1 when absent),
+    and how many needed passes are absent. A need beyond the first or last stage of its lane
     (`lane_length` consecutive stages; `semantics.same_lane`) does not exist,
     nor an optional one whose pass the schedule does not run (R of a stage that
     keeps its activations: the passes check vouches for the set)."""
@@ -113,16 +113,18 @@ def run_orders(
     that ran had (complete only when every device finished).
 
     A pass's needs are `pass_needs`' (`table[kind, microbatch, stage]` is a
-    pass's flat index, -1 when absent; `lane_length` as there); where
+    pass's flat index, -1 when absent; `lane_length` as there). Where
     `joined[k + 1]` (an overlapped pair; `joined` may be empty: none is), pass
-    k waits for the needs of k + 1 as well: the pair starts as one unit. A
-    device's next pass starts at max(device free, end of each needed pass, plus
-    `comm` when that pass ran on another device: the transfer rule); a device
-    whose next pass needs an unfinished pass waits. `duration[kind, stage]` is
-    a pass's cost, `duration[kind + num_kinds, stage]` (num_kinds: the rows of
-    `need_kind`) that of a pass of an overlapped pair. Sweeping the devices until none moves gives the same times
-    in any sweep order, because each time is a function of earlier passes
-    only."""
+    k waits for the needs of k + 1 as well: the pair starts as one unit (a
+    backward that needs its own pair's forward then waits for itself: a cycle,
+    which the dependency check reports). A device's next pass starts at
+    max(device free, end of each needed pass, plus `comm` when that pass ran on
+    another device: the transfer rule); a device whose next pass needs an
+    unfinished pass waits. `duration[kind, stage]` is a pass's cost,
+    `duration[kind + num_kinds, stage]` (num_kinds: the rows of `need_kind`)
+    that of a pass of an overlapped pair. Sweeping the devices until none
+    moves gives the same times in any sweep order, because each time is a
+    function of earlier passes only."""
     num_devices = offsets.shape[0] - 1
     n = kind.shape[0]
     num_stages = table.shape[2]
