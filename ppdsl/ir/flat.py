@@ -115,6 +115,14 @@ class _Passes(Sequence[Pass]):
         return self._size
 
     def __getitem__(self, k):  # type: ignore[override]
+        if k.__class__ is not int or not 0 <= k < self._size:
+            return self._other(k)
+        # the last device starting at or before k (one with no pass starts where the next does)
+        dev = bisect_right(self._starts, k) - 1
+        return self._orders[dev][k - self._starts[dev]]
+
+    def _other(self, k):
+        """A slice, a negative index, a numpy integer, or one out of range."""
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(self._size))]
         k = operator.index(k)
@@ -122,9 +130,7 @@ class _Passes(Sequence[Pass]):
             k += self._size
         if not 0 <= k < self._size:
             raise IndexError("flat pass index out of range")
-        # the last device starting at or before k (one with no pass starts where the next does)
-        dev = bisect_right(self._starts, k) - 1
-        return self._orders[dev][k - self._starts[dev]]
+        return self[k]
 
     def __iter__(self) -> Iterator[Pass]:
         return chain.from_iterable(self._orders)
