@@ -154,7 +154,9 @@ class ExchangeIndex:
     def of(programs: RankArrays) -> ExchangeIndex:
         ix = programs.derived.get("exchange_index")
         if ix is None:
-            ix = programs.derived["exchange_index"] = ExchangeIndex(programs)
+            # a pass that reorders matched programs leaves their "mirror"
+            mirror = programs.derived.pop("mirror", None)
+            ix = programs.derived["exchange_index"] = ExchangeIndex(programs, mirror)
         return ix
 
     def __init__(self, programs: RankArrays, mirror: np.ndarray | None = None):

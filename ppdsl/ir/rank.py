@@ -48,10 +48,10 @@ def index_dtype(count: int) -> type[np.signedinteger]:
 
 
 def narrow_dtype(values: np.ndarray) -> type[np.signedinteger]:
-    """The narrowest of int16, int32, int64 that holds every value of `values`
-    (microbatches, stages, ranks of the per-entry columns)."""
+    """The narrowest of int8, int16, int32, int64 that holds every value of
+    `values` (microbatches, stages, ranks of the per-entry columns)."""
     lo, hi = int(values.min(initial=0)), int(values.max(initial=0))
-    for dtype in (np.int16, np.int32):
+    for dtype in (np.int8, np.int16, np.int32):
         info = np.iinfo(dtype)
         if info.min <= lo and hi <= info.max:
             return dtype
@@ -138,7 +138,8 @@ class RankArrays:
     sends (produces) or receives (consumes) it; -1 where unknown (programs made
     by hand)."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
-    """What passes compute once from these arrays (the rendezvous index)."""
+    """What passes compute once from these arrays (the rendezvous index; the
+    matching it starts from, "mirror", where early receives carried it over)."""
 
     @property
     def num_ranks(self) -> int:

@@ -144,7 +144,11 @@ def pull_receives_forward(programs: P) -> P:
     mirror = new_place[mirror]
     del new_place
     mirror = mirror[order]
-    moved = _moved(arrays, order, where, mirror)
+    moved = _moved(arrays, order, where)
+    del order, where
+    # the index itself is made when asked for (by the deadlock check, once the
+    # programs before the move are gone)
+    moved.derived["mirror"] = mirror
     return moved if isinstance(programs, RankArrays) else moved.programs()  # type: ignore[return-value]
 
 
@@ -172,12 +176,9 @@ def _new_order(
     return order, where
 
 
-def _moved(
-    arrays: RankArrays, order: np.ndarray, where: np.ndarray, mirror: np.ndarray
-) -> RankArrays:
+def _moved(arrays: RankArrays, order: np.ndarray, where: np.ndarray) -> RankArrays:
     """`arrays`' entries in `order`, posted by the exchanges `where` (old global
-    ops), with the exchanges left with nothing dropped; `mirror` is the
-    reordered entries' matching."""
+    ops; renumbered in place), with the exchanges left with nothing dropped."""
     keep = arrays.op_pass >= 0  # the ops that stay: passes, exchanges still posting
     keep[where] = True
     new_index = np.cumsum(keep, dtype=where.dtype)
@@ -187,7 +188,7 @@ def _moved(
     offsets[1:][ends > 0] = new_index[ends[ends > 0] - 1] + 1
     op_pass = arrays.op_pass[keep]
     del keep
-    where = new_index[where]
+    np.take(new_index, where, out=where, mode="clip")  # unbuffered: no copy of `where`
     del new_index
     moved = RankArrays(
         offsets,
@@ -203,5 +204,4 @@ def _moved(
         arrays.dst_rank[order],
         arrays.entry_pass[order],
     )
-    moved.derived["exchange_index"] = ExchangeIndex(moved, mirror)
     return moved
