@@ -244,9 +244,8 @@ def stuck_waits(
 
     def described(indices) -> list[tuple]:
         return [
-            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e])) for e in indices
+            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e]))
+            for e in indices
         ]
 
     return cycles, described(ix.unmatched.tolist()), described(ix.duplicates)
-
-

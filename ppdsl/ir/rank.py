@@ -200,9 +200,11 @@ class RankArrays:
         made afresh by each of its two users (the matching, `programs`), not kept."""
         stages = int(max(self.src_stage.max(initial=0), self.dst_stage.max(initial=0))) + 1
         kinds = len(_TRANSFER_KINDS)
-        largest = [int(np.abs(c).max(initial=0)) for c in (self.microbatch, self.src_stage, self.dst_stage)]
-        bound = ((largest[0] * stages + largest[1]) * stages + largest[2] + 1) * kinds
-        keys = self.microbatch.astype(np.int32 if bound < 2**31 else np.int64)
+        mb, src, dst = (
+            int(np.abs(c).max(initial=0)) for c in (self.microbatch, self.src_stage, self.dst_stage)
+        )
+        dtype = index_dtype(((mb * stages + src) * stages + dst + 1) * kinds)
+        keys = self.microbatch.astype(dtype)
         keys *= stages
         keys += self.src_stage
         keys *= stages
