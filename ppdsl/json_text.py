@@ -4,20 +4,58 @@ With an indent, the standard library encodes in Python, a few microseconds per
 value: `stats --json` of a 400k-pass schedule spent 10 s there. `dumps` writes
 the same text (the same separators, `float.__repr__`, NaN/Infinity, ASCII
 escapes) with every list of plain scalars joined in one go.
+
+`dump` writes the same text through a `write` callable piece by piece, and a
+`Deferred` value is made only when the encoder reaches it: a document of a
+million-pass schedule (per device its actions and memory profile) is then never
+held whole, as objects or as text.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-__all__ = ["dumps"]
+__all__ = ["Deferred", "dump", "dumps"]
 
 _INF = float("inf")
 _BATCH = 1 << 16
 """Values encoded at once in a list of scalar lists."""
+_FLUSH = 1 << 20
+"""`dump` writes once its pending text passes this many characters."""
+
+
+class Deferred:
+    """A value the encoder makes (`make()`) when it reaches it, and drops after."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
+class _Sink:
+    """What `_encode` appends to in `dump`: pending text, written in large pieces."""
+
+    def __init__(self, write: Callable[[str], Any]):
+        self.write = write
+        self.parts: list[str] = []
+        self.size = 0
+
+    def append(self, text: str) -> None:
+        self.parts.append(text)
+        self.size += len(text)
+        if self.size > _FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.parts:
+            self.write("".join(self.parts))
+            self.parts.clear()
+            self.size = 0
 
 
 def _scalar(x: Any) -> str | None:
@@ -66,7 +104,17 @@ def dumps(obj: Any, indent: int = 2) -> str:
     return "".join(parts)
 
 
+def dump(obj: Any, write: Callable[[str], Any], indent: int = 2) -> None:
+    """`dumps(obj, indent)`'s text, given to `write` (e.g. `sys.stdout.write`) in
+    pieces of about a megabyte."""
+    sink = _Sink(write)
+    _encode(obj, 0, " " * indent, sink)  # type: ignore[arg-type]
+    sink.flush()
+
+
 def _encode(obj: Any, level: int, step: str, out: list[str]) -> None:
+    if type(obj) is Deferred:
+        obj = obj.make()
     text = _scalar(obj)
     if text is not None:
         out.append(text)

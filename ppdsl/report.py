@@ -3,15 +3,17 @@ table and the machine-readable JSON of `check --json` / `stats --json`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
 from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
 from ppdsl.analysis.lifespans import BlockMemory, block_memory
-from ppdsl.analysis.simulate import memory_over_time
+from ppdsl.analysis.simulate import memory_over_time_by_device
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_action
+from ppdsl.json_text import Deferred
 from ppdsl.semantics import format_decimal, format_exact
 
 __all__ = [
@@ -284,10 +286,13 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
     its peak memory and bound; overall makespan and bubble ratio. With
     `memory_profile`, each device also gets its activation memory over time:
     `[time, level]` after each pass (an F allocates at its start, a B or W frees
-    at its end), from the simulated timeline."""
+    at its end), from the simulated timeline.
+
+    The per-pass lists are `json_text.Deferred`: made device by device as
+    `json_text` writes the document (a million-pass schedule's are never all
+    held at once)."""
     s, t = compiled.schedule, compiled.timeline
     bounds = memory_bounds(compiled)
-    profile = memory_over_time(s, t) if memory_profile else None
     result: dict[str, Any] = {
         "name": s.name,
         "file": s.file,
@@ -304,7 +309,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
         "devices": [
             {
                 "rank": dev,
-                "actions": [torch_action(p) for p in s.orders[dev]],
+                "actions": Deferred(lambda dev=dev: list(map(torch_action, s.orders[dev]))),
                 "peak_memory": _jsonable(t.peak_memory[dev]),
                 "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
                 "receive_buffers_peak": compiled.lowered.receive_buffers_peaks()[dev],
@@ -317,11 +322,27 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
     found = block_memory(s)
     if found is not None:
         result["block"] = _block_json(found)
-    if profile is not None:
-        for dev, points in enumerate(profile):
+    if memory_profile:
+        profiles = _InOrder(memory_over_time_by_device(s, t))
+        for dev, entry in enumerate(result["devices"]):
             # (time, level) tuples: the JSON's pairs, not copied into lists
-            result["devices"][dev]["memory_over_time"] = list(points)
+            entry["memory_over_time"] = Deferred(lambda dev=dev: list(profiles.get(dev)))
     return result
+
+
+class _InOrder:
+    """Per-device values from an iterator that makes them in device order, handed
+    out in that order (the order `json_text` reaches the devices in)."""
+
+    def __init__(self, values: Iterator[Any]):
+        self._values = values
+        self._next = 0
+
+    def get(self, dev: int) -> Any:
+        if dev != self._next:
+            raise RuntimeError(f"device {dev}'s value asked for before device {self._next}'s")
+        self._next += 1
+        return next(self._values)
 
 
 def _block_json(found: BlockMemory) -> dict[str, Any]:

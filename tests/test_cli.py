@@ -225,15 +225,18 @@ def test_show_writes_an_svg_figure_to_scale(
 
 def test_stats_json_has_memory_over_time(capsys: pytest.CaptureFixture[str]) -> None:
     """stats --json gives each device's activation memory over time, one point per
-    pass in time order; its highest level is the device's peak and it ends at zero."""
-    code, out, _ = _run(capsys, "stats", ZB_H1, "-D", "d=4", "-D", "m=8", "--json")
-    assert code == 0
-    for dev in json.loads(out)["devices"]:
-        levels = [level for _, level in dev["memory_over_time"]]
-        times = [t for t, _ in dev["memory_over_time"]]
-        assert max(levels) == dev["peak_memory"] and levels[-1] == 0
-        assert len(levels) == len(dev["actions"])
-        assert times == sorted(times)
+    pass in time order; its highest level is the device's peak and it ends at zero
+    (on recomputed stages too: an F keeps M_I, R restores M_B)."""
+    recompute = str(ROOT / "examples" / "1f1b_recompute.pp")
+    for args in ((ZB_H1, "-D", "d=4", "-D", "m=8"), (recompute,)):
+        code, out, _ = _run(capsys, "stats", *args, "--json")
+        assert code == 0
+        for dev in json.loads(out)["devices"]:
+            levels = [level for _, level in dev["memory_over_time"]]
+            times = [t for t, _ in dev["memory_over_time"]]
+            assert max(levels) == dev["peak_memory"] and levels[-1] == 0, args
+            assert len(levels) == len(dev["actions"])
+            assert times == sorted(times)
 
 
 def test_show_wraps_between_passes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ whole-pipeline 1 - busy / (devices x makespan).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -32,7 +33,10 @@ from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
-__all__ = ["Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time"]
+__all__ = [
+    "Timeline", "SimulationError", "simulate", "simulate_reference", "memory_over_time",
+    "memory_over_time_by_device",
+]
 
 
 class SimulationError(ValueError):
@@ -238,51 +242,68 @@ def _timeline(
 def _memory_over_time(
     schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
-    """Per device, (time, level) after each pass: the level a prefix sum of the
-    exact integer deltas (`semantics.delta_table`), divided by their scale once
-    (the same float as the exact Fraction's, while both fit a float exactly)."""
+    return tuple(_device_profiles(schedule, start, end))
+
+
+def _device_profiles(
+    schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
+) -> Iterator[tuple[tuple[float, float], ...]]:
+    """Per device, (time, level) after each pass, device by device: the level a
+    prefix sum of the exact integer deltas (`semantics.delta_table`), divided by
+    their scale once (the same float as the exact Fraction's, while both fit a
+    float exactly; a device where they might not is summed in Fractions)."""
     memory = schedule.memory
     flat = flatten(schedule)
     longest = max((len(o) for o in schedule.orders), default=0)
-    table, scale = semantics.delta_table(
-        memory.activation, memory.weight_retained, longest_order=longest
-    )
-    if table.dtype != np.int64 or scale >= 2**53:
-        return _memory_over_time_exact(schedule, start, end)
-    deltas = table[flat.kind, flat.stage]
-    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])[flat.kind]
+    table, scale = memory.delta_table(longest_order=longest)  # M_I of recomputed stages too
+    at_start = np.array([allocates_at_start(k) for k in semantics.KINDS])
     # the times are the timeline's own float objects, and one float object per
     # distinct level (an integer over a positive scale: never -0.0)
     same_level: dict[float, float] = {}
-    out = []
     for dev in range(schedule.num_devices):
         a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
-        levels = np.cumsum(deltas[a:b])
-        if len(levels) and np.abs(levels).max() >= 2**53:
-            return _memory_over_time_exact(schedule, start, end)
+        kind = flat.kind[a:b]
+        levels = np.cumsum(table[kind, flat.stage[a:b]]) if table.dtype == np.int64 else None
+        if levels is None or scale >= 2**53 or (len(levels) and np.abs(levels).max() >= 2**53):
+            yield _exact_profile(schedule, dev, start[dev], end[dev])
+            continue
         times = [
             s if first else e
-            for s, e, first in zip(start[dev], end[dev], at_start[a:b].tolist(), strict=True)
+            for s, e, first in zip(start[dev], end[dev], at_start[kind].tolist(), strict=True)
         ]
         values = (levels.astype(np.float64) / scale).tolist()
         values = list(map(same_level.setdefault, values, values))
-        out.append(tuple(zip(times, values, strict=True)))
-    return tuple(out)
+        yield tuple(zip(times, values, strict=True))
 
 
 def _memory_over_time_exact(
     schedule: Schedule, start: tuple[tuple[float, ...], ...], end: tuple[tuple[float, ...], ...]
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """`_memory_over_time` summed in Fractions pass by pass (the reference's)."""
+    return tuple(_exact_profile(schedule, dev, start[dev], end[dev])
+                 for dev in range(schedule.num_devices))
+
+
+def _exact_profile(
+    schedule: Schedule, dev: int, start: tuple[float, ...], end: tuple[float, ...]
+) -> tuple[tuple[float, float], ...]:
     memory = schedule.memory
-    out = []
-    for dev, order in enumerate(schedule.orders):
-        level = Fraction(0)
-        points: list[tuple[float, float]] = []
-        for p, s, e in zip(order, start[dev], end[dev], strict=True):
-            level += memory.delta(p.kind, p.stage)
-            points.append((s if allocates_at_start(p.kind) else e, float(level)))
-        out.append(tuple(points))
-    return tuple(out)
+    level = Fraction(0)
+    points: list[tuple[float, float]] = []
+    for p, s, e in zip(schedule.orders[dev], start, end, strict=True):
+        level += memory.delta(p.kind, p.stage)
+        points.append((s if allocates_at_start(p.kind) else e, float(level)))
+    return tuple(points)
+
+
+def memory_over_time_by_device(
+    schedule: Schedule, timeline: Timeline
+) -> Iterator[tuple[tuple[float, float], ...]]:
+    """`memory_over_time`, made one device at a time as the iterator is
+    advanced (a caller that writes them out holds one device's at once)."""
+    if timeline.memory_over_time is not None:
+        return iter(timeline.memory_over_time)
+    return _device_profiles(schedule, timeline.start, timeline.end)
 
 
 def memory_over_time(

@@ -10,8 +10,7 @@ end a comment early), and the manifest is written with `json`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
@@ -195,12 +194,32 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
         yield "".join(lines), used
 
 
-@dataclass(frozen=True)
 class GeneratedFiles:
-    """File name -> text of everything `ppdsl compile` writes."""
+    """What `ppdsl compile` writes: file name -> text. The texts are made one file
+    at a time as `items` is iterated (at scale the rank programs are hundreds of
+    MB: `write` never holds them all); `files` makes and keeps them all."""
 
-    files: dict[str, str]
-    plan: Plan
+    def __init__(self, names: tuple[str, ...], render: Callable[[], Iterator[tuple[str, str]]],
+                 plan: Plan):
+        self.names = names
+        """The files, in the order `items` makes them."""
+        self.plan = plan
+        self._render = render
+        self._files: dict[str, str] | None = None
+
+    def items(self) -> Iterator[tuple[str, str]]:
+        """(name, text) of every file, each made as it is reached."""
+        if self._files is not None:
+            yield from self._files.items()
+            return
+        yield from self._render()
+
+    @property
+    def files(self) -> dict[str, str]:
+        """Every file's text (made once, then kept)."""
+        if self._files is None:
+            self._files = dict(self._render())
+        return self._files
 
 
 def generate(
@@ -217,7 +236,6 @@ def generate(
     `dp`, `dp_mode`: the data-parallel replicas the launcher starts by default)."""
     plan = plan_from_schedule(schedule, programs, timeline, costs_from)
     env = _environment()
-    files: dict[str, str] = {}
     common = {
         "version": __version__,
         "source": schedule.file,
@@ -226,31 +244,37 @@ def generate(
         "fingerprint": plan.fingerprint,
         "num_microbatches": _int(schedule.num_microbatches),
     }
-    rank_template = env.get_template("rank.py.j2")
-    if isinstance(programs, RankArrays):
-        per_rank: Iterable[tuple[int, tuple[str, set[str]]]] = enumerate(
-            _ops_texts_of_arrays(programs)
-        )
-    else:
-        per_rank = (
-            (program.rank, (_ops_text(lines), used))
-            for program in programs
-            for lines, used in [_op_lines(program)]
-        )
-    for rank, (ops, used) in per_rank:
-        stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
-        files[f"rank{_int(rank)}.py"] = rank_template.render(
-            **common, rank=_int(rank), stages=stages, ops=ops,
-            vocabulary=", ".join(sorted(used)) or "F",
-        )
-    files["launch.py"] = env.get_template("launch.py.j2").render(
-        **common, dp=_int(dp), num_processes=_int(dp * schedule.num_devices))
-    manifest = plan.to_json()
-    manifest["generated_by"] = f"ppdsl {__version__}"
-    manifest["placement_kind"] = schedule.placement.kind
-    manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}
-    files["manifest.json"] = json_text.dumps(manifest, 1) + "\n"
-    return GeneratedFiles(files, plan)
+
+    def render() -> Iterator[tuple[str, str]]:
+        rank_template = env.get_template("rank.py.j2")
+        if isinstance(programs, RankArrays):
+            per_rank: Iterable[tuple[int, tuple[str, set[str]]]] = enumerate(
+                _ops_texts_of_arrays(programs)
+            )
+        else:
+            per_rank = (
+                (program.rank, (_ops_text(lines), used))
+                for program in programs
+                for lines, used in [_op_lines(program)]
+            )
+        for rank, (ops, used) in per_rank:
+            stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
+            yield f"rank{_int(rank)}.py", rank_template.render(
+                **common, rank=_int(rank), stages=stages, ops=ops,
+                vocabulary=", ".join(sorted(used)) or "F",
+            )
+            del ops
+        yield "launch.py", env.get_template("launch.py.j2").render(
+            **common, dp=_int(dp), num_processes=_int(dp * schedule.num_devices))
+        manifest = plan.to_json()
+        manifest["generated_by"] = f"ppdsl {__version__}"
+        manifest["placement_kind"] = schedule.placement.kind
+        manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}
+        yield "manifest.json", json_text.dumps(manifest, 1) + "\n"
+
+    ranks = programs.num_ranks if isinstance(programs, RankArrays) else len(programs)
+    names = (*(f"rank{r}.py" for r in range(ranks)), "launch.py", "manifest.json")
+    return GeneratedFiles(names, render, plan)
 
 
 def write(generated: GeneratedFiles, out_dir: str | Path) -> list[Path]:
@@ -258,7 +282,7 @@ def write(generated: GeneratedFiles, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in generated.files.items():
+    for name, text in generated.items():
         path = out / name
         path.write_text(text, encoding="utf-8")
         paths.append(path)

@@ -7,7 +7,7 @@ written by codegen and read by the runtime; plain Python, no torch.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -16,24 +16,63 @@ import numpy as np
 
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
-from ppdsl.ir.schedule import MemoryModel, Schedule, format_schedule
+from ppdsl.ir.schedule import MemoryModel, Pass, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
-__all__ = ["Plan", "plan_from_schedule", "fingerprint", "predicted_peak"]
+__all__ = ["Plan", "PassKeys", "plan_from_schedule", "fingerprint", "predicted_peak"]
 
 
-def predicted_peak(order: Iterable[tuple[PassKind, int]], memory: MemoryModel) -> Fraction:
+def predicted_peak(
+    order: Iterable[tuple[PassKind, int]],
+    memory: MemoryModel,
+    table: tuple[np.ndarray, int] | None = None,
+) -> Fraction:
     """The memory model's peak for one device: the largest prefix sum of the
     deltas of its passes (kind, stage) in order (exact: integer deltas over their
-    common denominator, `semantics.delta_table`)."""
+    common denominator, `semantics.delta_table`; `table`: that table, made once
+    for every device of a plan, with `longest_order` their longest order)."""
     order = list(order)
-    table, scale = memory.delta_table(longest_order=len(order))
+    table, scale = table or memory.delta_table(longest_order=len(order))
     if table.dtype != np.int64 or not order:
         return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
     codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
     stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
     top = int(np.cumsum(table[codes, stages]).max())
     return Fraction(max(top, 0), scale)
+
+
+class PassKeys(Sequence[tuple[PassKind, int, int]]):
+    """A device's order as the plan holds it, (kind, microbatch, stage) per pass,
+    read from the schedule's passes when asked (a tuple per pass would be ~80
+    bytes each at a million passes). Equal to the tuple of those triples."""
+
+    __slots__ = ("_passes",)
+
+    def __init__(self, passes: Sequence[Pass]):
+        self._passes = passes
+
+    def __len__(self) -> int:
+        return len(self._passes)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        p = self._passes[index]
+        return (p.kind, p.microbatch, p.stage)
+
+    def __iter__(self) -> Iterator[tuple[PassKind, int, int]]:
+        return ((p.kind, p.microbatch, p.stage) for p in self._passes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PassKeys | tuple | list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def fingerprint(schedule: Schedule, programs: tuple[RankProgram, ...] | RankArrays) -> str:
@@ -57,8 +96,9 @@ class Plan:
     num_microbatches: int
     split_backward: bool
     memory: MemoryModel
-    orders: tuple[tuple[tuple[PassKind, int, int], ...], ...]
-    """Per rank: (kind, microbatch, stage) of each compute pass, in order."""
+    orders: tuple[Sequence[tuple[PassKind, int, int]], ...]
+    """Per rank: (kind, microbatch, stage) of each compute pass, in order (tuples
+    read from a manifest; `PassKeys` over the passes of a compiled schedule)."""
     fingerprint: str
     predicted_busy_share: tuple[float, ...] | None = None
     """Per rank: simulated busy time / makespan (None without a timeline)."""
@@ -105,6 +145,12 @@ class Plan:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
         return predicted_peak(((k, s) for k, _, s in self.orders[rank]), memory or self.memory)
 
+    def predicted_peaks(self) -> list[Fraction]:
+        """`predicted_peak` of every rank (one delta table for all)."""
+        table = self.memory.delta_table(longest_order=max(map(len, self.orders), default=0))
+        return [predicted_peak(((k, s) for k, _, s in order), self.memory, table)
+                for order in self.orders]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ppdsl_version": __version__,
@@ -127,7 +173,7 @@ class Plan:
             "costs": self.costs,
             "predicted_makespan": self.predicted_makespan,
             "costs_from": self.costs_from,
-            "predicted_peak_memory": [str(self.predicted_peak(r)) for r in range(self.num_devices)],
+            "predicted_peak_memory": [str(x) for x in self.predicted_peaks()],
             "predicted_busy_share": list(self.predicted_busy_share)
             if self.predicted_busy_share is not None
             else None,
@@ -195,9 +241,7 @@ def plan_from_schedule(
         num_microbatches=schedule.num_microbatches,
         split_backward=schedule.split_backward,
         memory=schedule.memory,
-        orders=tuple(
-            tuple((p.kind, p.microbatch, p.stage) for p in order) for order in schedule.orders
-        ),
+        orders=tuple(PassKeys(order) for order in schedule.orders),
         fingerprint=fingerprint(schedule, programs),
         predicted_busy_share=busy,
         costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm,

@@ -67,5 +67,6 @@ def run(args: argparse.Namespace) -> ExitCode:
         result["ir"] = format_schedule(compiled.schedule)
     if args.programs:
         result["programs"] = format_rank_programs(compiled.programs)
-    print(json_text.dumps(result, 2))
+    json_text.dump(result, sys.stdout.write, 2)
+    sys.stdout.write("\n")
     return ExitCode.OK

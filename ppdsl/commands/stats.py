@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         result = schedule_json(compiled, memory_profile=True)
         if data_parallel:
             result["data_parallel"] = dp_json(compiled, args.dp_mode, args.dp, args.params)
-        print(json_text.dumps(result, 2))
+        json_text.dump(result, sys.stdout.write, 2)
+        sys.stdout.write("\n")
     else:
         sys.stdout.write(stats_table(compiled))
         if data_parallel:
