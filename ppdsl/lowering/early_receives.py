@@ -163,8 +163,8 @@ def _new_order(
     # the moved receives by target exchange, in the order moved
     by_target = np.argsort(targets, kind="stable")
     receives, targets = receives[by_target], targets.astype(small)[by_target]
-    # a moved receive goes after every staying entry of its target exchange: the
-    # entries are in op order, a receive leaves for an earlier exchange
+    # a moved receive goes after every staying entry of its target exchange (the
+    # entries are in op order, an exchange's sends before its receives)
     after = np.searchsorted(arrays.where, targets, side="right")
     after -= np.searchsorted(np.sort(receives), after)  # among the staying entries
     stay = np.ones(n, dtype=bool)

@@ -93,9 +93,8 @@ def lower_arrays(schedule: Schedule) -> RankArrays:
         flat.stage_device, schedule.placement.lanes
     )
     width = len(codes) // len(num_receives)
-    # every per-pass and per-entry array is as narrow as its values allow: at
-    # d=128, m=2048 there are 1.6M passes and 2.1M entries, and these temporaries
-    # are the peak memory of `check`
+    # every per-pass and per-entry array is as narrow as its values allow and
+    # freed once used: at d=128, m=2048 there are 1.6M passes and 2.1M entries
     small = index_dtype(max(n * (width + 2) + flat.num_devices, len(codes)))
     row = np.empty(n, dtype=small)  # the pass's row of the route table
     np.multiply(flat.kind, small(num_stages), out=row, casting="unsafe")
@@ -148,6 +147,7 @@ def lower_arrays(schedule: Schedule) -> RankArrays:
     src = srcs[slot]
     dst = dsts[slot]
     del slot
+    # a send is posted by the exchange after its pass, a receive by the one before
     where = compute_op[entry_pass]
     del compute_op
     where += 1
