@@ -225,14 +225,17 @@ class RankArrays:
     def _receive_buffers_peaks(self) -> list[int]:
         if np.any(self.entry_pass[~self.sending] < 0):
             return [receive_buffers_peak(p) for p in self.programs()]
+        small = index_dtype(max(self.total, len(self.where)) + 1)
         recv = np.flatnonzero(~self.sending)
-        compute_op = np.empty(len(self.passes), dtype=np.int64)
+        compute_op = np.empty(len(self.passes), dtype=small)
         is_compute = self.op_pass >= 0
         compute_op[self.op_pass[is_compute]] = np.flatnonzero(is_compute)
-        delta = np.zeros(self.total + 1, dtype=np.int64)
+        del is_compute
+        delta = np.zeros(self.total + 1, dtype=small)
         np.add.at(delta, self.where[recv], 1)
         np.add.at(delta, compute_op[self.entry_pass[recv]], -1)
-        held = np.cumsum(delta)
+        del recv, compute_op
+        held = np.cumsum(delta, out=delta)
         peaks = []
         for r in range(self.num_ranks):
             lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
