@@ -31,7 +31,7 @@ from ppdsl.ir.rank import (
     TransferKind,
     entry_groups,
 )
-from ppdsl.ir.schedule import Schedule
+from ppdsl.ir.schedule import PassOrder, Schedule
 from ppdsl.semantics import KINDS
 
 __all__ = ["GeneratedFiles", "generate", "write"]
@@ -125,6 +125,10 @@ def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
 
 def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
     """Kind letters, microbatches, stages and spans of `passes` (read in C)."""
+    if isinstance(passes, PassOrder):
+        letters = [k.value for k in KINDS]  # by code
+        return (list(map(letters.__getitem__, passes.kind.tolist())), passes.microbatch.tolist(),
+                passes.stage.tolist(), list(map(passes.spans.__getitem__, passes.span_index.tolist())))
     value = {k: k.value for k in KINDS}
     kinds = list(map(value.__getitem__, map(attrgetter("kind"), passes)))
     microbatches = list(map(attrgetter("microbatch"), passes))

@@ -16,7 +16,7 @@ import numpy as np
 
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
-from ppdsl.ir.schedule import MemoryModel, Pass, Schedule, format_schedule
+from ppdsl.ir.schedule import MemoryModel, Pass, PassOrder, Schedule, format_schedule
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
 __all__ = ["Plan", "PassKeys", "plan_from_schedule", "fingerprint", "predicted_peak"]
@@ -61,7 +61,11 @@ class PassKeys(Sequence[tuple[PassKind, int, int]]):
         return (p.kind, p.microbatch, p.stage)
 
     def __iter__(self) -> Iterator[tuple[PassKind, int, int]]:
-        return ((p.kind, p.microbatch, p.stage) for p in self._passes)
+        passes = self._passes
+        if isinstance(passes, PassOrder):  # from the columns: no Pass made per pass
+            return zip(map(KINDS.__getitem__, passes.kind.tolist()), passes.microbatch.tolist(),
+                       passes.stage.tolist(), strict=True)
+        return ((p.kind, p.microbatch, p.stage) for p in passes)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PassKeys | tuple | list):

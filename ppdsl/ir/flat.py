@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, Schedule
+from ppdsl.ir.schedule import Pass, PassOrder, Schedule
 from ppdsl.semantics import KINDS, NUM_KINDS
 
 __all__ = ["FlatSchedule", "flatten", "flat_arrays"]
@@ -38,8 +38,8 @@ class FlatSchedule:
     """int64."""
     device: np.ndarray
     """int64: the device whose order holds the pass."""
-    passes: tuple[Pass, ...]
-    """The Pass objects, for spans and messages."""
+    passes: PassOrder
+    """The passes (made as read), for spans and messages."""
     num_microbatches: int
     num_stages: int
     stage_device: np.ndarray
@@ -97,33 +97,29 @@ def _arrays(passes: list[Pass], lengths: list[int]):
     return offsets, kind, microbatch, stage
 
 
-def _joined(passes: list[Pass]) -> np.ndarray | None:
-    if not any(p.overlapped for p in passes):
-        return None
-    return np.fromiter((p.overlapped for p in passes), dtype=np.bool_, count=len(passes))
-
-
 def flatten(schedule: Schedule) -> FlatSchedule:
     """Flat arrays of `schedule`'s passes (the last result is reused for the
     same schedule object, so the passes after elaboration flatten once)."""
     for ref, flat in _flat_cache:
         if ref() is schedule:
             return flat
-    passes = [p for order in schedule.orders for p in order]
-    offsets, kind, microbatch, stage = _arrays(passes, [len(o) for o in schedule.orders])
+    # the columns of every order (an elaborated one has them already: `PassOrder`)
+    passes = PassOrder.join(schedule.orders)
+    offsets = np.zeros(len(schedule.orders) + 1, dtype=np.int64)
+    np.cumsum([len(o) for o in schedule.orders], out=offsets[1:])
     device = np.repeat(np.arange(len(schedule.orders), dtype=np.int64), np.diff(offsets))
     flat = FlatSchedule(
         offsets,
-        kind,
-        microbatch,
-        stage,
+        passes.kind.astype(np.int64),
+        passes.microbatch.astype(np.int64),
+        passes.stage.astype(np.int64),
         device,
-        tuple(passes),
+        passes,
         schedule.num_microbatches,
         schedule.num_stages,
         np.asarray(schedule.placement.stage_device, dtype=np.int64),
         schedule.placement.lanes,
-        _joined(passes),
+        passes.overlapped,
     )
     _flat_cache[:] = [(weakref.ref(schedule), flat)]
     return flat

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, format_pass
+from ppdsl.ir.schedule import Pass, PassOrder, format_pass
 from ppdsl.semantics import KINDS, TransferKind, receives
 
 __all__ = [
@@ -304,8 +304,10 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     rank's lines are made from its slice of the arrays only."""
     names = [k.value for k in _TRANSFER_KINDS]
     first = entry_groups(programs)
-    passes = programs.passes
-    value = {k: k.value for k in KINDS}
+    columns = PassOrder.of(programs.passes)  # read once, not a Pass per op
+    letters = [k.value for k in KINDS]  # by code
+    kinds = list(map(letters.__getitem__, columns.kind.tolist()))
+    microbatches, stages = columns.microbatch.tolist(), columns.stage.tolist()
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
         lo, hi = first[offsets[r]], first[offsets[r + 1]]
@@ -326,10 +328,9 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
         op_pass = programs.op_pass[offsets[r] : offsets[r + 1]].tolist()
         for g, k in enumerate(op_pass, offsets[r]):
             if k >= 0:
-                p = passes[k]
                 # format_pass's text
-                text = f"  {value[p.kind]}{p.microbatch}"
-                lines.append(f"{text}:s{p.stage}" if multi_stage else text)
+                text = f"  {kinds[k]}{microbatches[k]}"
+                lines.append(f"{text}:s{stages[k]}" if multi_stage else text)
             else:
                 lines.append(
                     "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"

@@ -153,18 +153,22 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         found.append(Diagnostic("error", msg, span))
 
     # an overlapped pass is the backward of a pair whose forward runs just before it
-    backwards = set(s.backward_kinds)
-    for device, order in enumerate(s.orders):
-        for k, p in enumerate(order):
-            if p.overlapped and (k == 0 or order[k - 1].kind is not PassKind.F
-                                 or p.kind not in backwards):
-                before = f"after {_name(order[k - 1])}" if k else "first"
-                found.append(Diagnostic(
-                    "error",
-                    f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
-                    "pair is a forward then a backward (F(j, c) & B(k, c2))",
-                    p.span,
-                ))
+    if flat.joined is not None:
+        backwards = [k.code for k in s.backward_kinds]
+        starts = np.zeros(flat.size, dtype=bool)
+        starts[flat.offsets[:-1][np.diff(flat.offsets) > 0]] = True
+        after_forward = np.zeros(flat.size, dtype=bool)
+        after_forward[1:] = kind[:-1] == PassKind.F.code
+        wrong = flat.joined & (starts | ~after_forward | ~np.isin(kind, backwards))
+        for i in np.flatnonzero(wrong).tolist():
+            p, device = flat.passes[i], int(flat.device[i])
+            before = "first" if starts[i] else f"after {_name(flat.passes[i - 1])}"
+            found.append(Diagnostic(
+                "error",
+                f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
+                "pair is a forward then a backward (F(j, c) & B(k, c2))",
+                p.span,
+            ))
 
     valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)
     linear = (kind[valid] * m + mb[valid]) * S + st[valid]
