@@ -304,10 +304,8 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     rank's lines are made from its slice of the arrays only."""
     names = [k.value for k in _TRANSFER_KINDS]
     first = entry_groups(programs)
-    columns = PassOrder.of(programs.passes)  # read once, not a Pass per op
+    columns = PassOrder.of(programs.passes)  # read as columns, not a Pass per op
     letters = [k.value for k in KINDS]  # by code
-    kinds = list(map(letters.__getitem__, columns.kind.tolist()))
-    microbatches, stages = columns.microbatch.tolist(), columns.stage.tolist()
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
         lo, hi = first[offsets[r]], first[offsets[r + 1]]
@@ -325,12 +323,20 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
             )
         ]
         lines = [f"rank {r}:"]
-        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]].tolist()
-        for g, k in enumerate(op_pass, offsets[r]):
+        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]]
+        chosen = op_pass[op_pass >= 0]  # this rank's passes: format_pass's text
+        kinds = map(letters.__getitem__, columns.kind[chosen].tolist())
+        if multi_stage:
+            texts = [f"  {k}{j}:s{s}" for k, j, s in zip(
+                kinds, columns.microbatch[chosen].tolist(), columns.stage[chosen].tolist(),
+                strict=True)]
+        else:
+            texts = [f"  {k}{j}" for k, j in zip(kinds, columns.microbatch[chosen].tolist(),
+                                                 strict=True)]
+        pass_texts = iter(texts)
+        for g, k in enumerate(op_pass.tolist(), offsets[r]):
             if k >= 0:
-                # format_pass's text
-                text = f"  {kinds[k]}{microbatches[k]}"
-                lines.append(f"{text}:s{stages[k]}" if multi_stage else text)
+                lines.append(next(pass_texts))
             else:
                 lines.append(
                     "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"
