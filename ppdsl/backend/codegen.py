@@ -274,7 +274,7 @@ def generate(
             del ops
         yield "launch.py", env.get_template("launch.py.j2").render(
             **common, dp=_int(dp), num_processes=_int(dp * schedule.num_devices))
-        manifest = plan.to_json()
+        manifest = plan.to_json(deferred=True)
         manifest["generated_by"] = f"ppdsl {__version__}"
         manifest["placement_kind"] = schedule.placement.kind
         manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}
