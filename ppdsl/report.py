@@ -12,7 +12,7 @@ from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time_by_device
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
-from ppdsl.ir.schedule import torch_action
+from ppdsl.ir.schedule import torch_actions
 from ppdsl.json_text import Deferred
 from ppdsl.semantics import format_decimal, format_exact
 
@@ -309,7 +309,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
         "devices": [
             {
                 "rank": dev,
-                "actions": Deferred(lambda dev=dev: list(map(torch_action, s.orders[dev]))),
+                "actions": Deferred(lambda dev=dev: torch_actions(s.orders[dev])),
                 "peak_memory": _jsonable(t.peak_memory[dev]),
                 "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
                 "receive_buffers_peak": compiled.lowered.receive_buffers_peaks()[dev],

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, Schedule
+from ppdsl.ir.schedule import Pass, PassOrder, Schedule
 from ppdsl.semantics import KINDS, NUM_KINDS
 
 __all__ = ["FlatSchedule", "INDEX", "flatten", "flat_arrays"]
@@ -135,6 +135,11 @@ class _Passes(Sequence[Pass]):
     def __iter__(self) -> Iterator[Pass]:
         return chain.from_iterable(self._orders)
 
+    def columns(self) -> PassOrder:
+        """The passes as one `PassOrder` (the orders' own columns where they
+        are `PassOrder`s: no Pass made per pass)."""
+        return PassOrder.join(self._orders)
+
 
 _flat_cache: list[tuple[weakref.ref, FlatSchedule]] = []
 
@@ -152,6 +157,17 @@ def _arrays(orders, kind_dtype, index_dtype):
     offsets = np.zeros(len(orders) + 1, dtype=np.int64)
     np.cumsum([len(o) for o in orders], out=offsets[1:])
     n = int(offsets[-1])
+    if orders and all(isinstance(o, PassOrder) for o in orders):
+        # an elaborated schedule's columns, joined (no Pass read)
+        def joined(field, dtype):
+            values = np.concatenate([getattr(o, field) for o in orders])
+            fits = np.iinfo(dtype)
+            if len(values) and (values.min() < fits.min or values.max() > fits.max):
+                return values.astype(np.int64)  # far out of range: the passes check reports it
+            return values.astype(dtype, copy=False)
+
+        return offsets, joined("kind", kind_dtype), joined("microbatch", index_dtype), joined(
+            "stage", index_dtype)
 
     def column(field, dtype, code=None):
         # map/attrgetter loop in C over the orders: no list of every pass, and a
@@ -169,6 +185,11 @@ def _arrays(orders, kind_dtype, index_dtype):
 
 
 def _joined(orders) -> np.ndarray | None:
+    if orders and all(isinstance(o, PassOrder) for o in orders):
+        if all(o.overlapped is None for o in orders):
+            return None
+        return np.concatenate([o.overlapped if o.overlapped is not None
+                               else np.zeros(len(o), dtype=np.bool_) for o in orders])
     if not any(map(attrgetter("overlapped"), chain.from_iterable(orders))):
         return None
     n = sum(len(o) for o in orders)

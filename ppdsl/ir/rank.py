@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, format_pass
+from ppdsl.ir.schedule import Pass, PassOrder, format_pass
 from ppdsl.semantics import KINDS, TransferKind, receives
 
 __all__ = [
@@ -338,8 +338,8 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     rank's lines are made from its slice of the arrays only."""
     names = [k.value for k in _TRANSFER_KINDS]
     first = entry_groups(programs)
-    passes = programs.passes
-    value = {k: k.value for k in KINDS}
+    columns = PassOrder.of(programs.passes)  # read as columns, not a Pass per op
+    letters = [k.value for k in KINDS]  # by code
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
         lo, hi = first[offsets[r]], first[offsets[r + 1]]
@@ -357,13 +357,20 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
             )
         ]
         lines = [f"rank {r}:"]
-        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]].tolist()
-        for g, k in enumerate(op_pass, offsets[r]):
+        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]]
+        chosen = op_pass[op_pass >= 0]  # this rank's passes: format_pass's text
+        kinds = map(letters.__getitem__, columns.kind[chosen].tolist())
+        if multi_stage:
+            texts = [f"  {k}{j}:s{s}" for k, j, s in zip(
+                kinds, columns.microbatch[chosen].tolist(), columns.stage[chosen].tolist(),
+                strict=True)]
+        else:
+            texts = [f"  {k}{j}" for k, j in zip(kinds, columns.microbatch[chosen].tolist(),
+                                                 strict=True)]
+        pass_texts = iter(texts)
+        for g, k in enumerate(op_pass.tolist(), offsets[r]):
             if k >= 0:
-                p = passes[k]
-                # format_pass's text
-                text = f"  {value[p.kind]}{p.microbatch}"
-                lines.append(f"{text}:s{p.stage}" if multi_stage else text)
+                lines.append(next(pass_texts))
             else:
                 lines.append(
                     "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"

@@ -158,15 +158,16 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         found.append(Diagnostic("error", msg, span))
 
     # an overlapped pass is the backward of a pair whose forward runs just before it
-    backwards = set(s.backward_kinds)
-    joined = [] if flat.joined is None else np.flatnonzero(flat.joined).tolist()
-    for flat_index in joined:
-        device = int(dev[flat_index])
-        order = s.orders[device]
-        k = flat_index - int(flat.offsets[device])
-        p = order[k]
-        if k == 0 or order[k - 1].kind is not PassKind.F or p.kind not in backwards:
-            before = f"after {_name(order[k - 1])}" if k else "first"
+    if flat.joined is not None:
+        backwards = [k.code for k in s.backward_kinds]
+        starts = np.zeros(flat.size, dtype=bool)
+        starts[flat.offsets[:-1][np.diff(flat.offsets) > 0]] = True
+        after_forward = np.zeros(flat.size, dtype=bool)
+        after_forward[1:] = kind[:-1] == PassKind.F.code
+        wrong = flat.joined & (starts | ~after_forward | ~np.isin(kind, backwards))
+        for i in np.flatnonzero(wrong).tolist():
+            p, device = flat.passes[i], int(flat.device[i])
+            before = "first" if starts[i] else f"after {_name(flat.passes[i - 1])}"
             found.append(Diagnostic(
                 "error",
                 f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
