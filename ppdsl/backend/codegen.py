@@ -156,7 +156,10 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
     del op_rank
     for r in range(programs.num_ranks):
         a, b = offsets[r], offsets[r + 1]
-        lo, hi = first[a], first[b]
+        # this rank's entry groups, relative to its first entry
+        groups = first[a : b + 1].tolist()
+        lo, hi = groups[0], groups[-1]
+        groups = [x - lo for x in groups]
         texts = [
             f"{call[k]}({j}, {s}, {d}, {ra}, {rb}), "
             for k, j, s, d, ra, rb in zip(
@@ -190,7 +193,7 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
             if k >= 0:
                 lines.append(next(pass_lines))
             else:
-                x, y = first[a + g] - lo, first[a + g + 1] - lo
+                x, y = groups[g], groups[g + 1]
                 m = x + sends[g]
                 lines.append(
                     f"    exchange(sends=({''.join(texts[x:m]).rstrip(' ')}), "

@@ -328,9 +328,10 @@ def rank_program_texts(
         yield "\n".join(lines) + "\n"
 
 
-def entry_groups(programs: RankArrays) -> list[int]:
-    """`first[g]:first[g + 1]` are the entries op `g` posts."""
-    return np.searchsorted(programs.where, np.arange(programs.total + 1)).tolist()
+def entry_groups(programs: RankArrays) -> np.ndarray:
+    """`first[g]:first[g + 1]` are the entries op `g` posts (an array: a list
+    of Python ints would cost 36 bytes an op; slice a rank's and `tolist` it)."""
+    return np.searchsorted(programs.where, np.arange(programs.total + 1))
 
 
 def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
@@ -342,7 +343,10 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     letters = [k.value for k in KINDS]  # by code
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
-        lo, hi = first[offsets[r]], first[offsets[r + 1]]
+        # this rank's entry groups, relative to its first entry
+        groups = first[offsets[r] : offsets[r + 1] + 1].tolist()
+        lo, hi = groups[0], groups[-1]
+        groups = [x - lo for x in groups]
         entries = [
             f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
             for s, k, j, a, b, ra, rb in zip(
@@ -368,11 +372,9 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
             texts = [f"  {k}{j}" for k, j in zip(kinds, columns.microbatch[chosen].tolist(),
                                                  strict=True)]
         pass_texts = iter(texts)
-        for g, k in enumerate(op_pass.tolist(), offsets[r]):
+        for g, k in enumerate(op_pass.tolist()):
             if k >= 0:
                 lines.append(next(pass_texts))
             else:
-                lines.append(
-                    "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"
-                )
+                lines.append("  exchange { " + "; ".join(entries[groups[g] : groups[g + 1]]) + " }")
         yield "\n".join(lines) + "\n"
