@@ -33,12 +33,12 @@ def predicted_peak(
     common denominator, `semantics.delta_table`; `table`: that table, made once
     for every device of a plan, with `longest_order` their longest order)."""
     order = list(order)
-    table, scale = table or memory.delta_table(longest_order=len(order))
-    if table.dtype != np.int64 or not order:
+    deltas, scale = table if table is not None else memory.delta_table(longest_order=len(order))
+    if deltas.dtype != np.int64 or not order:
         return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
     codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
     stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
-    top = int(np.cumsum(table[codes, stages]).max())
+    top = int(np.cumsum(deltas[codes, stages]).max())
     return Fraction(max(top, 0), scale)
 
 

@@ -437,7 +437,7 @@ class Schedule:
     split_backward: bool
     costs: Costs
     memory: MemoryModel
-    orders: tuple[tuple[Pass, ...], ...]
+    orders: tuple[Sequence[Pass], ...]
     expects: tuple[Expect, ...] = ()
     block: Block | None = None
     span: Span | None = None
