@@ -124,8 +124,9 @@ def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
 
 
 def _pass_columns(passes: Sequence[Pass]) -> PassOrder:
-    """The columns of `passes`, each microbatch and stage checked to be an int."""
-    if not isinstance(passes, PassOrder):
+    """The columns of `passes`, each microbatch and stage checked to be an int
+    where they are Pass objects (a `PassOrder` or a view with columns holds ints)."""
+    if not isinstance(passes, PassOrder) and getattr(passes, "columns", None) is None:
         values = list(map(attrgetter("microbatch"), passes)) + list(map(attrgetter("stage"), passes))
         if not set(map(type, values)) <= {int}:
             for x in values:
