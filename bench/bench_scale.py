@@ -7,7 +7,12 @@ minus it; memory per pass is (peak - start-up peak) / passes.
 
 Targets: d=64 m=1024 check <= 2 s, compile <= 4 s; d=128 m=2048 check <= 6 s;
 <= 0.3 KB per pass; a small file's check <= 0.5 s. `--quick` runs d=64 only.
-Machine load (os.getloadavg) is printed: 2 shared cores make timings noisy."""
+Machine load (os.getloadavg) is printed: 2 shared cores make timings noisy.
+
+A second table checks the block-form examples (a building block repeated m
+times, then warm-up and cool-down tightened) at d=64 m=1024, against ZB-V's
+order form at the same size: no target of their own, the ratio says how far
+the block form is from the order form."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FILE = str(ROOT / "examples" / "zb_v.pp")
 SIZES = [(64, 1024), (128, 2048)]
+BLOCKS = ["1f1b", "zb_h1", "zb_h2", "interleaved_1f1b", "v_zb"]
+"""Block-form examples the second table checks at d=64, m=1024."""
 TARGETS = {("check", 64): 2.0, ("compile", 64): 4.0, ("check", 128): 6.0}
 
 
@@ -42,12 +49,12 @@ def _run(argv: list[str]) -> tuple[float, float, float]:
     return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: KB
 
 
-def _argv(command: str, d: int, m: int, out: str) -> list[str]:
+def _argv(command: str, d: int, m: int, out: str, file: str = FILE) -> list[str]:
     sizes = ["-D", f"d={d}", "-D", f"m={m}"]
     if 6 * d * m > 1_000_000:  # past the default --max-passes (issue 14's limits)
         sizes += ["--max-passes", str(6 * d * m)]
     if command == "check":
-        return ["check", FILE, *sizes]
+        return ["check", file, *sizes]
     if command == "stats":
         return ["stats", "--json", FILE, *sizes]
     return ["compile", FILE, *sizes, "-o", out]
@@ -90,7 +97,22 @@ def main() -> None:
                 for c, (a, b) in ((c, peaks[c][:2]) for c in commands)))
     print("KB/pass: (peak - start-up peak) / passes, target <= 0.3; start-up target: check "
           "of a small file <= 0.5 s")
+    _blocks(quick)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _blocks(quick: bool) -> None:
+    """`check` of the block-form examples at d=64, m=1024 beside ZB-V's order form."""
+    d, m = 64, 1024
+    names = BLOCKS[:2] if quick else BLOCKS
+    base, _, _ = _run(_argv("check", d, m, ""))
+    print(f"\nblock form, check at d={d} m={m} (ZB-V's order form: {base:.2f} s)")
+    print(f"{'example':>18} {'wall s':>7} {'CPU s':>6} {'peak MB':>8} {'x ZB-V':>7}")
+    for name in names:
+        file = str(ROOT / "examples" / f"{name}.pp")
+        wall, rss, cpu = _run(_argv("check", d, m, "", file))
+        print(f"{name:>18} {wall:7.2f} {cpu:6.2f} {rss:8.0f} {wall / base:7.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -339,7 +340,7 @@ def _identifier(stem: str) -> str:
     return name if name and not name[0].isdigit() else f"s_{name}"
 
 
-def _device_order(order: tuple[Pass, ...], chunk_of: dict[int, int]) -> tuple[ast.OrderStmt, ...]:
+def _device_order(order: Sequence[Pass], chunk_of: dict[int, int]) -> tuple[ast.OrderStmt, ...]:
     """A device's passes as pass calls: `F(j)` on chunk 0, `F(j, c)` on chunk c; an
     overlapped pair as `F(j, c) & B(k, c2)`."""
     calls: list[ast.OrderStmt] = []

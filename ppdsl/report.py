@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
@@ -12,7 +13,7 @@ from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time_by_device
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
-from ppdsl.ir.schedule import torch_action
+from ppdsl.ir.schedule import torch_actions
 from ppdsl.json_text import Deferred
 from ppdsl.semantics import format_decimal, format_exact
 
@@ -309,7 +310,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
         "devices": [
             {
                 "rank": dev,
-                "actions": Deferred(lambda dev=dev: list(map(torch_action, s.orders[dev]))),
+                "actions": Deferred(partial(torch_actions, s.orders[dev])),
                 "peak_memory": _jsonable(t.peak_memory[dev]),
                 "memory_bound": _jsonable(bounds[dev]) if bounds[dev] is not None else None,
                 "receive_buffers_peak": compiled.lowered.receive_buffers_peaks()[dev],
@@ -326,7 +327,7 @@ def schedule_json(compiled: Compiled, *, memory_profile: bool = False) -> dict[s
         profiles = _InOrder(memory_over_time_by_device(s, t))
         for dev, entry in enumerate(result["devices"]):
             # (time, level) tuples: the JSON's pairs, not copied into lists
-            entry["memory_over_time"] = Deferred(lambda dev=dev: list(profiles.get(dev)))
+            entry["memory_over_time"] = Deferred(partial(profiles.get, dev))
     return result
 
 
@@ -342,7 +343,7 @@ class _InOrder:
         if dev != self._next:
             raise RuntimeError(f"device {dev}'s value asked for before device {self._next}'s")
         self._next += 1
-        return next(self._values)
+        return list(next(self._values))
 
 
 def _block_json(found: BlockMemory) -> dict[str, Any]:

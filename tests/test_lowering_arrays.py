@@ -7,9 +7,11 @@ at random sizes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from factories import schedules
 from hypothesis import given, settings
@@ -128,3 +130,28 @@ def test_examples_at_random_sizes(path, d, extra):
     objects = moved.programs()
     moved.derived.clear()  # codegen from the arrays, not from the cached objects
     assert generate(s, moved).files == generate(s, objects).files
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.stem in ("zb_v", "interleaved_1f1b")])
+def test_lowering_takes_any_integer_width(path, monkeypatch):
+    """The flat schedule's arrays as int8/int16/int32 (as narrow as a flat pass may
+    make them) lower to the same programs as int64, moved receives included."""
+    from ppdsl.ir import flat as flat_ir
+    from ppdsl.lowering import lower as lower_module
+
+    s = elaborate(parse(path.read_text(), str(path)), {"d": "32"})  # kind * stages > 127
+    wide = pull_receives_forward(lower_arrays(s))
+    full = flat_ir.flatten(s)
+    narrow = dataclasses.replace(
+        full,
+        kind=full.kind.astype(np.int8),
+        stage=full.stage.astype(np.int16),
+        microbatch=full.microbatch.astype(np.int32),
+        device=full.device.astype(np.int8),
+        offsets=full.offsets.astype(np.int32),
+        derived={},
+    )
+    monkeypatch.setattr(lower_module, "flatten", lambda schedule: narrow)
+    moved = pull_receives_forward(lower_arrays(s))
+    assert format_rank_programs(moved) == format_rank_programs(wide)
+    assert moved.programs() == wide.programs()

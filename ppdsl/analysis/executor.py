@@ -5,7 +5,10 @@ the dependency check, the simulator and the search's metrics.
 `semantics.NEED_STAGE_OFFSET`) to flat passes: for each pass, the flat index of
 each pass it waits for. `run_orders` runs every device's order: a pass starts
 when its device is free and every pass it needs has ended, plus `comm` when
-that pass ran on another device (the transfer rule). `measure` is the metrics kernel: makespan,
+that pass ran on another device (the transfer rule); it applies the same
+relation to each pass as it reaches it, through the index table, so that no
+per-pass array of needs is made (19 MB at 1.6M passes). `run_flat` runs a
+`FlatSchedule`. `measure` is the metrics kernel: makespan,
 the zero-bubble paper's bubble ratio, the idle fraction and each device's peak
 memory (a prefix sum of `semantics.delta_table`). `evaluate` is the three in one
 call, for a search that times thousands of candidate orders.
@@ -22,10 +25,11 @@ from ppdsl.jit import kernel
 from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
 
 __all__ = [
-    "Needs",
-    "dependencies",
+    "missing_needs",
+    "needs_of",
     "pass_needs",
     "run_orders",
+    "run_flat",
     "measure",
     "Metrics",
     "evaluate",
@@ -33,30 +37,20 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, eq=False)
-class Needs:
-    """Per flat pass, the flat indices of the passes it waits for (`index[k,
-    slot]`, -1: no need in that slot), and how many needed passes are absent
-    (0 for a complete schedule)."""
-
-    index: np.ndarray
-    missing: int
-
-
 @kernel
 def pass_needs(
     kind, microbatch, stage, table, num_stages, lane_length, need_kind, need_offset,
     need_optional,
 ):  # pragma: no cover - numba
-    """For each flat pass, the flat index of each pass it needs (`table[kind,
-    microbatch, stage]` is a pass's flat index, -1 when absent), and how many
-    needed passes are absent. A need beyond the first or last stage of its lane
+    """For each flat pass, the flat index of each pass it needs (int32;
+    `table[kind, microbatch, stage]` is a pass's flat index, -1 when absent),
+    and how many needed passes are absent. A need beyond the first or last stage of its lane
     (`lane_length` consecutive stages; `semantics.same_lane`) does not exist,
     nor an optional one whose pass the schedule does not run (R of a stage that
     keeps its activations: the passes check vouches for the set)."""
     n = kind.shape[0]
     width = need_kind.shape[1]
-    needs = np.full((n, width), -1, dtype=np.int64)
+    needs = np.full((n, width), -1, dtype=np.int32)
     missing = 0
     for k in range(n):
         kd = kind[k]
@@ -76,59 +70,71 @@ def pass_needs(
     return needs, missing
 
 
-def dependencies(flat: FlatSchedule) -> Needs:
-    """The needs of every pass of `flat` (computed once per flat schedule).
+def _lane_length(flat: FlatSchedule) -> int:
+    return flat.num_stages // flat.lanes
+
+
+def missing_needs(flat: FlatSchedule) -> int:
+    """How many needed passes `flat` does not run (0 for a complete
+    schedule); chunk by chunk, so the needs are never held for every pass.
     Assumes microbatches and stages are in range (the passes check runs first)."""
-    found = flat.derived.get("needs")
-    if found is None:
-        index, missing = pass_needs(
-            flat.kind,
-            flat.microbatch,
-            flat.stage,
-            flat.index_table(),
-            flat.num_stages,
-            flat.num_stages // flat.lanes,
-            NEED_KIND,
-            NEED_STAGE_OFFSET,
-            NEED_OPTIONAL,
-        )
-        if flat.joined is not None:
-            index = _unit_needs(index, flat.joined)
-        found = flat.derived["needs"] = Needs(index, int(missing))
-    return found
+    table = flat.index_table()
+    missing = 0
+    for part in flat.chunks():
+        missing += pass_needs(
+            flat.kind[part], flat.microbatch[part], flat.stage[part], table, flat.num_stages,
+            _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL,
+        )[1]
+    return int(missing)
 
 
-def _unit_needs(index: np.ndarray, joined: np.ndarray) -> np.ndarray:
-    """An overlapped pair runs as one unit: its forward starts only once the
-    passes its backward needs have ended too, so the forward's row takes the
-    backward's needs as well (a backward needing its own pair's forward then
-    waits for itself: a cycle, which the dependency check reports)."""
-    n, width = index.shape
-    wide = np.full((n, 2 * width), -1, dtype=np.int64)
-    wide[:, :width] = index
-    second = np.flatnonzero(joined)
-    wide[second - 1, width:] = index[second]
-    return wide
+def needs_of(flat: FlatSchedule, k: int) -> list[int]:
+    """The flat indices of the passes flat pass `k` waits for (`run_orders`'
+    rule: an overlapped pair's forward waits for its backward's needs too);
+    -1 for a slot with no need."""
+    unit = [k]
+    if flat.joined is not None and k + 1 < flat.size and flat.joined[k + 1]:
+        unit.append(k + 1)
+    index, _ = pass_needs(
+        flat.kind[unit], flat.microbatch[unit], flat.stage[unit], flat.index_table(),
+        flat.num_stages, _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL,
+    )
+    return index.ravel().tolist()
 
 
 @kernel
-def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: no cover - numba
-    """Run every device's order. Returns (start, end, position): `position[dev]`
-    is how far device dev got (offsets[dev+1] when it finished its order).
+def run_orders(
+    offsets, kind, microbatch, stage, device, table, lane_length, need_kind, need_offset,
+    need_optional, joined, duration, comm,
+):  # pragma: no cover - numba
+    """Run every device's order. Returns (start, end, position, missing):
+    `position[dev]` is how far device dev got (offsets[dev+1] when it finished
+    its order); `missing`, how many needed passes absent from `table` the passes
+    that ran had (complete only when every device finished).
 
-    A device's next pass starts at max(device free, end of each needed pass,
-    plus `comm` when that pass ran on another device: the transfer rule); a
-    device whose next pass needs an unfinished pass waits. `duration[kind,
-    stage]` is a pass's cost. Sweeping the devices until none moves gives the
-    same times in any sweep order, because each time is a function of earlier
-    passes only."""
+    A pass's needs are `pass_needs`' (`table[kind, microbatch, stage]` is a
+    pass's flat index, -1 when absent; `lane_length` as there). Where
+    `joined[k + 1]` (an overlapped pair; `joined` may be empty: none is), pass
+    k waits for the needs of k + 1 as well: the pair starts as one unit (a
+    backward that needs its own pair's forward then waits for itself: a cycle,
+    which the dependency check reports). A device's next pass starts at
+    max(device free, end of each needed pass, plus `comm` when that pass ran on
+    another device: the transfer rule); a device whose next pass needs an
+    unfinished pass waits. `duration[kind, stage]` is a pass's cost,
+    `duration[kind + num_kinds, stage]` (num_kinds: the rows of `need_kind`)
+    that of a pass of an overlapped pair. Sweeping the devices until none
+    moves gives the same times in any sweep order, because each time is a
+    function of earlier passes only."""
     num_devices = offsets.shape[0] - 1
-    n, width = needs.shape
+    n = kind.shape[0]
+    num_stages = table.shape[2]
+    num_kinds, width = need_kind.shape
     start = np.zeros(n)
     end = np.zeros(n)
     done = np.zeros(n, dtype=np.bool_)
     position = offsets[:-1].copy()
     free = np.zeros(num_devices)
+    missing = 0
     moved = True
     while moved:
         moved = False
@@ -138,24 +144,54 @@ def run_orders(offsets, kind, stage, device, needs, duration, comm):  # pragma: 
             while k < stop:
                 ready = free[dev]
                 blocked = False
-                for slot in range(width):
-                    a = needs[k, slot]
-                    if a >= 0:
+                absent = 0
+                last = k + 1 if k + 1 < joined.shape[0] and joined[k + 1] else k
+                for p in range(k, last + 1):
+                    kd = kind[p]
+                    for slot in range(width):
+                        nk = need_kind[kd, slot]
+                        if nk < 0:
+                            continue
+                        ns = stage[p] + need_offset[kd, slot]
+                        if ns < 0 or ns >= num_stages or ns // lane_length != stage[p] // lane_length:
+                            continue
+                        a = table[nk, microbatch[p], ns]
+                        if a < 0:
+                            if not need_optional[kd, slot] and p == k:
+                                absent += 1
+                            continue
                         if not done[a]:
                             blocked = True
                             break
                         wait = comm if device[a] != dev else 0.0
                         ready = max(ready, end[a] + wait)
+                    if blocked:
+                        break
                 if blocked:
                     break
+                row = kind[k]
+                if last > k or (k < joined.shape[0] and joined[k]):
+                    row += num_kinds
                 start[k] = ready
-                end[k] = ready + duration[kind[k], stage[k]]
+                end[k] = ready + duration[row, stage[k]]
                 free[dev] = end[k]
                 done[k] = True
+                missing += absent
                 k += 1
                 moved = True
             position[dev] = k
-    return start, end, position
+    return start, end, position, missing
+
+
+def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float):
+    """`run_orders` over `flat` (`duration` with 2 * NUM_KINDS rows when a pair
+    is overlapped). Assumes microbatches and stages are in range."""
+    joined = flat.joined if flat.joined is not None else np.zeros(0, dtype=np.bool_)
+    return run_orders(
+        flat.offsets, flat.kind, flat.microbatch, flat.stage,
+        flat.device, flat.index_table(), _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET,
+        NEED_OPTIONAL, joined, duration, comm,
+    )
 
 
 @kernel
@@ -205,14 +241,14 @@ def _timed(
     table = np.full((num_kinds, num_microbatches, num_stages), -1, dtype=np.int64)
     for k in range(n):
         table[kind[k], microbatch[k], stage[k]] = k
-    needs, missing = pass_needs(
-        kind, microbatch, stage, table, num_stages, num_stages // lanes, need_kind, need_offset,
-        need_optional,
-    )
     device = np.empty(n, dtype=np.int64)
     for dev in range(offsets.shape[0] - 1):
         device[offsets[dev] : offsets[dev + 1]] = dev
-    start, end, position = run_orders(offsets, kind, stage, device, needs, duration, comm)
+    start, end, position, missing = run_orders(
+        offsets, kind, microbatch, stage, device, table, num_stages // lanes, need_kind,
+        need_offset, need_optional, np.zeros(0, dtype=np.bool_), duration, comm,
+    )
+    # (the count covers every pass when every device finished its order)
     ok = missing == 0
     for dev in range(offsets.shape[0] - 1):
         if position[dev] < offsets[dev + 1]:

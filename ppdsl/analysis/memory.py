@@ -25,14 +25,13 @@ def peak_positions(schedule: Schedule) -> tuple[tuple[Fraction, int | None], ...
     mem = schedule.memory
     longest = max((len(o) for o in schedule.orders), default=0)
     table, scale = mem.delta_table(longest_order=longest)
-    deltas = table[flat.kind, flat.stage]
     found: list[tuple[Fraction, int | None]] = []
     for dev in range(schedule.num_devices):
         a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
         if a == b:
             found.append((Fraction(0), None))
             continue
-        levels = np.cumsum(deltas[a:b])
+        levels = np.cumsum(table[flat.kind[a:b], flat.stage[a:b]])  # per device: no whole-schedule array
         k = int(np.argmax(levels))
         peak = int(levels[k])
         if peak <= 0:

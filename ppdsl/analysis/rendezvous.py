@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppdsl.ir.rank import RankArrays, RankProgram, Transfer
+from ppdsl.ir.rank import RankArrays, RankProgram, Transfer, index_dtype, narrow_dtype
 from ppdsl.jit import kernel
 
 __all__ = ["Wait", "ExchangeIndex", "advance", "as_arrays", "stuck_waits"]
@@ -79,36 +79,65 @@ def advance(position, offsets, req_offsets, req_rank, req_op, enabled):  # pragm
             position[r] = k
 
 
+@kernel
+def _match(order, key, sending, mirror, repeated):  # pragma: no cover
+    """Over the entries in `order` (by key, a key's sends before its receives,
+    each in entry order): per entry the first entry of the other side with its
+    key (-1 if none) into `mirror`, and into `repeated` whether an earlier
+    entry of its side has the key."""
+    n = len(order)
+    i = 0
+    while i < n:
+        k = key[order[i]]
+        end = i + 1
+        while end < n and key[order[end]] == k:
+            end += 1
+        first_recv = i
+        while first_recv < end and sending[order[first_recv]]:
+            first_recv += 1
+        for x in range(i, end):
+            e = order[x]
+            if x < first_recv:
+                mirror[e] = order[first_recv] if first_recv < end else -1
+                repeated[e] = x > i
+            else:
+                mirror[e] = order[i] if first_recv > i else -1
+                repeated[e] = x > first_recv
+        i = end
+
+
+def _side_order(key: np.ndarray, sending: np.ndarray) -> np.ndarray:
+    """The entries sorted by key, a key's sends before its receives, each in
+    entry order."""
+    n = len(key)
+    lo, hi = int(key.min()), int(key.max())
+    if (hi - lo + 1) * 2 * n >= 2**62:
+        return np.argsort(key.astype(np.int64) * 2 + ~sending, kind="stable")
+    # (key, side, entry) in one int64 is unique: the fast unstable sort gives the
+    # stable order
+    composite = key.astype(np.int64)
+    composite -= lo
+    composite *= 2
+    composite += ~sending
+    composite *= n
+    step = 1 << 18
+    for start in range(0, n, step):
+        composite[start : start + step] += np.arange(start, min(start + step, n))
+    return np.argsort(composite)
+
+
 def _mirrors(key: np.ndarray, sending: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """For each entry the first entry of the other side with the same key (-1
     if none), and the entries that repeat a key on their side (sends' repeats,
     then receives', each in entry order). One sort of (key, side)."""
     n = len(key)
-    mirror = np.full(n, -1, dtype=np.int64)
+    mirror = np.full(n, -1, dtype=index_dtype(n))
     if n == 0:
         return mirror, []
-    # stable: within a key, its sends then its receives, each in entry order
-    order = np.argsort(key * 2 + ~sending, kind="stable")
-    sorted_key = key[order]
-    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    group = np.repeat(np.arange(len(starts)), sizes)
-    group_sends = np.add.reduceat(sending[order].astype(np.int64), starts)
-    first_send = starts  # valid where the group has a send
-    first_recv = starts + group_sends  # valid where the group has a receive
-    has_send = group_sends > 0
-    has_recv = group_sends < sizes
-    is_send = sending[order]
-    g = group
-    mirror[order] = np.where(
-        is_send,
-        np.where(has_recv[g], order[np.minimum(first_recv[g], n - 1)], -1),
-        np.where(has_send[g], order[first_send[g]], -1),
-    )
-    position = np.arange(n) - starts[g]
-    repeated = np.where(is_send, position > 0, position > group_sends[g])
-    extra = order[repeated]
-    duplicates = np.sort(extra[sending[extra]]).tolist() + np.sort(extra[~sending[extra]]).tolist()
+    repeated = np.zeros(n, dtype=bool)
+    _match(_side_order(key, sending), key, sending, mirror, repeated)
+    extra = np.flatnonzero(repeated)
+    duplicates = extra[sending[extra]].tolist() + extra[~sending[extra]].tolist()
     return mirror, duplicates
 
 
@@ -125,7 +154,9 @@ class ExchangeIndex:
     def of(programs: RankArrays) -> ExchangeIndex:
         ix = programs.derived.get("exchange_index")
         if ix is None:
-            ix = programs.derived["exchange_index"] = ExchangeIndex(programs)
+            # a pass that reorders matched programs leaves their "mirror"
+            mirror = programs.derived.pop("mirror", None)
+            ix = programs.derived["exchange_index"] = ExchangeIndex(programs, mirror)
         return ix
 
     def __init__(self, programs: RankArrays, mirror: np.ndarray | None = None):
@@ -136,27 +167,31 @@ class ExchangeIndex:
         self.total = programs.total
         self.where = programs.where
         self.sending = programs.sending
-        op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(self.offsets))
-        self.rank = op_rank[self.where]
+        # entries are in rank order: each rank's are one run
+        bounds = np.searchsorted(self.where, self.offsets.astype(self.where.dtype))
+        ranks = np.arange(programs.num_ranks)
+        self.rank = np.repeat(ranks.astype(narrow_dtype(ranks)), np.diff(bounds))
         # the mirror of a send is the receive of the same transfer, and back
         if mirror is None:
             mirror, self.duplicates = _mirrors(programs._keys(), self.sending)
         else:
             self.duplicates = []
         self.mirror = mirror
-        never = self.total + 1  # a global index no rank reaches: waits forever
-        matched = mirror >= 0
-        peer = np.where(matched, self.where[np.maximum(mirror, 0)], never)
-        self.peer_op = peer
-        self.peer_rank = np.where(matched, op_rank[np.minimum(peer, self.total - 1)], self.rank)
-        self.unmatched = np.flatnonzero(~matched)
+        self.unmatched = np.flatnonzero(mirror < 0)
+        self.peer_op = self.where[mirror]
+        self.peer_op[self.unmatched] = self.total + 1  # a global index no rank reaches
+        self.peer_rank = self.rank[mirror]
+        self.peer_rank[self.unmatched] = self.rank[self.unmatched]
 
-    def requirement_offsets(self, chosen: np.ndarray) -> np.ndarray:
+    def requirement_offsets(self, chosen: np.ndarray | None = None) -> np.ndarray:
         """CSR offsets, per global op, into the requirements `chosen` (which are
-        in op order)."""
-        counts = np.bincount(self.where[chosen], minlength=self.total)
-        offsets = np.zeros(self.total + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        in op order; all entries if None)."""
+        at = self.where if chosen is None else self.where[chosen]
+        offsets = np.empty(self.total + 1, dtype=index_dtype(len(at) + 1))
+        step = 1 << 18  # the ops in slices: no op-sized temporary
+        for lo in range(0, self.total + 1, step):
+            ops = np.arange(lo, min(lo + step, self.total + 1), dtype=at.dtype)
+            offsets[lo : lo + step] = np.searchsorted(at, ops)
         return offsets
 
     def op_index(self, e: int) -> int:
@@ -170,20 +205,24 @@ def stuck_waits(
     as (rank, op index, transfer, sending). All empty: no deadlock."""
     arrays = as_arrays(programs)
     ix = ExchangeIndex.of(arrays)
-    use = np.ones(len(ix.where), dtype=bool) if sends_block else ~ix.sending
-    use[ix.unmatched] = True  # an unmatched op waits forever, send or not
-    chosen = np.flatnonzero(use)
+    chosen = None  # every entry waits
+    peer_rank, peer_op = ix.peer_rank, ix.peer_op
+    if not sends_block:
+        use = ~ix.sending
+        use[ix.unmatched] = True  # an unmatched op waits forever, send or not
+        chosen = np.flatnonzero(use)
+        peer_rank, peer_op = peer_rank[chosen], peer_op[chosen]
     position = ix.offsets[:-1].copy()
     req_offsets = ix.requirement_offsets(chosen)
-    enabled = np.ones(len(chosen), dtype=bool)
-    advance(position, ix.offsets, req_offsets, ix.peer_rank[chosen], ix.peer_op[chosen], enabled)
+    enabled = np.ones(len(peer_op), dtype=bool)
+    advance(position, ix.offsets, req_offsets, peer_rank, peer_op, enabled)
     waits: dict[int, Wait] = {}
     for r in range(arrays.num_ranks):
         k = int(position[r])
         if k >= ix.offsets[r + 1]:
             continue
-        lo, hi = np.searchsorted(ix.where[chosen], [k, k + 1])
-        for e in chosen[lo:hi].tolist():
+        for i in range(int(req_offsets[k]), int(req_offsets[k + 1])):
+            e = i if chosen is None else int(chosen[i])
             q = int(ix.peer_rank[e])
             if ix.peer_op[e] <= ix.total and position[q] < ix.peer_op[e]:
                 t = arrays.transfer_of(e)
@@ -205,9 +244,8 @@ def stuck_waits(
 
     def described(indices) -> list[tuple]:
         return [
-            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e])) for e in indices
+            (int(ix.rank[e]), ix.op_index(e), arrays.transfer_of(e), bool(ix.sending[e]))
+            for e in indices
         ]
 
     return cycles, described(ix.unmatched.tolist()), described(ix.duplicates)
-
-

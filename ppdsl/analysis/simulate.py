@@ -19,6 +19,7 @@ whole-pipeline 1 - busy / (devices x makespan).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ from fractions import Fraction
 import numpy as np
 
 from ppdsl import semantics
-from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.executor import missing_needs, run_flat
 from ppdsl.analysis.memory import peak_memory
-from ppdsl.ir.flat import flatten
+from ppdsl.ir.flat import FlatSchedule, flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule
 from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
@@ -79,21 +80,15 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     """The timed simulation (numba kernel). Raises SimulationError when a pass
     is missing or the orders wait on each other in a cycle."""
     flat = flatten(schedule)
-    deps = dependencies(flat)
-    if deps.missing:
+    missing = missing_needs(flat)
+    if missing:
         raise SimulationError(
-            f"cannot simulate: {deps.missing} needed passes are missing (run the checks first)"
+            f"cannot simulate: {missing} needed passes are missing (run the checks first)"
         )
     table = np.array(schedule.costs.durations, dtype=np.float64)
-    kind = flat.kind
-    if flat.joined is not None:
-        # the passes of an overlapped pair take rows of their own: scaled by `overlap`
-        paired = flat.joined | np.append(flat.joined[1:], False)
-        table = np.concatenate([table, table * schedule.costs.overlap])
-        kind = kind + NUM_KINDS * paired
-    start, end, position = run_orders(
-        flat.offsets, kind, flat.stage, flat.device, deps.index, table, schedule.costs.comm
-    )
+    # the passes of an overlapped pair take rows of their own: scaled by `overlap`
+    table = np.concatenate([table, table * schedule.costs.overlap])
+    start, end, position, _ = run_flat(flat, table, schedule.costs.comm)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -104,19 +99,35 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     # same value is the same object (not where a -0.0 could turn into 0.0)
     times: dict[float, float] = {}
     intern = times.setdefault if not (np.signbit(start).any() or np.signbit(end).any()) else None
-    starts: list[tuple[float, ...]] = []
-    ends: list[tuple[float, ...]] = []
-    for dev in range(schedule.num_devices):
-        a, b = flat.offsets[dev], flat.offsets[dev + 1]
-        for row, out in ((start[a:b].tolist(), starts), (end[a:b].tolist(), ends)):
+    offsets = flat.offsets.tolist()
+
+    def rows(values: np.ndarray) -> tuple[tuple[float, ...], ...]:
+        out = []
+        for a, b in itertools.pairwise(offsets):
+            row = values[a:b].tolist()
             out.append(tuple(map(intern, row, row)) if intern else tuple(row))
-    # fsum: correctly rounded, so both simulators agree to the last bit
-    duration = table[kind, flat.stage]
-    busy = [
-        math.fsum(duration[flat.offsets[d] : flat.offsets[d + 1]].tolist())
-        for d in range(len(starts))
-    ]
-    return _timeline(schedule, tuple(starts), tuple(ends), busy, memory_over_time)
+        return tuple(out)
+
+    # the tuples replace the arrays one at a time (the peak holds two of the three)
+    starts = rows(start)
+    del start
+    ends = rows(end)
+    del end
+    # fsum: correctly rounded, so both simulators agree to the last bit; device by
+    # device, so that no per-pass duration array is made
+    busy = [math.fsum(_durations(flat, table, a, b)) for a, b in itertools.pairwise(offsets)]
+    return _timeline(schedule, starts, ends, busy, memory_over_time)
+
+
+def _durations(flat: FlatSchedule, table: np.ndarray, a: int, b: int) -> list[float]:
+    """The durations of flat passes a:b (`run_orders`' rows: a pass of an
+    overlapped pair takes its kind's second row)."""
+    row = flat.kind[a:b].astype(np.int64)
+    if flat.joined is not None:
+        joined = flat.joined[a : b + 1]
+        paired = joined[: b - a] | np.append(joined[1:], False)[: b - a]
+        row += NUM_KINDS * paired
+    return table[row, flat.stage[a:b]].tolist()
 
 
 def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:

@@ -10,7 +10,7 @@ end a comment early), and the manifest is written with `json`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
@@ -31,7 +31,7 @@ from ppdsl.ir.rank import (
     TransferKind,
     entry_groups,
 )
-from ppdsl.ir.schedule import Schedule
+from ppdsl.ir.schedule import Pass, PassOrder, Schedule
 from ppdsl.semantics import KINDS
 
 __all__ = ["GeneratedFiles", "generate", "write"]
@@ -123,16 +123,15 @@ def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
     return lines, _vocabulary(lines)
 
 
-def _pass_columns(passes) -> tuple[list[str], list[int], list[int], list[Any]]:
-    """Kind letters, microbatches, stages and spans of `passes` (read in C)."""
-    value = {k: k.value for k in KINDS}
-    kinds = list(map(value.__getitem__, map(attrgetter("kind"), passes)))
-    microbatches = list(map(attrgetter("microbatch"), passes))
-    stages = list(map(attrgetter("stage"), passes))
-    if not set(map(type, microbatches)) | set(map(type, stages)) <= {int}:
-        for x in (*microbatches, *stages):
-            _int(x)  # raises at the first that is not an int
-    return kinds, microbatches, stages, list(map(attrgetter("span"), passes))
+def _pass_columns(passes: Sequence[Pass]) -> PassOrder:
+    """The columns of `passes`, each microbatch and stage checked to be an int
+    where they are Pass objects (a `PassOrder` or a view with columns holds ints)."""
+    if not isinstance(passes, PassOrder) and getattr(passes, "columns", None) is None:
+        values = list(map(attrgetter("microbatch"), passes)) + list(map(attrgetter("stage"), passes))
+        if not set(map(type, values)) <= {int}:
+            for x in values:
+                _int(x)  # raises at the first that is not an int
+    return PassOrder.of(passes)
 
 
 def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]:
@@ -144,14 +143,11 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
     # an exchange's entries are its sends, then its receives
     sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total)
     offsets = programs.offsets.tolist()
-    kinds, microbatches, stages, spans = _pass_columns(programs.passes)
+    columns = _pass_columns(programs.passes)
+    letters = [k.value for k in KINDS]  # by code
     # a pass line's end, per span: its source line as a comment (`_line`)
-    end_of: dict[int, str] = {id(None): ",\n"}
-    for span in spans:
-        if id(span) not in end_of:
-            end_of[id(span)] = _line("", f"{span.file}:{span.line}")[4:]
-    ends = [end_of[id(span)] for span in spans]
-    del spans
+    ends = [_line("", f"{span.file}:{span.line}")[4:] if span is not None else ",\n"
+            for span in columns.spans]
     op_rank = np.repeat(np.arange(programs.num_ranks), np.diff(programs.offsets))
     exchanges = np.bincount(op_rank[programs.op_pass < 0], minlength=programs.num_ranks).tolist()
     carried: list[set[int]] = [set() for _ in range(programs.num_ranks)]
@@ -161,7 +157,10 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
     del op_rank
     for r in range(programs.num_ranks):
         a, b = offsets[r], offsets[r + 1]
-        lo, hi = first[a], first[b]
+        # this rank's entry groups, relative to its first entry
+        groups = first[a : b + 1].tolist()
+        lo, hi = groups[0], groups[-1]
+        groups = [x - lo for x in groups]
         texts = [
             f"{call[k]}({j}, {s}, {d}, {ra}, {rb}), "
             for k, j, s, d, ra, rb in zip(
@@ -175,14 +174,27 @@ def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]
             )
         ]
         sends = sends_of[a:b].tolist()
+        # this rank's pass lines, from its passes' columns only
+        op_pass = programs.op_pass[a:b]
+        chosen = op_pass[op_pass >= 0]
+        kinds = columns.kind[chosen]
+        used = {letters[code] for code in np.unique(kinds).tolist()}
+        pass_lines = iter([
+            f"    {k}({j}, {s}){e}"
+            for k, j, s, e in zip(
+                map(letters.__getitem__, kinds.tolist()),
+                columns.microbatch[chosen].tolist(),
+                columns.stage[chosen].tolist(),
+                map(ends.__getitem__, columns.span_index[chosen].tolist()),
+                strict=True,
+            )
+        ])
         lines: list[str] = []
-        used: set[str] = set()
-        for g, k in enumerate(programs.op_pass[a:b].tolist()):
+        for g, k in enumerate(op_pass.tolist()):
             if k >= 0:
-                used.add(kinds[k])
-                lines.append(f"    {kinds[k]}({microbatches[k]}, {stages[k]}){ends[k]}")
+                lines.append(next(pass_lines))
             else:
-                x, y = first[a + g] - lo, first[a + g + 1] - lo
+                x, y = groups[g], groups[g + 1]
                 m = x + sends[g]
                 lines.append(
                     f"    exchange(sends=({''.join(texts[x:m]).rstrip(' ')}), "
@@ -266,7 +278,7 @@ def generate(
             del ops
         yield "launch.py", env.get_template("launch.py.j2").render(
             **common, dp=_int(dp), num_processes=_int(dp * schedule.num_devices))
-        manifest = plan.to_json()
+        manifest = plan.to_json(deferred=True)
         manifest["generated_by"] = f"ppdsl {__version__}"
         manifest["placement_kind"] = schedule.placement.kind
         manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}

@@ -10,13 +10,14 @@ import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
-from ppdsl.ir.schedule import MemoryModel, Pass, Schedule, format_schedule
+from ppdsl.ir.schedule import MemoryModel, Pass, PassOrder, Schedule, format_schedule, torch_actions
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
 __all__ = ["Plan", "PassKeys", "plan_from_schedule", "fingerprint", "predicted_peak"]
@@ -32,12 +33,12 @@ def predicted_peak(
     common denominator, `semantics.delta_table`; `table`: that table, made once
     for every device of a plan, with `longest_order` their longest order)."""
     order = list(order)
-    table, scale = table or memory.delta_table(longest_order=len(order))
-    if table.dtype != np.int64 or not order:
+    deltas, scale = table if table is not None else memory.delta_table(longest_order=len(order))
+    if deltas.dtype != np.int64 or not order:
         return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
     codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
     stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
-    top = int(np.cumsum(table[codes, stages]).max())
+    top = int(np.cumsum(deltas[codes, stages]).max())
     return Fraction(max(top, 0), scale)
 
 
@@ -46,22 +47,27 @@ class PassKeys(Sequence[tuple[PassKind, int, int]]):
     read from the schedule's passes when asked (a tuple per pass would be ~80
     bytes each at a million passes). Equal to the tuple of those triples."""
 
-    __slots__ = ("_passes",)
+    __slots__ = ("passes",)
 
     def __init__(self, passes: Sequence[Pass]):
-        self._passes = passes
+        self.passes = passes
+        """The device's passes."""
 
     def __len__(self) -> int:
-        return len(self._passes)
+        return len(self.passes)
 
     def __getitem__(self, index):  # type: ignore[no-untyped-def]
         if isinstance(index, slice):
             return tuple(self)[index]
-        p = self._passes[index]
+        p = self.passes[index]
         return (p.kind, p.microbatch, p.stage)
 
     def __iter__(self) -> Iterator[tuple[PassKind, int, int]]:
-        return ((p.kind, p.microbatch, p.stage) for p in self._passes)
+        passes = self.passes
+        if isinstance(passes, PassOrder):  # from the columns: no Pass made per pass
+            return zip(map(KINDS.__getitem__, passes.kind.tolist()), passes.microbatch.tolist(),
+                       passes.stage.tolist(), strict=True)
+        return ((p.kind, p.microbatch, p.stage) for p in passes)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PassKeys | tuple | list):
@@ -151,7 +157,10 @@ class Plan:
         return [predicted_peak(((k, s) for k, _, s in order), self.memory, table)
                 for order in self.orders]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, deferred: bool = False) -> dict[str, Any]:
+        """The manifest's content. `deferred`: each rank's actions are a
+        `json_text.Deferred`, made as `json_text` writes them (a million-pass
+        plan's action strings are then never all held at once)."""
         return {
             "ppdsl_version": __version__,
             "schedule": self.name,
@@ -177,9 +186,8 @@ class Plan:
             "predicted_busy_share": list(self.predicted_busy_share)
             if self.predicted_busy_share is not None
             else None,
-            "actions": [
-                [f"{s}{k.torch_letter}{mb}" for k, mb, s in order] for order in self.orders
-            ],
+            "actions": [json_text.Deferred(partial(_actions, order)) if deferred else _actions(order)
+                        for order in self.orders],
         }
 
     @staticmethod
@@ -213,6 +221,13 @@ class Plan:
             costs_from=data.get("costs_from"),
             lanes=int(data.get("lanes", 1)),
         )
+
+
+def _actions(order: Sequence[tuple[PassKind, int, int]]) -> list[str]:
+    """A rank's order as torch.distributed.pipelining action strings."""
+    if isinstance(order, PassKeys) and isinstance(order.passes, PassOrder):
+        return torch_actions(order.passes)
+    return [f"{s}{k.torch_letter}{mb}" for k, mb, s in order]
 
 
 def _json_value(v: object) -> Any:

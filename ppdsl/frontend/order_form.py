@@ -8,8 +8,10 @@ has, the limit past which a loop is surely runaway, and the passes so far.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ppdsl import limits
 from ppdsl.diagnostics import Span
@@ -28,7 +30,7 @@ from ppdsl.frontend.expressions import (
     integer,
     number,
 )
-from ppdsl.ir.schedule import Pass, Placement
+from ppdsl.ir.schedule import Pass, PassOrder, Placement
 from ppdsl.semantics import PassKind, backward_kinds, pass_kinds
 
 __all__ = ["DeviceOrder", "elaborate_order"]
@@ -57,6 +59,34 @@ class DeviceOrder:
     limit: int
     """Past this many passes the order is surely a runaway loop: an error."""
     passes: list[Pass] = field(default_factory=list)
+    """The passes written one at a time since the last vector loop's."""
+    laid: list[list[Pass] | PassOrder] = field(default_factory=list)
+    """The order before `passes`: runs of single passes and vector loops' columns."""
+    laid_count: int = 0
+
+    def size(self) -> int:
+        """How many passes the order has so far."""
+        return self.laid_count + len(self.passes)
+
+    def lay(self, columns: PassOrder) -> None:
+        """Append a vector loop's passes."""
+        if self.passes:
+            self.laid.append(self.passes)
+            self.laid_count += len(self.passes)
+            self.passes = []
+        self.laid.append(columns)
+        self.laid_count += len(columns)
+
+    def all_passes(self) -> list[Pass]:
+        """The order so far as Pass objects."""
+        return [q for run in self.laid for q in run] + self.passes
+
+    def finish(self) -> tuple[Pass, ...] | PassOrder:
+        """The written order: a tuple of Pass objects, or where a vector loop laid
+        passes, one `PassOrder` of all of them."""
+        if not any(isinstance(run, PassOrder) for run in self.laid):
+            return tuple(self.all_passes())
+        return PassOrder.join([*self.laid, self.passes])
 
     def sub(self) -> DeviceOrder:
         """The same device with no passes yet (an `interleave` arm)."""
@@ -64,7 +94,7 @@ class DeviceOrder:
 
     def check_size(self, span: Span) -> None:
         """A located error once the order has grown past its limit."""
-        if len(self.passes) > self.limit:
+        if self.size() > self.limit:
             raise ElaborationError(
                 f"device {self.device}'s order grows past {self.limit} passes here, but its "
                 f"stages need {self.needed} (each pass once)",
@@ -169,7 +199,7 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
         a, b = order.sub(), order.sub()
         first(env, a)
         second(env, b)
-        units_a, units_b = _units(a.passes), _units(b.passes)
+        units_a, units_b = _units(a.all_passes()), _units(b.all_passes())
         n = min(len(units_a), len(units_b))
         out = order.passes
         for x, y in zip(units_a, units_b, strict=False):
@@ -239,8 +269,6 @@ class _VectorLoop:
     num_microbatches: int
 
     def run(self, env: Env, values: range, order: DeviceOrder) -> bool:
-        import numpy as np
-
         x = np.arange(values.start, values.stop, values.step, dtype=np.int64)
         bound = max(abs(values.start), abs(values.stop))
         n, stages = len(x), order.stages
@@ -264,30 +292,20 @@ class _VectorLoop:
         except VectorFallback:
             return False
         taken = np.stack(masks, axis=1)  # iteration-major: value, then call
-        if len(order.passes) + int(taken.sum()) > order.limit:
+        if order.size() + int(taken.sum()) > order.limit:
             return False  # value by value, to stop at the pass past the limit
         it, k = np.nonzero(taken)
-        # the same int objects for the same values: one per pass would be 28 bytes each
-        ints = _ints(max(self.num_microbatches, max(stages, default=0) + 1))
-        js = list(map(ints.__getitem__, np.stack(micro, axis=1)[it, k].tolist()))
-        ss = list(map(ints.__getitem__, np.stack(stage, axis=1)[it, k].tolist()))
-        kinds = [c.kind for c in self.calls]
-        spans = [c.span for c in self.calls]
-        order.passes.extend(
-            Pass(kinds[q], j, s, spans[q]) for q, j, s in zip(k.tolist(), js, ss, strict=True)
-        )
+        codes = np.array([c.kind.code for c in self.calls], dtype=np.int8)
+        # in range (checked above): int32 holds them unless m or the stages are huge
+        small = np.int32 if max(self.num_microbatches, max(stages, default=0)) < 2**31 else np.int64
+        order.lay(PassOrder(
+            codes[k],
+            np.stack(micro, axis=1)[it, k].astype(small),
+            np.stack(stage, axis=1)[it, k].astype(small),
+            k.astype(np.int32),
+            tuple(c.span for c in self.calls),
+        ))
         return True
-
-
-_INTS: list[int] = []
-
-
-def _ints(n: int) -> list[int]:
-    """A shared list whose item i is i (at least n items), to intern the
-    microbatch and stage numbers of the passes a vector loop lays out."""
-    if len(_INTS) < n:
-        _INTS.extend(range(len(_INTS), n))
-    return _INTS
 
 
 def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
@@ -375,7 +393,7 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
 
 def elaborate_order(
     decl: ast.OrderDecl, state: Declarations, placement: Placement, m: int
-) -> tuple[tuple[Pass, ...], ...]:
+) -> tuple[Sequence[Pass], ...]:
     """Every device's order: the body run once per device with `i` and
     `chunks` bound."""
     rules = _Rules(state.split_backward, m, state.recomputes)
@@ -393,5 +411,5 @@ def elaborate_order(
         order = DeviceOrder(device, stages, needed, 4 * needed + 1000)
         body(env, order)
         order.check_size(decl.span)
-        orders.append(tuple(order.passes))
+        orders.append(order.finish())
     return tuple(orders)

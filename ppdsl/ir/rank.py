@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, format_pass
+from ppdsl.ir.schedule import Pass, PassOrder, format_pass
 from ppdsl.semantics import KINDS, TransferKind, receives
 
 __all__ = [
@@ -36,7 +36,26 @@ __all__ = [
     "format_rank_programs",
     "rank_program_texts",
     "entry_groups",
+    "index_dtype",
+    "narrow_dtype",
 ]
+
+
+def index_dtype(count: int) -> type[np.signedinteger]:
+    """The integer type of indices (and counts) below `count`: int32 while they
+    fit, halving the per-entry arrays of a large schedule."""
+    return np.int32 if count < 2**31 else np.int64
+
+
+def narrow_dtype(values: np.ndarray) -> type[np.signedinteger]:
+    """The narrowest of int8, int16, int32, int64 that holds every value of
+    `values` (microbatches, stages, ranks of the per-entry columns)."""
+    lo, hi = int(values.min(initial=0)), int(values.max(initial=0))
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return np.int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,24 +117,29 @@ class RankArrays:
     offsets: np.ndarray
     """int64[ranks + 1]."""
     op_pass: np.ndarray
-    """int64 per op: index into `passes`, -1 for an exchange."""
+    """int per op (int32 as lowered, `index_dtype`): index into `passes`, -1
+    for an exchange."""
     passes: Sequence[Pass]
     where: np.ndarray
-    """int64 per entry: the global op (an exchange) that posts it."""
+    """int per entry (int32 as lowered): the global op (an exchange) that posts it."""
     sending: np.ndarray
     """bool per entry: a send (else a receive)."""
     transfer: np.ndarray
     """int per entry: the `TransferKind.code`."""
     microbatch: np.ndarray
+    """int per entry; this column and the four below are, as lowered, of the
+    narrowest type that holds their values (`narrow_dtype`)."""
     src_stage: np.ndarray
     dst_stage: np.ndarray
     src_rank: np.ndarray
     dst_rank: np.ndarray
     entry_pass: np.ndarray
-    """int64 per entry: index into `passes` of the pass that sends (produces) or
-    receives (consumes) it; -1 where unknown (programs made by hand)."""
+    """int per entry (int32 as lowered): index into `passes` of the pass that
+    sends (produces) or receives (consumes) it; -1 where unknown (programs made
+    by hand)."""
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
-    """What passes compute once from these arrays (the rendezvous index)."""
+    """What passes compute once from these arrays (the rendezvous index; the
+    matching it starts from, "mirror", where early receives carried it over)."""
 
     @property
     def num_ranks(self) -> int:
@@ -172,14 +196,21 @@ class RankArrays:
         return built
 
     def _keys(self) -> np.ndarray:
-        """A transfer's identity as one integer per entry (kind, microbatch, stages)."""
-        keys = self.derived.get("keys")
-        if keys is None:
-            stages = int(max(self.src_stage.max(initial=0), self.dst_stage.max(initial=0))) + 1
-            kinds = len(_TRANSFER_KINDS)
-            keys = self.microbatch.astype(np.int64) * stages + self.src_stage
-            keys = (keys * stages + self.dst_stage) * kinds + self.transfer
-            self.derived["keys"] = keys
+        """A transfer's identity as one integer per entry (kind, microbatch, stages);
+        made afresh by each of its two users (the matching, `programs`), not kept."""
+        stages = int(max(self.src_stage.max(initial=0), self.dst_stage.max(initial=0))) + 1
+        kinds = len(_TRANSFER_KINDS)
+        mb, src, dst = (
+            int(np.abs(c).max(initial=0)) for c in (self.microbatch, self.src_stage, self.dst_stage)
+        )
+        dtype = index_dtype(((mb * stages + src) * stages + dst + 1) * kinds)
+        keys = self.microbatch.astype(dtype)
+        keys *= stages
+        keys += self.src_stage
+        keys *= stages
+        keys += self.dst_stage
+        keys *= kinds
+        keys += self.transfer
         return keys
 
     def receive_buffers_peaks(self) -> list[int]:
@@ -194,14 +225,17 @@ class RankArrays:
     def _receive_buffers_peaks(self) -> list[int]:
         if np.any(self.entry_pass[~self.sending] < 0):
             return [receive_buffers_peak(p) for p in self.programs()]
+        small = index_dtype(max(self.total, len(self.where)) + 1)
         recv = np.flatnonzero(~self.sending)
-        compute_op = np.empty(len(self.passes), dtype=np.int64)
+        compute_op = np.empty(len(self.passes), dtype=small)
         is_compute = self.op_pass >= 0
         compute_op[self.op_pass[is_compute]] = np.flatnonzero(is_compute)
-        delta = np.zeros(self.total + 1, dtype=np.int64)
+        del is_compute
+        delta = np.zeros(self.total + 1, dtype=small)
         np.add.at(delta, self.where[recv], 1)
         np.add.at(delta, compute_op[self.entry_pass[recv]], -1)
-        held = np.cumsum(delta)
+        del recv, compute_op
+        held = np.cumsum(delta, out=delta)
         peaks = []
         for r in range(self.num_ranks):
             lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
@@ -294,9 +328,10 @@ def rank_program_texts(
         yield "\n".join(lines) + "\n"
 
 
-def entry_groups(programs: RankArrays) -> list[int]:
-    """`first[g]:first[g + 1]` are the entries op `g` posts."""
-    return np.searchsorted(programs.where, np.arange(programs.total + 1)).tolist()
+def entry_groups(programs: RankArrays) -> np.ndarray:
+    """`first[g]:first[g + 1]` are the entries op `g` posts (an array: a list
+    of Python ints would cost 36 bytes an op; slice a rank's and `tolist` it)."""
+    return np.searchsorted(programs.where, np.arange(programs.total + 1))
 
 
 def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
@@ -304,11 +339,14 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     rank's lines are made from its slice of the arrays only."""
     names = [k.value for k in _TRANSFER_KINDS]
     first = entry_groups(programs)
-    passes = programs.passes
-    value = {k: k.value for k in KINDS}
+    columns = PassOrder.of(programs.passes)  # read as columns, not a Pass per op
+    letters = [k.value for k in KINDS]  # by code
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
-        lo, hi = first[offsets[r]], first[offsets[r + 1]]
+        # this rank's entry groups, relative to its first entry
+        groups = first[offsets[r] : offsets[r + 1] + 1].tolist()
+        lo, hi = groups[0], groups[-1]
+        groups = [x - lo for x in groups]
         entries = [
             f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
             for s, k, j, a, b, ra, rb in zip(
@@ -323,15 +361,20 @@ def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
             )
         ]
         lines = [f"rank {r}:"]
-        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]].tolist()
-        for g, k in enumerate(op_pass, offsets[r]):
+        op_pass = programs.op_pass[offsets[r] : offsets[r + 1]]
+        chosen = op_pass[op_pass >= 0]  # this rank's passes: format_pass's text
+        kinds = map(letters.__getitem__, columns.kind[chosen].tolist())
+        if multi_stage:
+            texts = [f"  {k}{j}:s{s}" for k, j, s in zip(
+                kinds, columns.microbatch[chosen].tolist(), columns.stage[chosen].tolist(),
+                strict=True)]
+        else:
+            texts = [f"  {k}{j}" for k, j in zip(kinds, columns.microbatch[chosen].tolist(),
+                                                 strict=True)]
+        pass_texts = iter(texts)
+        for g, k in enumerate(op_pass.tolist()):
             if k >= 0:
-                p = passes[k]
-                # format_pass's text
-                text = f"  {value[p.kind]}{p.microbatch}"
-                lines.append(f"{text}:s{p.stage}" if multi_stage else text)
+                lines.append(next(pass_texts))
             else:
-                lines.append(
-                    "  exchange { " + "; ".join(entries[first[g] - lo : first[g + 1] - lo]) + " }"
-                )
+                lines.append("  exchange { " + "; ".join(entries[groups[g] : groups[g + 1]]) + " }")
         yield "\n".join(lines) + "\n"

@@ -37,8 +37,8 @@ def _pull(
     stands. Returns (moved receive entries, their new global op index, ok);
     ok is False on a cycle of receives only."""
     num_ranks = offsets.shape[0] - 1
-    moved_entries = np.empty(len(sending), dtype=np.int64)
-    moved_to = np.empty(len(sending), dtype=np.int64)
+    moved_entries = np.empty(64, dtype=np.int64)  # doubled when full
+    moved_to = np.empty(64, dtype=np.int64)
     count = 0
     waits = np.full(num_ranks, -1, dtype=np.int64)
     state = np.zeros(num_ranks, dtype=np.int64)
@@ -85,6 +85,13 @@ def _pull(
                 q = peer_rank[send]
                 enabled[receive] = False  # posted where q stands; the send is posted
                 req_op[send] = position[q]
+                if count == len(moved_entries):
+                    grown = np.empty(2 * count, dtype=np.int64)
+                    grown[:count] = moved_entries
+                    moved_entries = grown
+                    grown = np.empty(2 * count, dtype=np.int64)
+                    grown[:count] = moved_to
+                    moved_to = grown
                 moved_entries[count] = receive
                 moved_to[count] = position[q]
                 count += 1
@@ -110,7 +117,7 @@ def pull_receives_forward(programs: P) -> P:
     ix = ExchangeIndex.of(arrays)
     if len(ix.unmatched) or ix.duplicates:
         return programs
-    req_offsets = ix.requirement_offsets(np.arange(len(ix.where), dtype=np.int64))
+    req_offsets = ix.requirement_offsets()
     req_op = ix.peer_op.copy()
     enabled = np.ones(len(ix.where), dtype=bool)
     position = ix.offsets[:-1].copy()
@@ -129,34 +136,65 @@ def pull_receives_forward(programs: P) -> P:
     mirror = ix.mirror
     del ix, req_offsets, req_op, enabled, position
     arrays.derived.pop("exchange_index", None)
-    arrays.derived.pop("keys", None)
-    moved = _moved(arrays, receives, targets, mirror)
+    order, where = _new_order(arrays, receives, targets)
+    del receives, targets
+    # the same transfers, reordered: the matching carries over
+    new_place = np.empty(len(order), dtype=mirror.dtype)
+    new_place[order] = np.arange(len(order), dtype=mirror.dtype)
+    mirror = new_place[mirror]
+    del new_place
+    mirror = mirror[order]
+    moved = _moved(arrays, order, where)
+    del order, where
+    # the index itself is made when asked for (by the deadlock check, once the
+    # programs before the move are gone)
+    moved.derived["mirror"] = mirror
     return moved if isinstance(programs, RankArrays) else moved.programs()  # type: ignore[return-value]
 
 
-def _moved(
-    arrays: RankArrays, receives: np.ndarray, targets: np.ndarray, mirror: np.ndarray
-) -> RankArrays:
-    """`arrays` with receive entries `receives` moved to the exchanges `targets`
-    (after that exchange's own receives, in the order given) and the exchanges
-    left with nothing dropped."""
+def _new_order(
+    arrays: RankArrays, receives: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The entries' order once receive entries `receives` move to the exchanges
+    `targets` (after that exchange's own receives, in the order given), and
+    the exchange (old global op) of each, in that order."""
     n = len(arrays.where)
-    where = arrays.where.copy()
-    where[receives] = targets
-    sequence = np.arange(n, dtype=np.int64)
-    sequence[receives] = n + np.arange(len(receives))
-    order = np.lexsort((sequence, ~arrays.sending, where))
-    where = where[order]
-    keep = arrays.op_pass >= 0
+    small = arrays.where.dtype
+    # the moved receives by target exchange, in the order moved
+    by_target = np.argsort(targets, kind="stable")
+    receives, targets = receives[by_target], targets.astype(small)[by_target]
+    # a moved receive goes after every staying entry of its target exchange (the
+    # entries are in op order, an exchange's sends before its receives)
+    after = np.searchsorted(arrays.where, targets, side="right")
+    after -= np.searchsorted(np.sort(receives), after)  # among the staying entries
+    stay = np.ones(n, dtype=bool)
+    stay[receives] = False
+    order = np.insert(np.arange(n, dtype=small)[stay], after, receives.astype(small))
+    del stay
+    where = arrays.where[order]
+    where[after + np.arange(len(after))] = targets
+    return order, where
+
+
+def _moved(arrays: RankArrays, order: np.ndarray, where: np.ndarray) -> RankArrays:
+    """`arrays`' entries in `order`, posted by the exchanges `where` (old global
+    ops; renumbered in place), with the exchanges left with nothing dropped."""
+    keep = arrays.op_pass >= 0  # the ops that stay: passes, exchanges still posting
     keep[where] = True
-    new_index = np.cumsum(keep) - 1
+    new_index = np.cumsum(keep, dtype=where.dtype)
+    new_index -= 1
     offsets = np.zeros_like(arrays.offsets)
-    offsets[1:] = np.cumsum(keep)[arrays.offsets[1:] - 1] * (arrays.offsets[1:] > 0)
+    ends = arrays.offsets[1:]
+    offsets[1:][ends > 0] = new_index[ends[ends > 0] - 1] + 1
+    op_pass = arrays.op_pass[keep]
+    del keep
+    np.take(new_index, where, out=where, mode="clip")  # unbuffered: no copy of `where`
+    del new_index
     moved = RankArrays(
         offsets,
-        arrays.op_pass[keep],
+        op_pass,
         arrays.passes,
-        new_index[where],
+        where,
         arrays.sending[order],
         arrays.transfer[order],
         arrays.microbatch[order],
@@ -166,8 +204,4 @@ def _moved(
         arrays.dst_rank[order],
         arrays.entry_pass[order],
     )
-    # the same transfers, reordered: the matching carries over
-    new_place = np.empty(n, dtype=np.int64)
-    new_place[order] = np.arange(n)
-    moved.derived["exchange_index"] = ExchangeIndex(moved, new_place[mirror[order]])
     return moved

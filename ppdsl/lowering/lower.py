@@ -20,40 +20,64 @@ from __future__ import annotations
 import numpy as np
 
 from ppdsl.ir.flat import flatten
-from ppdsl.ir.rank import RankArrays, RankProgram, receive_buffers_peak
+from ppdsl.ir.rank import (
+    RankArrays,
+    RankProgram,
+    index_dtype,
+    narrow_dtype,
+    receive_buffers_peak,
+)
 from ppdsl.ir.schedule import Schedule
-from ppdsl.semantics import KINDS, receives, sends
+from ppdsl.semantics import KINDS, NUM_KINDS, receives, sends
 
 __all__ = ["lower", "lower_arrays", "receive_buffers_peak"]
 
 
-def _route_tables(
-    stage_device: np.ndarray, incoming: bool, lanes: int = 1
-) -> tuple[np.ndarray, ...]:
-    """The transfer rule per (kind code, stage), padded to the most routes:
-    (count, transfer code, producing stage, consuming stage) of the tensors a
-    pass takes from (`incoming`) or hands to another device of its lane
-    (`semantics.receives` / `sends`, `same_lane`)."""
+def _route_table(stage_device: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]:
+    """The transfer rule per (kind code, stage), as rows `kind * S + stage`:
+    (receives, sends, transfer code, producing stage, consuming stage); a row's
+    slots are the tensors the pass takes from another device of its lane
+    (`semantics.receives`, `same_lane`), then those it hands to one (`sends`),
+    padded to the most slots."""
     S = len(stage_device)
     length = S // lanes
-    rule = receives if incoming else sends
-    width = max(1, max(len(rule(k)) for k in KINDS))
-    count = np.zeros((len(KINDS), S), dtype=np.int64)
-    code = np.zeros((len(KINDS), S, width), dtype=np.int64)
-    src = np.zeros((len(KINDS), S, width), dtype=np.int64)
-    dst = np.zeros((len(KINDS), S, width), dtype=np.int64)
+    stages = np.arange(S)
+    width = max(1, max(len(receives(k)) + len(sends(k)) for k in KINDS))
+    num_receives = np.zeros((NUM_KINDS, S), dtype=np.int8)
+    num_sends = np.zeros((NUM_KINDS, S), dtype=np.int8)
+    code = np.zeros((NUM_KINDS, S, width), dtype=np.int8)
+    src = np.zeros((NUM_KINDS, S, width), dtype=narrow_dtype(stages))
+    dst = np.zeros((NUM_KINDS, S, width), dtype=narrow_dtype(stages))
     for kind in KINDS:
-        for t, off in rule(kind):
-            other = np.arange(S) + off
-            ok = (other >= 0) & (other < S) & (other // length == np.arange(S) // length)
-            ok[ok] = stage_device[other[ok]] != stage_device[np.flatnonzero(ok)]
-            s = np.flatnonzero(ok)
-            i = count[kind.code, s]
-            code[kind.code, s, i] = t.code
-            src[kind.code, s, i] = other[ok] if incoming else s
-            dst[kind.code, s, i] = s if incoming else other[ok]
-            count[kind.code, s] += 1
-    return count, code, src, dst
+        for incoming, count in ((True, num_receives), (False, num_sends)):
+            for t, off in (receives if incoming else sends)(kind):
+                other = stages + off
+                ok = (other >= 0) & (other < S) & (other // length == stages // length)
+                ok[ok] = stage_device[other[ok]] != stage_device[np.flatnonzero(ok)]
+                s = np.flatnonzero(ok)
+                slot = num_receives[kind.code, s] + num_sends[kind.code, s]
+                code[kind.code, s, slot] = t.code
+                src[kind.code, s, slot] = other[ok] if incoming else s
+                dst[kind.code, s, slot] = s if incoming else other[ok]
+                count[kind.code, s] += 1
+    rows = NUM_KINDS * S
+    return (
+        num_receives.reshape(rows),
+        num_sends.reshape(rows),
+        code.reshape(rows * width),
+        src.reshape(rows * width),
+        dst.reshape(rows * width),
+    )
+
+
+def _take(values: np.ndarray, index: np.ndarray, dtype) -> np.ndarray:
+    """`values[index]` as `dtype`, gathered in slices: no temporary of
+    `values`' (maybe wider) type as long as `index`."""
+    out = np.empty(len(index), dtype=dtype)
+    step = 1 << 18
+    for lo in range(0, len(index), step):
+        out[lo : lo + step] = values[index[lo : lo + step]]
+    return out
 
 
 def lower_arrays(schedule: Schedule) -> RankArrays:
@@ -64,73 +88,84 @@ def lower_arrays(schedule: Schedule) -> RankArrays:
     s-1)."""
     flat = flatten(schedule)
     n = flat.size
-    dev = flat.stage_device
-    lanes = schedule.placement.lanes
-    in_count, in_code, in_src, in_dst = _route_tables(dev, True, lanes)
-    out_count, out_code, out_src, out_dst = _route_tables(dev, False, lanes)
-    kind, stage = flat.kind, flat.stage
-    nr = in_count[kind, stage]
-    ns = out_count[kind, stage]
-    first = np.zeros(n, dtype=bool)
-    last = np.zeros(n, dtype=bool)
+    num_stages = len(flat.stage_device)
+    num_receives, num_sends, codes, srcs, dsts = _route_table(
+        flat.stage_device, schedule.placement.lanes
+    )
+    width = len(codes) // len(num_receives)
+    # every per-pass and per-entry array is as narrow as its values allow and
+    # freed once used: at d=128, m=2048 there are 1.6M passes and 2.1M entries
+    small = index_dtype(max(n * (width + 2) + flat.num_devices, len(codes)))
+    row = np.empty(n, dtype=small)  # the pass's row of the route table
+    np.multiply(flat.kind, small(num_stages), out=row, casting="unsafe")
+    np.add(row, flat.stage, out=row, casting="unsafe")
+    nr = num_receives[row]
+    ns = num_sends[row]
+    row *= small(width)
     lengths = np.diff(flat.offsets)
-    first[flat.offsets[:-1][lengths > 0]] = True
-    last[flat.offsets[1:][lengths > 0] - 1] = True
-    prev_sends = np.zeros(n, dtype=np.int64)
-    prev_sends[1:] = ns[:-1]
-    prev_sends[first] = 0
+    starts = flat.offsets[:-1][lengths > 0]
+    last = flat.offsets[1:][lengths > 0] - 1
     # an exchange before a pass (the previous pass's sends, its receives), one after
     # a rank's last pass (its sends)
-    exchange_before = ((prev_sends + nr) > 0).astype(np.int64)
-    tail = (last & (ns > 0)).astype(np.int64)
-    ops_before = np.cumsum(exchange_before) + np.cumsum(tail) - tail
-    compute_op = np.arange(n, dtype=np.int64) + ops_before
-    extra = np.bincount(flat.device, weights=exchange_before + tail, minlength=len(lengths))
-    op_count = lengths + extra.astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(op_count, out=offsets[1:])
-    op_pass = np.full(int(offsets[-1]), -1, dtype=np.int64)
-    op_pass[compute_op] = np.arange(n, dtype=np.int64)
+    exchange_before = nr > 0
+    exchange_before[1:] |= ns[:-1] > 0
+    exchange_before[starts] = nr[starts] > 0
+    tail = np.zeros(n, dtype=bool)
+    tail[last] = ns[last] > 0
+    # a pass's global op index: its flat index plus the exchanges before it
+    compute_op = np.cumsum(exchange_before, dtype=small)
+    del exchange_before
+    later = np.cumsum(tail, dtype=small)
+    later -= tail
+    compute_op += later
+    del later
+    compute_op += np.arange(n, dtype=small)
+    # a rank's ops end one past the last pass so far, plus that pass's tail exchange
+    offsets = np.zeros(len(flat.offsets), dtype=np.int64)
+    ends = flat.offsets[1:]
+    nonempty = ends > 0
+    offsets[1:][nonempty] = compute_op[ends[nonempty] - 1] + 1 + tail[ends[nonempty] - 1]
+    del tail
+    op_pass = np.full(int(offsets[-1]), -1, dtype=small)
+    op_pass[compute_op] = np.arange(n, dtype=small)
     # entries: per pass its receives (in the exchange before it), then its sends
-    # (in the exchange after it); that is rank, op order already. int32: entries
-    # run to millions
-    small = np.int32
+    # (in the exchange after it); that is rank, op order already
     per_pass = nr + ns
+    del ns
     entry_pass = np.repeat(np.arange(n, dtype=small), per_pass)
-    first_entry = (np.cumsum(per_pass) - per_pass).astype(small)
-    local = np.arange(len(entry_pass), dtype=small) - first_entry[entry_pass]
+    first_entry = np.cumsum(per_pass, dtype=small)
+    first_entry -= per_pass
+    del per_pass
+    slot = np.arange(len(entry_pass), dtype=small)  # the entry's slot in its pass's row
+    slot -= first_entry[entry_pass]
     del first_entry
-    is_recv = local < nr[entry_pass]
-    code = np.empty(len(entry_pass), dtype=np.int8)
-    src = np.empty(len(entry_pass), dtype=small)
-    dst = np.empty(len(entry_pass), dtype=small)
-    for receiving, (codes, srcs, dsts) in (
-        (True, (in_code, in_src, in_dst)),
-        (False, (out_code, out_src, out_dst)),
-    ):
-        chosen = np.flatnonzero(is_recv if receiving else ~is_recv)
-        p = entry_pass[chosen]
-        route = local[chosen] if receiving else local[chosen] - nr[p]
-        k, s = kind[p], stage[p]
-        code[chosen] = codes[k, s, route]
-        src[chosen] = srcs[k, s, route]
-        dst[chosen] = dsts[k, s, route]
-        del chosen, p, route, k, s
-    del local
-    where = compute_op[entry_pass].astype(small)
-    where += np.where(is_recv, -1, 1).astype(small)
+    is_recv = slot < nr[entry_pass]
+    del nr
+    slot += row[entry_pass]
+    del row
+    code = codes[slot]
+    src = srcs[slot]
+    dst = dsts[slot]
+    del slot
+    # a send is posted by the exchange after its pass, a receive by the one before
+    where = compute_op[entry_pass]
+    del compute_op
+    where += 1
+    where -= is_recv
+    where -= is_recv
+    device = flat.stage_device.astype(narrow_dtype(flat.stage_device))
     return RankArrays(
         offsets,
-        op_pass.astype(small),
+        op_pass,
         flat.passes,
         where,
         ~is_recv,
         code,
-        flat.microbatch[entry_pass].astype(small),
+        _take(flat.microbatch, entry_pass, narrow_dtype(flat.microbatch)),
         src,
         dst,
-        dev[src].astype(small),
-        dev[dst].astype(small),
+        device[src],
+        device[dst],
         entry_pass,
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def median_costs(
 
 
 def simulated_makespan(
-    orders: tuple[tuple[tuple[PassKind, int, int], ...], ...],
+    orders: Sequence[Sequence[tuple[PassKind, int, int]]],
     stage_device: tuple[int, ...],
     num_microbatches: int,
     split_backward: bool,

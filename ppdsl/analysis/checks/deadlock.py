@@ -54,6 +54,10 @@ def check(
     end of the step): then only receives wait. The default is the strict
     semantics above (NCCL's batch_isend_irecv coalesces a batch into one wait)."""
     cycles, unmatched, duplicates = stuck_waits(programs, sends_block)
+    if isinstance(programs, RankArrays):
+        # the last pass to need the rendezvous index (20 MB at 1.5M passes): not
+        # kept while the passes after it run (remade if the check runs again)
+        programs.derived.pop("exchange_index", None)
     if not (cycles or unmatched or duplicates):
         return []
     spans = _pass_spans(schedule)

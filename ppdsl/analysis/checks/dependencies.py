@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdsl.analysis.executor import dependencies, run_orders
+from ppdsl.analysis.executor import needs_of, run_flat
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Pass, Schedule, format_pass
@@ -35,16 +35,15 @@ def stuck_cycles(schedule: Schedule) -> list[list[tuple[int, int, int]]]:
     (device, flat index of the pass it waits at, flat index of the pass it waits for).
     Empty when the orders run to the end."""
     flat = flatten(schedule)
-    needs = dependencies(flat).index
-    no_time = np.zeros((NUM_KINDS, flat.num_stages))
-    _, _, position = run_orders(flat.offsets, flat.kind, flat.stage, flat.device, needs, no_time, 0.0)
+    no_time = np.zeros((2 * NUM_KINDS, flat.num_stages))
+    position = run_flat(flat, no_time, 0.0)[2]
     num_devices = schedule.num_devices
     waits: dict[int, tuple[int, int, int]] = {}  # device -> (head, needed, device of needed)
     for dev in range(num_devices):
         head = int(position[dev])
         if head >= flat.offsets[dev + 1]:
             continue
-        for need in needs[head].tolist():
+        for need in needs_of(flat, head):
             if need >= 0 and need >= position[flat.device[need]]:
                 waits[dev] = (head, need, int(flat.device[need]))
                 break

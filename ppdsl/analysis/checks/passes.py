@@ -86,8 +86,12 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     kind, mb, st, dev = flat.kind, flat.microbatch, flat.stage, flat.device
     ok_mb = (mb >= 0) & (mb < m)
     ok_stage = (st >= 0) & (st < S)
+    # the lookups by stage and microbatch, where both are in range (a slice when
+    # all are: views of the columns, not copies)
+    known = ok_mb & ok_stage
+    sel = slice(None) if known.all() else known
     ok_kind = np.zeros(flat.size, dtype=bool)
-    ok_kind[ok_stage] = allowed[kind[ok_stage], st[ok_stage]]
+    ok_kind[sel] = allowed[kind[sel], st[sel]]
     lanes = s.placement.lanes
     length = S // lanes
     mb_lane = np.asarray(
@@ -95,16 +99,17 @@ def check(schedule: Schedule) -> list[Diagnostic]:
     )
     ok_lane = np.ones(flat.size, dtype=bool)
     if lanes > 1:
-        known = ok_mb & ok_stage
-        ok_lane[known] = mb_lane[mb[known]] == st[known] // length
+        ok_lane[sel] = mb_lane[mb[sel]] == st[sel] // length
     stage_device = np.asarray(s.placement.stage_device, dtype=np.int64)
     ok_device = np.zeros(flat.size, dtype=bool)
-    ok_device[ok_stage] = stage_device[st[ok_stage]] == dev[ok_stage]
+    ok_device[sel] = stage_device[st[sel]] == dev[sel]
+    del known, sel
+    ok = ok_mb & ok_stage & ok_kind & ok_device & ok_lane
 
     # passes that cannot be where they are: one error per (device, source line, reason),
     # listing every pass of the group (a loop line makes many)
     misplaced: dict[tuple, list[Pass]] = {}
-    for k in np.flatnonzero(~(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)).tolist():
+    for k in np.flatnonzero(~ok).tolist():
         p = flat.passes[k]
         if not ok_mb[k]:
             reason: tuple = ("microbatch",)
@@ -153,26 +158,46 @@ def check(schedule: Schedule) -> list[Diagnostic]:
         found.append(Diagnostic("error", msg, span))
 
     # an overlapped pass is the backward of a pair whose forward runs just before it
-    backwards = set(s.backward_kinds)
-    for device, order in enumerate(s.orders):
-        for k, p in enumerate(order):
-            if p.overlapped and (k == 0 or order[k - 1].kind is not PassKind.F
-                                 or p.kind not in backwards):
-                before = f"after {_name(order[k - 1])}" if k else "first"
-                found.append(Diagnostic(
-                    "error",
-                    f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
-                    "pair is a forward then a backward (F(j, c) & B(k, c2))",
-                    p.span,
-                ))
+    if flat.joined is not None:
+        backwards = [k.code for k in s.backward_kinds]
+        starts = np.zeros(flat.size, dtype=bool)
+        starts[flat.offsets[:-1][np.diff(flat.offsets) > 0]] = True
+        after_forward = np.zeros(flat.size, dtype=bool)
+        after_forward[1:] = kind[:-1] == PassKind.F.code
+        wrong = flat.joined & (starts | ~after_forward | ~np.isin(kind, backwards))
+        for i in np.flatnonzero(wrong).tolist():
+            p, device = flat.passes[i], int(flat.device[i])
+            before = "first" if starts[i] else f"after {_name(flat.passes[i - 1])}"
+            found.append(Diagnostic(
+                "error",
+                f"device {device} runs {_name(p)} overlapped, {before}: an overlapped "
+                "pair is a forward then a backward (F(j, c) & B(k, c2))",
+                p.span,
+            ))
 
-    valid = np.flatnonzero(ok_mb & ok_stage & ok_kind & ok_device & ok_lane)
-    linear = (kind[valid] * m + mb[valid]) * S + st[valid]
-    size = NUM_KINDS * m * S
-    counts = np.bincount(linear, minlength=size) if len(linear) else np.zeros(size, int)
+    # table[kind, microbatch, stage]: the last pass there, among those that can
+    # be where they are (when all can: the flat schedule's index table)
+    if ok.all():
+        valid = None
+        table = flat.index_table()
+        repeated = any(
+            (table[kind[part], mb[part], st[part]] != np.arange(part.start, part.stop)).any()
+            for part in flat.chunks()
+        )
+    else:
+        valid = np.flatnonzero(ok)
+        table = np.full((NUM_KINDS, m, S), -1, dtype=np.int64)
+        keys = (kind[valid], mb[valid], st[valid])
+        table[keys] = valid
+        repeated = bool((table[keys] != valid).any())
+        del keys
     # duplicates: every occurrence after the first, grouped by the lines of the
     # repeat and of the first run, with a note at the first run
-    if np.any(counts > 1):
+    if repeated:
+        if valid is None:
+            valid = np.arange(flat.size)
+        linear = (kind[valid].astype(np.int64) * m + mb[valid]) * S + st[valid]
+        counts = np.bincount(linear, minlength=NUM_KINDS * m * S)
         first: dict[int, int] = {}
         repeats: dict[tuple, list[int]] = {}
         for k, key in zip(valid.tolist(), linear.tolist(), strict=True):
@@ -205,7 +230,7 @@ def check(schedule: Schedule) -> list[Diagnostic]:
             )
 
     expected = list(range(NUM_KINDS))
-    present = (counts.reshape(NUM_KINDS, m, S) > 0) | ~allowed[:, None, :]
+    present = (table >= 0) | ~allowed[:, None, :]
     if lanes > 1:  # the passes of another lane's stages are not needed
         present |= (mb_lane[:, None] != np.arange(S)[None, :] // length)[None, :, :]
     if not present.all():
