@@ -9,6 +9,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_block_properties import block_sources, grouped_block_sources
 
 from ppdsl.analysis import lifespans
 from ppdsl.cli import main
@@ -139,3 +142,39 @@ def test_derivations_that_disagree_are_an_internal_error(monkeypatch: pytest.Mon
     with pytest.raises(AssertionError, match="by its lifespans but"):
         _example("zb_h1")
     assert main(["check", str(EXAMPLES / "zb_h1.pp")]) == 3
+
+
+def _both_ways(schedule):
+    """`steady_peaks` in int64 and in Fractions (the exact path forced)."""
+    fast = lifespans.steady_peaks(schedule)
+    saved = lifespans._EXACT_BITS
+    lifespans._EXACT_BITS = 0  # every sum "too large": Fractions throughout
+    try:
+        exact = lifespans.steady_peaks(schedule)
+    finally:
+        lifespans._EXACT_BITS = saved
+    return fast, exact
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.pp")
+                                        if "block period" in p.read_text()))
+def test_steady_state_in_integers_equals_fractions(name: str):
+    """Both steady-state derivations, run over integers (all pieces or passes at
+    once), equal the same derivations in Fractions, on every block example at
+    two sizes."""
+    for d in (2, 5):
+        s = _example(name, d=d).schedule
+        fast, exact = _both_ways(s)
+        assert fast == exact, (name, d)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(block_sources(), grouped_block_sources()))
+def test_steady_state_in_integers_equals_fractions_on_random_blocks(source: str):
+    """The same on random (grouped) blocks the compiler accepts."""
+    try:
+        s = compile_source(source, "random_block.pp").schedule
+    except CompileError:
+        return
+    fast, exact = _both_ways(s)
+    assert fast == exact, source

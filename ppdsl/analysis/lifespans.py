@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from ppdsl.frontend.blocks import fill_timeline, timed_slots
 from ppdsl.ir.schedule import Block, MemoryModel, Schedule
 from ppdsl.semantics import PassKind
@@ -181,26 +183,32 @@ def _lifespans(schedule: Schedule, passes: list[_Timed]) -> tuple[Lifespan, ...]
     return tuple(found)
 
 
+def _index(passes: list[_Timed]) -> dict[tuple[PassKind, int, int], _Timed]:
+    """The passes by (kind, stage, member)."""
+    return {(p.kind, p.stage, p.member): p for p in passes}
+
+
 def _intervals(
-    schedule: Schedule, passes: list[_Timed], stage: int, member: int = 0
+    schedule: Schedule, index: dict[tuple[PassKind, int, int], _Timed], stage: int,
+    member: int = 0,
 ) -> list[tuple[Fraction, Fraction, Fraction]]:
     """(begin, end, amount): the pieces of activation one microbatch of
     `stage` holds, over the time of microbatch `member` of the first group (the
     lifespan rule, written from the zero-bubble paper's memory model: F leaves
     M_B; B frees all but M_W; W frees M_W; a fused backward frees all; a
-    recomputed stage holds M_I from F to R and the rest from R on)."""
-    by = {(p.kind, p.stage): p for p in passes if p.member == member}
+    recomputed stage holds M_I from F to R and the rest from R on). `index`:
+    the passes by (kind, stage, member) (`_index`)."""
     memory = schedule.memory
     activation, weight = memory.activation[stage], memory.weight_retained[stage]
-    begin = by[(_F, stage)].start
+    begin = index[(_F, stage, member)].start
     pieces = []
     kept = memory.kept(stage)
     if kept is not None:  # recomputed: F keeps its input until R restores the rest
-        pieces.append((begin, by[(_R, stage)].start, kept))
-        begin = by[(_R, stage)].start
+        pieces.append((begin, index[(_R, stage, member)].start, kept))
+        begin = index[(_R, stage, member)].start
 
     def end(kind: PassKind) -> Fraction:
-        p = by[(kind, stage)]
+        p = index[(kind, stage, member)]
         return p.start + p.duration
 
     if not schedule.split_backward:
@@ -213,22 +221,54 @@ def _held(t: Fraction, begin: Fraction, end: Fraction, period: Fraction) -> int:
     return math.floor((t - begin) / period) - math.floor((t - end) / period)
 
 
+_EXACT_BITS = 62
+"""Both derivations run in int64 over a common denominator while every sum
+provably stays below 2**62; past that, in Fractions (the same values)."""
+
+
+def _denominator(values) -> int:  # type: ignore[no-untyped-def]
+    return math.lcm(*(Fraction(v).denominator for v in values))
+
+
 def _by_lifespans(schedule: Schedule, passes: list[_Timed], period: Fraction) -> list[Fraction]:
+    assert schedule.block is not None
+    index = _index(passes)
     peaks = []
     for device in range(schedule.num_devices):
-        assert schedule.block is not None
         pieces = [
             piece
             for stage in schedule.placement.chunks(device)
             for member in range(schedule.block.group_size)
-            for piece in _intervals(schedule, passes, stage, member)
+            for piece in _intervals(schedule, index, stage, member)
         ]
-        levels = [
-            sum((amount * _held(t, b, e, period) for b, e, amount in pieces), Fraction(0))
-            for t, _, _ in pieces
-        ]
-        peaks.append(max(levels, default=Fraction(0)))
+        peaks.append(_lifespan_peak(pieces, period))
     return peaks
+
+
+def _lifespan_peak(pieces: list[tuple[Fraction, Fraction, Fraction]], period: Fraction) -> Fraction:
+    """The largest level of `pieces` where one begins: at t, the sum of amount ·
+    (floor((t-b)/T) - floor((t-e)/T)); all pieces against all at once, in
+    integers over the common denominators of the times and of the amounts."""
+    if not pieces:
+        return Fraction(0)
+    unit = _denominator([period, *(x for b, e, _ in pieces for x in (b, e))])
+    share = _denominator([a for _, _, a in pieces])
+    begins = [int(b * unit) for b, _, _ in pieces]
+    ends = [int(e * unit) for _, e, _ in pieces]
+    amounts = [int(a * share) for _, _, a in pieces]
+    T = int(period * unit)
+    reach = max(map(abs, begins + ends)) * 2
+    most_held = reach // T + 2
+    if reach >= 2**_EXACT_BITS or max(map(abs, amounts)) * most_held * len(pieces) >= 2**_EXACT_BITS:
+        return max(
+            sum((a * _held(t, b, e, period) for b, e, a in pieces), Fraction(0))
+            for t, _, _ in pieces
+        )
+    b = np.array(begins, dtype=np.int64)
+    e = np.array(ends, dtype=np.int64)
+    held = (b[:, None] - b[None, :]) // T - (b[:, None] - e[None, :]) // T  # [t, piece]
+    levels = held @ np.array(amounts, dtype=np.int64)
+    return Fraction(int(levels.max()), share)
 
 
 def _by_prefix_sums(schedule: Schedule, passes: list[_Timed], period: Fraction) -> list[Fraction]:
@@ -237,9 +277,30 @@ def _by_prefix_sums(schedule: Schedule, passes: list[_Timed], period: Fraction) 
     last = max(p.start + p.duration for p in passes)
     fill = math.ceil((last - first) / period)
     low, high = first + fill * period, first + (fill + 1) * period
-    peaks = []
-    for device in range(schedule.num_devices):
-        mine = [p for p in passes if p.device == device]
+    mine: list[list[_Timed]] = [[] for _ in range(schedule.num_devices)]
+    for p in passes:
+        mine[p.device].append(p)
+    return [_prefix_peak(memory, device_passes, period, fill, low, high)
+            for device_passes in mine]
+
+
+def _prefix_peak(memory: MemoryModel, mine: list[_Timed], period: Fraction, fill: int,
+                 low: Fraction, high: Fraction) -> Fraction:
+    """A device's running sum of memory deltas over its passes repeated fill + 3
+    times in start order (ties by position), its largest value among the
+    passes starting in [low, high) (0 if lower); in integers over common
+    denominators where they provably fit."""
+    if not mine:
+        return Fraction(0)
+    deltas = [memory.delta(p.kind, p.stage) for p in mine]
+    unit = _denominator([period, low, high, *(p.start for p in mine)])
+    share = _denominator(deltas)
+    starts = [int(p.start * unit) for p in mine]
+    steps = [int(x * share) for x in deltas]
+    T = int(period * unit)
+    count = (fill + 3) * len(mine)
+    reach = max(map(abs, [*starts, int(low * unit), int(high * unit)])) + (fill + 3) * T
+    if reach >= 2**_EXACT_BITS or max(map(abs, steps)) * count >= 2**_EXACT_BITS:
         repeated = sorted(
             (p.start + j * period, k, p) for j in range(fill + 3) for k, p in enumerate(mine)
         )
@@ -248,8 +309,16 @@ def _by_prefix_sums(schedule: Schedule, passes: list[_Timed], period: Fraction) 
             level += memory.delta(p.kind, p.stage)
             if low <= start < high:
                 peak = max(peak, level)
-        peaks.append(peak)
-    return peaks
+        return peak
+    times = (np.array(starts, dtype=np.int64)[None, :]
+             + np.arange(fill + 3, dtype=np.int64)[:, None] * T).ravel()
+    position = np.tile(np.arange(len(mine)), fill + 3)
+    order = np.lexsort((position, times))
+    levels = np.cumsum(np.tile(np.array(steps, dtype=np.int64), fill + 3)[order])
+    times = times[order]
+    inside = (times >= int(low * unit)) & (times < int(high * unit))
+    peak = max(0, int(levels[inside].max())) if inside.any() else 0
+    return Fraction(peak, share)
 
 
 def _overlap(passes: list[_Timed], period: Fraction, num_devices: int) -> str | None:
