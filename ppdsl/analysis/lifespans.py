@@ -317,8 +317,8 @@ def _prefix_peak(memory: MemoryModel, mine: list[_Timed], period: Fraction, fill
     levels = np.cumsum(np.tile(np.array(steps, dtype=np.int64), fill + 3)[order])
     times = times[order]
     inside = (times >= int(low * unit)) & (times < int(high * unit))
-    peak = max(0, int(levels[inside].max())) if inside.any() else 0
-    return Fraction(peak, share)
+    top = max(0, int(levels[inside].max())) if inside.any() else 0
+    return Fraction(top, share)
 
 
 def _overlap(passes: list[_Timed], period: Fraction, num_devices: int) -> str | None:

@@ -13,6 +13,7 @@ to `ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
 
 from ppdsl import limits
@@ -38,7 +39,7 @@ __all__ = ["elaborate_block"]
 
 def elaborate_block(
     decl: ast.BlockDecl, state: Declarations, placement: Placement, m: int, costs: Costs
-) -> tuple[Block, tuple[tuple[Pass, ...], ...]]:
+) -> tuple[Block, tuple[Sequence[Pass], ...]]:
     """The block's slots for every stage (in the order the file wrote them) and
     the per-device orders of the block repeated m times."""
     period = number(state.evaluate(decl.period), decl.period.span, "the period")

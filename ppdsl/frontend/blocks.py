@@ -55,12 +55,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, Placement
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, PassKind, PassOrder, Placement
 from ppdsl.jit import kernel
 from ppdsl.semantics import (
     KINDS,
@@ -89,7 +90,7 @@ def repeat_block(
     w_fill: bool,
     costs: Costs,
     recompute: frozenset[int] = frozenset(),
-) -> tuple[tuple[Pass, ...], ...]:
+) -> tuple[Sequence[Pass], ...]:
     """Per-device pass orders of `block` repeated for `num_microbatches`
     microbatches. Every Pass carries the span of the block line that made it; a
     W placed by `w_fill` carries the span of its B's line. `recompute`: the
@@ -111,20 +112,16 @@ def repeat_block(
     order = _tightened(kind, repeated.microbatch, stage, repeated.bounds, placement, costs, recompute)
     if order is None:
         order = np.arange(len(kind))
-    kinds = [KINDS[k] for k in kind[order].tolist()]
-    spans = [s.span for s in slots]
-    made = [
-        Pass(k, j, s, spans[i])
-        for k, j, s, i in zip(
-            kinds,
-            repeated.microbatch[order].tolist(),
-            stage[order].tolist(),
-            repeated.slot[order].tolist(),
-            strict=True,
-        )
-    ]
+    # each device's order as columns (a Pass made only when read), each pass
+    # carrying its slot's span (a filled W its B's)
+    spans = tuple(s.span for s in slots)
+    kind, microbatch = kind[order].astype(np.int8), repeated.microbatch[order]
+    stage, slot = stage[order], repeated.slot[order].astype(np.int32)
     bounds = repeated.bounds.tolist()
-    return tuple(tuple(made[lo:hi]) for lo, hi in zip(bounds, bounds[1:], strict=False))
+    return tuple(
+        PassOrder(kind[lo:hi], microbatch[lo:hi], stage[lo:hi], slot[lo:hi], spans)
+        for lo, hi in zip(bounds, bounds[1:], strict=False)
+    )
 
 
 class _Repetition(NamedTuple):
