@@ -164,3 +164,18 @@ def test_compile_command_bad_input(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"{src}:" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_files_are_made_as_they_are_written(tmp_path: Path) -> None:
+    """`write` takes the files one at a time from `GeneratedFiles.items` (nothing
+    kept: `files` is made only when asked for) and reports each as written (the
+    progress a long `ppdsl compile` prints); the files equal `files`."""
+    s = _schedule(d=3, m=6)
+    generated = generate(s, lower(s))
+    told: list[str] = []
+    paths = write(generated, tmp_path, told.append)
+    total = len(generated.names)
+    assert told == [f"codegen: {k} of {total} files written" for k in range(total + 1)]
+    assert generated._files is None  # streamed, not held
+    assert [p.name for p in paths] == list(generated.names)
+    assert {p.name: p.read_text() for p in paths} == generated.files

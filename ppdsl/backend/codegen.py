@@ -289,13 +289,22 @@ def generate(
     return GeneratedFiles(names, render, plan)
 
 
-def write(generated: GeneratedFiles, out_dir: str | Path) -> list[Path]:
-    """Write the files into `out_dir` (created if needed); returns their paths."""
+def write(
+    generated: GeneratedFiles,
+    out_dir: str | Path,
+    phase: Callable[[str], None] = lambda name: None,
+) -> list[Path]:
+    """Write the files into `out_dir` (created if needed); returns their paths.
+    `phase` is told how many are written as they are (the progress of a long
+    compile)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    total = len(generated.names)
+    phase(f"codegen: 0 of {total} files written")
     for name, text in generated.items():
         path = out / name
         path.write_text(text, encoding="utf-8")
         paths.append(path)
+        phase(f"codegen: {len(paths)} of {total} files written")
     return paths

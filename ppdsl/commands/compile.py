@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from ppdsl import limits
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
@@ -49,11 +50,14 @@ def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    generated = generate(compiled, args.dp, args.dp_mode)
-    try:
-        write(generated, out)
-    except OSError as exc:
-        raise UsageError(f"cannot write into '{out}': {exc.strerror or exc}") from None
+    # a long codegen reports its progress like the compile before it
+    with limits.progress(args.file) as phase:
+        phase("codegen: the plan and its fingerprint")
+        generated = generate(compiled, args.dp, args.dp_mode)
+        try:
+            write(generated, out, phase)
+        except OSError as exc:
+            raise UsageError(f"cannot write into '{out}': {exc.strerror or exc}") from None
     d = compiled.schedule.num_devices * args.dp
     print(
         f"wrote {out}/: rank0.py..rank{d - 1}.py, launch.py, manifest.json "
