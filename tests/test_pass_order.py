@@ -69,3 +69,34 @@ def test_vector_loops_lay_columns() -> None:
     assert all(isinstance(o, PassOrder) for o in fast.orders)
     assert all(isinstance(o, tuple) for o in slow.orders)
     assert fast.orders == slow.orders and format_schedule(fast) == format_schedule(slow)
+
+
+def test_every_command_prints_the_same_for_columns_and_tuples(capsys, tmp_path, monkeypatch) -> None:
+    """ZB-V at m=64 (its loops vectorized: `PassOrder`s) through check --json
+    --ir --programs, show, stats (and --json, --dp), export and compile gives
+    the same output as with every loop run value by value (tuples of Passes)."""
+    from pathlib import Path
+
+    from ppdsl.cli import main
+    from ppdsl.frontend import order_form
+
+    pp = str(Path(__file__).parent.parent / "examples" / "zb_v.pp")
+    size = ["-D", "d=4", "-D", "m=64"]
+    commands = [["check", "--json", "--ir", "--programs"], ["show"], ["stats"], ["stats", "--json"],
+                ["stats", "--dp", "2", "--params", "1e6"], ["export", "-o", "OUT/z.csv"],
+                ["compile", "-o", "OUT/gen"]]
+
+    def outputs(name: str) -> list[str]:
+        out = tmp_path / name
+        out.mkdir()
+        texts = []
+        for command in commands:
+            argv = [a.replace("OUT", str(out)) for a in command]
+            assert main([argv[0], pp, *size, *argv[1:]]) == 0
+            texts.append(capsys.readouterr().out.replace(str(out), "OUT"))
+        texts += [p.read_text() for p in sorted(out.rglob("*")) if p.is_file()]
+        return texts
+
+    columns = outputs("columns")
+    monkeypatch.setattr(order_form, "_VECTOR_MIN", 10**9)
+    assert outputs("tuples") == columns
