@@ -154,8 +154,17 @@ class Plan:
     def predicted_peaks(self) -> list[Fraction]:
         """`predicted_peak` of every rank (one delta table for all)."""
         table = self.memory.delta_table(longest_order=max(map(len, self.orders), default=0))
-        return [predicted_peak(((k, s) for k, _, s in order), self.memory, table)
-                for order in self.orders]
+        deltas, scale = table
+        peaks = []
+        for order in self.orders:
+            passes = order.passes if isinstance(order, PassKeys) else None
+            if isinstance(passes, PassOrder) and deltas.dtype == np.int64 and len(passes):
+                # from the columns: no (kind, stage) pair made per pass
+                top = int(np.cumsum(deltas[passes.kind, passes.stage]).max())
+                peaks.append(Fraction(max(top, 0), scale))
+            else:
+                peaks.append(predicted_peak(((k, s) for k, _, s in order), self.memory, table))
+        return peaks
 
     def to_json(self, *, deferred: bool = False) -> dict[str, Any]:
         """The manifest's content. `deferred`: each rank's actions are a
