@@ -13,7 +13,8 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
   (and averaged) after the step's last pass, i.e. before the optimizer step.
 - `shard` (FSDP2, `torch.distributed.fsdp.fully_shard` on the DP sub-mesh): the
   stage's parameters are sharded along dim 0; the optimizer holds only the shard
-  (DTensors). The stage is gathered (`unshard`) before its first F of the step
+  (DTensors). A 0-dim parameter (a learned scalar) has no dim 0: FSDP leaves it
+  whole (`ignored_params`) and it is all-reduced as in `replicate`. The stage is gathered (`unshard`) before its first F of the step
   (the next local stage's gather is started then too, in the background) and
   stays gathered through every microbatch: FSDP's own per-forward reshard and
   per-backward reduce-scatter are switched off (`reshard_after_forward=False`,
@@ -96,7 +97,12 @@ def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
     # W here, so that gather is never needed.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     for module in stages.values():
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
+        # FSDP2 shards along dim 0, which a 0-dim parameter (a learned scalar) lacks:
+        # such a parameter stays whole on every replica and is all-reduced as in
+        # replicate mode (`DataParallel.reduce`).
+        scalars = {p for p in module.parameters() if p.dim() == 0}
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=False,
+                    ignored_params=scalars or None)
         for api in ("set_requires_gradient_sync", "set_reshard_after_backward", "unshard", "reshard"):
             if not hasattr(module, api):  # pragma: no cover - an FSDP2 older than torch 2.5
                 raise RuntimeError(f"--dp-mode shard needs FSDP2's {api} (torch >= 2.5); "
@@ -113,8 +119,10 @@ class _Reduction:
     work: Any
     buffer: torch.Tensor
     targets: Sequence[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    """replicate: (grad, None) per parameter; shard: (sharded parameter, rows per
-    shard) per parameter."""
+    """All-reduced: (grad, None) per parameter; reduce-scattered: (sharded
+    parameter, rows per shard) per parameter."""
+    sharded: bool = False
+    """Reduce-scattered into shards (shard mode), else all-reduced whole."""
 
 
 class DataParallel:
@@ -198,18 +206,24 @@ class DataParallel:
 
     def reduce(self, stage: int) -> None:
         """After `stage`'s last W/BW: start the reduction of its gradients."""
-        if self.mode == "replicate":
-            grads = [p.grad for _, p in self._params.get(stage, []) if p.grad is not None]
-            if not grads:
-                return
+        params = self._params.get(stage, [])
+        # replicate: every parameter; shard: those FSDP keeps whole (0-dim ones)
+        whole = [p for _, p in params if self.mode == "replicate" or not _is_sharded(p)]
+        grads = [p.grad for p in whole if p.grad is not None]
+        if grads:
             buffer = torch.cat([g.reshape(-1) for g in grads])
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
             self._pending.append(_Reduction(stage, work, buffer, [(g, None) for g in grads]))
-            return
+        if self.mode == "shard":
+            self._reduce_scatter(stage, [(n, p) for n, p in params if _is_sharded(p)])
+
+    def _reduce_scatter(self, stage: int, params: Sequence[tuple[str, nn.Parameter]]) -> None:
+        """shard: reduce-scatter the gathered gradients of `stage`'s sharded
+        parameters into their shards' layout; reshard the stage."""
         module = self.stages[stage]
         blocks: list[list[torch.Tensor]] = [[] for _ in range(self.size)]
         targets = []
-        for name, sharded in self._params.get(stage, []):
+        for name, sharded in params:
             whole = module.get_parameter(name)  # the gathered parameter, between unshard and reshard
             if whole.grad is None:
                 continue
@@ -227,7 +241,7 @@ class DataParallel:
             source = torch.cat([torch.cat(b) for b in blocks])
             buffer = torch.empty(source.numel() // self.size, dtype=source.dtype, device=source.device)
             work = _reduce_scatter(buffer, source, group=self.group, async_op=True)
-            self._pending.append(_Reduction(stage, work, buffer, targets))
+            self._pending.append(_Reduction(stage, work, buffer, targets, sharded=True))
         module.reshard()  # type: ignore[operator]
 
     def finish(self) -> None:
@@ -241,7 +255,7 @@ class DataParallel:
         for r in pending:
             r.buffer.div_(self.size)
             offset = 0
-            if self.mode == "replicate":
+            if not r.sharded:
                 for grad, _ in r.targets:
                     n = grad.numel()
                     grad.copy_(r.buffer[offset: offset + n].view_as(grad))
@@ -266,6 +280,11 @@ class DataParallel:
             sharded.grad = grad
         else:
             sharded.grad += grad
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """Whether FSDP holds `p` as a DTensor shard (it keeps ignored parameters whole)."""
+    return callable(getattr(p, "to_local", None))
 
 
 def _width(shape: Sequence[int]) -> int:

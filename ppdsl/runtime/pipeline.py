@@ -333,8 +333,13 @@ class PipelineRunner:
     def norm_parameters(self) -> list[nn.Parameter]:
         """The parameters whose gradients this rank counts in the global gradient
         norm: its own, less tied ones whose lowest owner sits on another rank (each
-        tied parameter is counted once across the pipeline)."""
-        skip = set()
+        tied parameter is counted once across the pipeline), and in shard mode
+        less the parameters FSDP keeps whole (0-dim ones) on every replica but the
+        first (the norm sums over the DP group, so each is counted once)."""
+        skip: set[int] = set()
+        dp = self.data_parallel
+        if dp is not None and dp.mode == "shard" and dist.get_rank(dp.group) != 0:
+            skip.update(id(p) for p in self.engine.params if not callable(getattr(p, "to_local", None)))
         for group in self.tied:
             owner = min(group)
             if self.plan.stage_device[owner] != self.rank:

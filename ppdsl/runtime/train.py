@@ -255,13 +255,19 @@ def _startup_error(rank: int, error: str) -> int:
     return EXIT_INVALID
 
 
+def _bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes, in row-major order, whatever its shape (a 0-dim one too: torch
+    cannot view a 0-dim tensor as bytes), layout and dtype (bool, integers)."""
+    return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _digest(runner: PipelineRunner) -> str:
     """sha256 of this rank's parameters' bytes (a sharded one's shard), in name order
     (to compare runs)."""
     h = hashlib.sha256()
     for name, p in runner.named_parameters():
         h.update(name.encode())
-        h.update(local_tensor(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_bytes(local_tensor(p.detach())))
     return h.hexdigest()
 
 
@@ -272,7 +278,7 @@ def _whole_digest(runner: PipelineRunner) -> str:
     for name, p in runner.named_parameters():
         whole = p.full_tensor() if hasattr(p, "full_tensor") else p
         h.update(name.encode())
-        h.update(whole.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_bytes(whole.detach()))
     return h.hexdigest()
 
 
