@@ -115,3 +115,69 @@ def test_killed_rank_restarts_and_ends_bit_identical(
     for a, b in zip(whole, mine, strict=True):
         assert a["parameters_sha256"] == b["parameters_sha256"]
         assert {k: v for k, v in a["losses"].items() if int(k) > restart_from} == b["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_checkpoint_of_another_run_setup_is_refused(tmp_path: Path) -> None:
+    """Resuming from a checkpoint that another schedule, model, stage placement or
+    world size saved stops at start-up (exit 1, no traceback) with a message
+    naming each difference; the same set-up resumes from it."""
+    saved, ckpt = _run(tmp_path, "ckpt", "--steps", "1", model=f"{TINY}:stages",
+                       schedule="examples/1f1b.pp")
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    # one run that differs in all four ways: each difference is named on its own line
+    proc, _ = _run(tmp_path, "ckpt", "--steps", "2", "--dp", "2",
+                   schedule="examples/interleaved_1f1b.pp", model=f"{TINY}:stages_long")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot resume from" in proc.stderr, proc.stderr
+    for message in (
+        "  - schedule: saved by 'one_f_one_b' (examples/1f1b.pp), this run is "
+        "'interleaved_1f1b' (examples/interleaved_1f1b.pp)\n",
+        "  - stage placement: stage -> rank [0, 1] in the checkpoint, [0, 1, 0, 1] in this run\n",
+        "  - world size: 2 ranks (1 data-parallel replicas) in the checkpoint, 4 ranks "
+        "(2 replicas) in this run; resuming with another --dp is not supported\n",
+        f"  - model: '{TINY}:stages' in the checkpoint, '{TINY}:stages_long' in this run\n",
+        "  - model parameters: stage 0's parameter '0.positions.weight' is float32 [16, 32] "
+        "in the checkpoint, float32 [128, 32] in this run\n",
+    ):
+        assert message in proc.stderr, (message, proc.stderr)
+    again, _ = _run(tmp_path, "ckpt", "--steps", "2", "--resume", model=f"{TINY}:stages",
+                    schedule="examples/1f1b.pp")
+    assert again.returncode == 0 and "(after step 1)" in again.stdout, again.stdout + again.stderr
+
+
+def test_identity_differences_name_dp_mode_and_fingerprint() -> None:
+    """The set-up comparison names a changed --dp-mode and a schedule compiled
+    differently under the same name, and finds nothing when all agree."""
+    from ppdsl.runtime.checkpoint import identity_differences
+
+    base = {"schedule": "zb_h1", "schedule_file": "zb_h1.pp", "fingerprint": "a" * 64,
+            "placement": [0, 1], "world_size": 4, "dp": 2, "dp_mode": "replicate",
+            "model": "m.py:f", "parameters": {"0": [["w", [2, 2], "float32"]]}}
+    assert identity_differences(base, dict(base)) == []
+    other = dict(base, dp_mode="shard", fingerprint="b" * 64)
+    found = identity_differences(base, other)
+    assert found == [
+        "schedule 'zb_h1' compiled differently (fingerprint aaaaaaaaaaaa in the checkpoint, "
+        "bbbbbbbbbbbb now: other -D values or costs?)",
+        "--dp-mode: replicate in the checkpoint, shard in this run",
+    ]
+
+
+def test_partial_and_old_checkpoints() -> None:
+    """A directory still named .partial-* (a save interrupted) or without torch's
+    .metadata is never the newest checkpoint."""
+    import tempfile
+
+    from ppdsl.runtime.checkpoint import latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, complete in (("step-00000002", True), (".partial-step-00000003", True),
+                               ("step-00000004", False)):
+            (root / name).mkdir()
+            if complete:
+                (root / name / ".metadata").write_bytes(b"")
+        assert latest_checkpoint(root) == root / "step-00000002"

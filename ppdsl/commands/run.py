@@ -111,8 +111,8 @@ def _filter_torchrun(stream, out, max_restarts: int = 0) -> list[tuple[int, int 
             worker = _WORKER_FAILED.search(line)
             if worker and restarts_left > 0:
                 restarts_left -= 1
-                rank, code = int(worker.group(2)), int(worker.group(1))
-                out.write(f"ppdsl run: {_describe_failures([(rank, code)])}; torchrun restarts "
+                which = (int(worker.group(2)), int(worker.group(1)))
+                out.write(f"ppdsl run: {_describe_failures([which])}; torchrun restarts "
                           f"every rank ({restarts_left} more restart"
                           f"{'s' if restarts_left != 1 else ''} allowed)\n")
                 out.flush()

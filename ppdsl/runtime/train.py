@@ -476,6 +476,10 @@ def _run(
         tracer.end("optimizer", "optimizer", {}, None)
         tracer.flush()
         scheduler.step()
+        every = opts.checkpoint_every
+        if checkpointer is not None and every and (step + 1) % every == 0:
+            checkpointer.save(step + 1)  # part of the step's time: what a save costs training
+            last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
         if step > first_step or last_step - first_step == 1:
@@ -491,10 +495,6 @@ def _run(
         if pending is not None:
             report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
-        every = opts.checkpoint_every
-        if checkpointer is not None and every and (step + 1) % every == 0:
-            checkpointer.save(step + 1)
-            last_saved = step + 1
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
         report(pending)
