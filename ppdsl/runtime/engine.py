@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime import faults
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
@@ -341,6 +342,7 @@ class Engine:
         return s % self.lane_length == self.lane_length - 1
 
     def _forward(self, mb: int, s: int) -> None:
+        faults.reached("forward")
         inputs: list[torch.Tensor] = []
         if self._is_first(s):
             assert self._inputs is not None, f"stage {s}'s rank was given no inputs"
@@ -484,7 +486,9 @@ class Engine:
                 recvs.append((bufs, t))
             p2p += [dist.P2POp(dist.isend, v, self._peer(t.dst_rank), self.group, _tag(t, i, m, n, k))
                     for values, t in sends for i, v in enumerate(values)]
-            for work in dist.batch_isend_irecv(p2p) if p2p else []:
+            works = dist.batch_isend_irecv(p2p) if p2p else []
+            faults.reached("exchange")
+            for work in works:
                 work.wait()
             for bufs, t in recvs:
                 self._inbox[(t.kind, t.microbatch, t.dst_stage)] = bufs
@@ -503,6 +507,8 @@ class Engine:
         for t in upcoming.recvs if upcoming is not None else ():
             if t not in self._posted:
                 self._posted[t] = self._post_recv(t)
+        if op.sends or op.recvs:
+            faults.reached("exchange")
         for t in op.recvs:
             bufs = []
             for work, buf in self._posted.pop(t):

@@ -63,7 +63,16 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "else replicate)"}, None),
     ("--resume", "resume", {
         "action": "store_true",
-        "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
+        "help": "require a checkpoint to continue from (with --checkpoint-dir a run resumes "
+                "from the newest complete checkpoint there anyway, and starts fresh when "
+                "there is none)"}, False),
+    ("--keep-checkpoints", "keep_checkpoints", {
+        "type": int, "metavar": "K",
+        "help": "keep only the newest K checkpoints (default: all)"}, None),
+    ("--sync-checkpoints", "sync_checkpoints", {
+        "action": "store_true",
+        "help": "write checkpoints before the next step starts (default: in the background, "
+                "the state copied first)"}, False),
 ]
 
 
@@ -120,6 +129,13 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return "--stop-after needs --checkpoint-dir DIR (to resume from)"
     if given("dp") is not None and given("dp") < 1:
         return f"--dp must be at least 1, not {given('dp')}"
+    if given("keep_checkpoints") is not None:
+        if given("keep_checkpoints") < 1:
+            return f"--keep-checkpoints must be at least 1, not {given('keep_checkpoints')}"
+        if not given("checkpoint_dir"):
+            return "--keep-checkpoints needs --checkpoint-dir DIR"
+    if given("sync_checkpoints") and not given("checkpoint_dir"):
+        return "--sync-checkpoints needs --checkpoint-dir DIR"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

@@ -47,13 +47,9 @@ import torch.distributed as dist
 from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
-from ppdsl.runtime.checkpoint import (
-    CheckpointError,
-    checkpoint_path,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from ppdsl.runtime import faults
+from ppdsl.runtime.attempt import attempt_note, attempt_store
+from ppdsl.runtime.checkpoint import Checkpointer, CheckpointError, run_identity
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
@@ -206,12 +202,15 @@ def main(
             torch.set_num_threads(1)
         keep_freed_memory()
     try:
+        store = attempt_store(rank, world, opts.timeout)
         if use_cuda:
             dist.init_process_group(
-                "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device
+                "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device,
+                store=store, rank=rank, world_size=world,
             )
         else:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
+            dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout),
+                                    store=store, rank=rank, world_size=world)
     except Exception as exc:  # a rank that never arrives, an unreachable MASTER_ADDR
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
@@ -371,16 +370,30 @@ def _run(
                             validation=opts.optimizer_validation)
     first_step = 0
     last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
-    if opts.resume:
-        found = latest_checkpoint(opts.checkpoint_dir)
-        if found is None:
-            return _startup_error(rank, f"--resume: no checkpoint in {opts.checkpoint_dir!r}")
+    checkpointer = None
+    if opts.checkpoint_dir:
+        checkpointer = Checkpointer(
+            opts.checkpoint_dir, runner, optimizer, stepper=stepper, scheduler=scheduler,
+            identity=run_identity(plan, runner, model=opts.model, world_size=world, dp=dp,
+                                  dp_mode=opts.dp_mode),
+            keep=opts.keep_checkpoints, asynchronous=not opts.sync_checkpoints,
+            on_event=lambda point, at: faults.reached(point, at),
+        )
         try:
-            first_step = int(load_checkpoint(found, runner, optimizer, stepper=stepper,
-                                             scheduler=scheduler)["step"])
+            resumed = checkpointer.resume(require=opts.resume)
         except CheckpointError as exc:
             return _startup_error(rank, str(exc))
-        _say(rank, f"ppdsl: resumed from {found} (after step {first_step})")
+        if resumed is not None:
+            first_step = resumed[0]
+            _say(rank, f"ppdsl: resumed from {resumed[1]} (after step {first_step})"
+                 + attempt_note())
+        else:
+            _say(rank, f"ppdsl: no checkpoint in {opts.checkpoint_dir} yet: starting at step 1"
+                 + attempt_note())
+    if first_step >= last_step:
+        _say(rank, f"ppdsl: the checkpoint is already at step {first_step} of {last_step}: "
+                   "nothing left to train")
+        return 0
     tokens_per_sample = getattr(model, "tokens_per_sample", None)
     _say(
         rank,
@@ -407,7 +420,7 @@ def _run(
     peak_bytes, peak_units = 0, Fraction(0)
     cuda_peak = None
     meter = runner.engine.meter
-    last_saved = first_step if opts.resume else None
+    last_saved = first_step if first_step else None
     # The per-step line's numbers are all-reduced in the background and printed
     # one step late: a blocking collective per step would be a barrier, undoing
     # what post-validation saves.
@@ -429,6 +442,9 @@ def _run(
                    f"time {step_time * 1e3:8.1f} ms{rate}")
 
     for step in range(first_step, last_step):
+        faults.set_step(step + 1)
+        if checkpointer is not None:
+            checkpointer.poll()
         if device.type == "cuda":
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -461,10 +477,15 @@ def _run(
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
         tracer.begin()
+        faults.reached("optimizer")
         stepper.step()
         tracer.end("optimizer", "optimizer", {}, None)
         tracer.flush()
         scheduler.step()
+        every = opts.checkpoint_every
+        if checkpointer is not None and every and (step + 1) % every == 0:
+            checkpointer.save(step + 1)  # part of the step's time: what a save costs training
+            last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
         if step > first_step or last_step - first_step == 1:
@@ -480,17 +501,13 @@ def _run(
         if pending is not None:
             report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
-        every = opts.checkpoint_every
-        if opts.checkpoint_dir and every and (step + 1) % every == 0:
-            save_checkpoint(checkpoint_path(opts.checkpoint_dir, step + 1), runner, optimizer,
-                            step=step + 1, stepper=stepper, scheduler=scheduler)
-            last_saved = step + 1
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
         report(pending)
-    if opts.checkpoint_dir and last_saved != last_step:
-        save_checkpoint(checkpoint_path(opts.checkpoint_dir, last_step), runner, optimizer,
-                        step=last_step, stepper=stepper, scheduler=scheduler)
+    if checkpointer is not None:
+        if last_saved != last_step:
+            checkpointer.save(last_step)
+        checkpointer.wait()
     outcomes = stepper.outcomes
     clipped = sum(o.clipped for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)

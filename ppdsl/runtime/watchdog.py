@@ -18,9 +18,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ppdsl.runtime.attempt import attempt_prefix
+
 __all__ = ["Watchdog", "fail"]
 
-_PREFIX = "ppdsl/watchdog/"
+# Keys per torchrun attempt: the agent's store outlives a restart of the workers,
+# and a failure reported by the attempt before must not stop this one.
+_PREFIX = f"{attempt_prefix()}watchdog/"
 
 
 def _default_exit(message: str) -> None:
