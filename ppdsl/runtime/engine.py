@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
-from ppdsl.runtime import faults
+from ppdsl.runtime import faults, progress
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
@@ -260,6 +260,7 @@ class Engine:
         first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
         grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
         for index, op in enumerate(self.ops):
+            progress.at(op)
             if isinstance(op, Exchange):
                 if tracer is None or not (op.sends or op.recvs):
                     self._exchange(op, self._next_exchange[index])
@@ -294,6 +295,7 @@ class Engine:
         if self._first_compute is None:  # a rank with no pass still validates
             for before in hooks.before_first_pass:
                 before()
+        progress.at("completing the step's last sends")
         for work, _, transfer in self._sends:
             self._wait(work, transfer)
         self._sends.clear()

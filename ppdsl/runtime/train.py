@@ -47,7 +47,7 @@ import torch.distributed as dist
 from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
-from ppdsl.runtime import faults
+from ppdsl.runtime import faults, progress
 from ppdsl.runtime.attempt import attempt_note, attempt_store
 from ppdsl.runtime.checkpoint import Checkpointer, CheckpointError, run_identity
 from ppdsl.runtime.cpu import keep_freed_memory
@@ -66,7 +66,7 @@ from ppdsl.runtime.trace import (
     simulated_makespan,
     write_chrome_trace,
 )
-from ppdsl.runtime.watchdog import Watchdog, fail
+from ppdsl.runtime.watchdog import Watchdog, fail, group_timeout
 from ppdsl.semantics import format_ratio
 
 __all__ = ["main", "parse_options", "memory_table", "timing_summary"]
@@ -205,11 +205,11 @@ def main(
         store = attempt_store(rank, world, opts.timeout)
         if use_cuda:
             dist.init_process_group(
-                "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device,
+                "nccl", timeout=timedelta(seconds=group_timeout(opts.timeout)), device_id=device,
                 store=store, rank=rank, world_size=world,
             )
         else:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout),
+            dist.init_process_group("gloo", timeout=timedelta(seconds=group_timeout(opts.timeout)),
                                     store=store, rank=rank, world_size=world)
     except Exception as exc:  # a rank that never arrives, an unreachable MASTER_ADDR
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -357,7 +357,7 @@ def _run(
         runner = PipelineRunner(
             schedule, model.stage, model.loss, device=device, precision=opts.precision,
             release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
-            timeout=opts.timeout, mesh=mesh, dp_mode=opts.dp_mode,
+            timeout=group_timeout(opts.timeout), mesh=mesh, dp_mode=opts.dp_mode,
         )
     except ModelError as exc:  # the same message on every rank
         return _startup_error(rank, str(exc))
@@ -449,6 +449,7 @@ def _run(
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         inputs = targets = None
+        progress.at(f"step {step + 1}: building its batch and starting")
         if runner.is_first or runner.is_last:  # data is built only where it is used
             inputs, targets = model.batch(step, batch_size)
         if step == first_step:
@@ -477,6 +478,7 @@ def _run(
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
         tracer.begin()
+        progress.at("the optimizer step")
         faults.reached("optimizer")
         stepper.step()
         tracer.end("optimizer", "optimizer", {}, None)
@@ -484,6 +486,7 @@ def _run(
         scheduler.step()
         every = opts.checkpoint_every
         if checkpointer is not None and every and (step + 1) % every == 0:
+            progress.at(f"saving the checkpoint of step {step + 1}")
             checkpointer.save(step + 1)  # part of the step's time: what a save costs training
             last_saved = step + 1
         step_time = time.perf_counter() - t0
@@ -501,6 +504,7 @@ def _run(
         if pending is not None:
             report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
+    progress.at("finishing: the last step's checks, the final checkpoint and the summary")
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
         report(pending)

@@ -29,3 +29,32 @@ def logged(num_stages: int) -> PipelineModel:
         return model.batch(step, batch_size)
 
     return dataclasses.replace(model, batch=batch)
+
+
+def wedged(num_stages: int) -> PipelineModel:
+    """tiny_gpt whose last stage's forward blocks for an hour at its fifth call
+    (step 2 with 4 microbatches): a live rank that stops answering, its
+    heartbeat still beating."""
+    import time
+
+    from torch import nn
+
+    spec = importlib.util.spec_from_file_location("tiny_gpt_for_hangs", _TINY)
+    assert spec is not None and spec.loader is not None
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    model = tiny.stages(num_stages)
+    calls = [0]
+
+    class Wedge(nn.Module):
+        def forward(self, x):
+            calls[0] += 1
+            if calls[0] == 5:
+                time.sleep(3600)
+            return x
+
+    def stage(index: int) -> nn.Module:
+        built = model.stage(index)
+        return nn.Sequential(Wedge(), built) if index == num_stages - 1 else built
+
+    return dataclasses.replace(model, stage=stage)
