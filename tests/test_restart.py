@@ -35,7 +35,7 @@ def _run(tmp: Path, name: str, *extra: str, fault: str | None = None,
         [sys.executable, "-m", "ppdsl", "run", schedule, "-D", "d=2", "-D", "m=4",
          "--model", model, "--steps", str(STEPS), "--optimizer", "adamw",
          "--lr-schedule", "warmup-cosine", "--warmup-steps", "1",
-         "--checkpoint-dir", str(tmp / name), "--checkpoint-every", "1",
+         "--checkpoint-dir", str(tmp / name), "--checkpoint-every", "1", "--keep-checkpoints", "2",
          "--json", str(tmp / f"{name}.json"), "--timeout", "30", *extra],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
     )
@@ -105,7 +105,9 @@ def test_killed_rank_restarts_and_ends_bit_identical(
         calls = (tmp_path / f"killed.batches.{rank}").read_text().split("\n")
         again = [int(line.split()[1]) for line in calls if line.startswith("1 ")]
         assert again == list(range(restart_from, STEPS)), (rank, calls)
-    # the same final checkpoint, byte for byte in every tensor and record
+    # the newest two kept (--keep-checkpoints 2), nothing partial left; the same final
+    # checkpoint, byte for byte in every tensor and record
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{STEPS - 1:08d}", f"step-{STEPS:08d}"]
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in whole_ckpt.iterdir())
     final = f"step-{STEPS:08d}"
     assert _same(_checkpoint_tensors(whole_ckpt / final), _checkpoint_tensors(ckpt / final))

@@ -443,8 +443,6 @@ def _run(
 
     for step in range(first_step, last_step):
         faults.set_step(step + 1)
-        if checkpointer is not None:
-            checkpointer.poll()
         if device.type == "cuda":
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -484,6 +482,13 @@ def _run(
         tracer.end("optimizer", "optimizer", {}, None)
         tracer.flush()
         scheduler.step()
+        # The step before's line is printed before its checkpoint can become visible:
+        # a run restarted from that checkpoint has printed every step it holds.
+        if pending is not None:
+            report(pending)
+            pending = None
+        if checkpointer is not None:
+            checkpointer.poll()
         every = opts.checkpoint_every
         if checkpointer is not None and every and (step + 1) % every == 0:
             progress.at(f"saving the checkpoint of step {step + 1}")
@@ -501,8 +506,6 @@ def _run(
         if loss is not None:
             stats[replica] = float(loss)
         stats[dp] = step_time
-        if pending is not None:
-            report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
     progress.at("finishing: the last step's checks, the final checkpoint and the summary")
     stepper.resolve()  # the last step, if post-validated, is checked here
