@@ -557,3 +557,23 @@ def test_bad_arguments_get_autograds_errors() -> None:
         backward_input(lin(x), None, x, WStash())
     with pytest.raises(ValueError, match="norms must be 'b' or 'w'"):
         backward_input(lin(x), torch.ones(2, 3), x, WStash(), norms="x")
+
+
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_w_records_no_graph_when_called_with_grad_mode_on(norms: str) -> None:
+    """W run outside ``torch.no_grad()`` (as the profile and the GPU memory test call
+    it) still records no graph: no weight gradient gets a ``grad_fn``, so nothing
+    of the stash stays reachable from ``.grad`` after W (docs/architecture.md,
+    `split`)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    x = torch.randn(4, 8, requires_grad=True)
+    y = net(x)
+    stash = WStash()
+    backward_input(y, torch.randn_like(y), x, stash, norms=norms)
+    del y
+    assert torch.is_grad_enabled()
+    stash.run()
+    for name, p in net.named_parameters():
+        assert p.grad is not None, name
+        assert p.grad.grad_fn is None and not p.grad.requires_grad, name

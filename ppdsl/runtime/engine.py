@@ -317,8 +317,7 @@ class Engine:
             self._recompute(p.microbatch, p.stage)
         elif p.kind is PassKind.W:
             stash = self._stash.pop(key)
-            with torch.no_grad():  # weight gradients are values, not graphs
-                stash.run()
+            stash.run()  # under no_grad, whoever calls it
             if self._measure:
                 self.meter.set_stash(key, [], [])
         else:

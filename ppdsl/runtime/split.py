@@ -108,9 +108,13 @@ class WStash:
         self.gradients.extend(gradients)
 
     def run(self) -> None:
-        """W: run the deferred work in order, then free everything."""
-        for fn in self.work:
-            fn()
+        """W: run the deferred work in order, then free everything. It runs under
+        ``torch.no_grad()`` whoever calls it: the stashed layer inputs come from
+        autograd's saved tensors and require grad, so with grad mode on each
+        weight gradient would get a ``grad_fn`` keeping the stash alive."""
+        with torch.no_grad():  # weight gradients are values, not graphs
+            for fn in self.work:
+                fn()
         self.work.clear()
         self.tensors.clear()
         self.gradients.clear()
