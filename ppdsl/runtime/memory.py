@@ -24,12 +24,13 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import torch
 
 from ppdsl.ir.schedule import PassKind
 
-__all__ = ["MemoryMeter", "storage_bytes"]
+__all__ = ["DevicePeak", "MemoryMeter", "storage_bytes"]
 
 
 class _Box:
@@ -170,3 +171,37 @@ class MemoryMeter:
         self.peak_bytes = 0
         self._events = []
         self.peak_gradient_bytes = 0
+
+
+class DevicePeak:
+    """The device allocator's peak over a window, from the window's own baseline:
+    `start` reads what is allocated and resets the peak, `stop` takes the peak
+    since minus that baseline (the largest over all windows is `bytes`). The
+    training loop opens the window after `zero_grad` and closes it when the
+    step's passes end, before the optimizer: every step is measured from the
+    same state (parameters and optimizer state, no gradients), the first one
+    included. `allocated`, `peak` and `reset` default to torch.cuda's counters
+    for `device` (tests give others)."""
+
+    def __init__(self, device: torch.device, *, allocated: Any = None, peak: Any = None,
+                 reset: Any = None) -> None:
+        self.device = device
+        self._allocated = allocated or (lambda: torch.cuda.memory_allocated(device))
+        self._peak = peak or (lambda: torch.cuda.max_memory_allocated(device))
+        self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        self._base: int | None = None
+        self.bytes: int | None = None
+        """The largest window peak so far, in bytes above its baseline (None before
+        a window closed)."""
+
+    def start(self) -> None:
+        """Open a window: the baseline is what is allocated now."""
+        self._base = self._allocated()
+        self._reset()
+
+    def stop(self) -> None:
+        """Close the window opened by `start`."""
+        assert self._base is not None, "DevicePeak.stop without start"
+        found = self._peak() - self._base
+        self.bytes = found if self.bytes is None else max(self.bytes, found)
+        self._base = None
