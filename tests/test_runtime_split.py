@@ -577,3 +577,30 @@ def test_w_records_no_graph_when_called_with_grad_mode_on(norms: str) -> None:
     for name, p in net.named_parameters():
         assert p.grad is not None, name
         assert p.grad.grad_fn is None and not p.grad.requires_grad, name
+
+
+def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under bf16 autocast nn.Linear layers (weight and bias cast on their way in)
+    are W's bulk linear group, not one Python call per node, and W's gradients
+    equal a fused backward's, in the parameters' fp32."""
+    import ppdsl.runtime.split as split_module
+
+    calls: list[int] = []
+    bulk = split_module._linears_weight_grads
+    monkeypatch.setattr(split_module, "_linears_weight_grads",
+                        lambda dys, *rest: calls.append(len(dys)) or bulk(dys, *rest))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 4))
+    reference = copy.deepcopy(net)
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = net(x)
+        y_ref = reference(x)
+    stash = WStash()
+    backward_input(y, torch.ones_like(y), x, stash)
+    stash.run()
+    assert calls == [3]
+    y_ref.backward(torch.ones_like(y_ref))
+    for (name, p), q in zip(net.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and p.grad.dtype == torch.float32, name
+        assert torch.equal(p.grad, q.grad), name
