@@ -478,7 +478,7 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
                 by_node[node] = []
                 kinds[node] = kind
             by_node[node].append((slot, transposed, cast, position[acc]))
-    linear: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+    linear: dict[tuple[int, bool, bool], list[tuple[int, int, int]]] = {}
     native: list[tuple[int, int, tuple[tuple[int, bool, bool, int], ...]]] = []
     for node, found in by_node.items():
         kind = kinds[node]
