@@ -3,7 +3,11 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over) value;
   on the last stage also the loss, scaled by 1/m (and by the loss scale under
   fp16) so that gradients summed over microbatches are those of the batch's mean
-  loss. Under bf16/fp16 the forward and the loss run under autocast.
+  loss. Under bf16/fp16 the forward and the loss run under autocast, whose
+  weight casts are made once per step: the step runs inside one (disabled)
+  autocast region, so autocast's cast cache lives until the step ends and every
+  microbatch's graph shares one low-precision copy of each weight (not one per
+  microbatch in flight).
 - B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
@@ -258,7 +262,6 @@ class Engine:
         self._measure = measure
         if measure:
             self.meter.reset_peak()
-        compute = 0.0
         start = time.perf_counter()
         self._posted: dict[Transfer, list[PendingRecv]] = {}
         self._arriving: dict[tuple[TransferKind, int, int], tuple[Transfer, list[PendingRecv]]] = {}
@@ -266,6 +269,38 @@ class Engine:
         hooks = self.hooks
         first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
         grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
+        with self._cast_once():
+            compute = self._run_ops(tracer, hooks, first_forward, grads_final)
+        if self._first_compute is None:  # a rank with no pass still validates
+            for before in hooks.before_first_pass:
+                before()
+        for pending in self._sends:
+            self._wait(pending, pending.what)
+        self._sends.clear()
+        for after in hooks.after_passes:
+            after()
+        if tracer is not None:
+            tracer.flush()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        holds_loss = any(self._is_last(s) for s in self.stages)
+        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
+        self._inputs = self._targets = None
+        return StepResult(loss, elapsed, compute)
+
+    def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
+        """The step's autocast region (disabled: B and W run without autocast):
+        autocast clears its cast cache only when its outermost region ends, so
+        the forwards' nested regions share one cast of each weight per step."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
+
+    def _run_ops(self, tracer: Tracer | None, hooks: Hooks, first_forward: dict[int, int],
+                 grads_final: dict[int, int]) -> float:
+        """The step's ops in order; the seconds spent in passes."""
+        compute = 0.0
         for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
                 if tracer is None or not (op.sends or op.recvs):
@@ -298,23 +333,7 @@ class Engine:
             if index in grads_final:
                 for ready in hooks.stage_grads_ready:
                     ready(grads_final[index])
-        if self._first_compute is None:  # a rank with no pass still validates
-            for before in hooks.before_first_pass:
-                before()
-        for pending in self._sends:
-            self._wait(pending, pending.what)
-        self._sends.clear()
-        for after in hooks.after_passes:
-            after()
-        if tracer is not None:
-            tracer.flush()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        holds_loss = any(self._is_last(s) for s in self.stages)
-        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
-        self._inputs = self._targets = None
-        return StepResult(loss, elapsed, compute)
+        return compute
 
     def _compute(self, op: Compute) -> None:
         p = op.pass_

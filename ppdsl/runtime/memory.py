@@ -10,6 +10,12 @@ assumed about what B or W free: the meter looks. The output gradients a W stash
 also holds are gradient buffers, not activations (the compiler's memory model has
 no term for them): their peak is reported apart, in bytes.
 
+Under autocast (bf16/fp16) a layer saves the low-precision copy of its weight
+that autocast made. The runtime casts once per step (`Engine.step` keeps
+autocast's cast cache for the whole step), so every microbatch's graph saves
+the same copy: the meter counts such copies apart, once, as the stage's weight
+copy (`peak_weight_copy_bytes`), not as any microbatch's activation.
+
 Units: the bytes one microbatch-stage holds right after its F are 1 M_B of that
 stage (the compiler's unit); after B, what it still holds divided by that is the
 model's real M_W / M_B. On a stage marked `recompute` the F keeps only its input
@@ -81,6 +87,10 @@ class MemoryMeter:
         self._gradient_bytes: dict[tuple[int, int], int] = {}
         self.peak_gradient_bytes = 0
         """Peak of the output gradients held in W stashes (not activations)."""
+        self._copies: dict[int, weakref.ref] = {}
+        self.peak_weight_copy_bytes = 0
+        """Peak of the low-precision weight copies autocast made that autograd
+        saved (bf16/fp16; each distinct copy once, counted apart from activations)."""
 
     def add_parameters(self, params: Iterable[torch.Tensor]) -> None:
         """Tensors autograd saves that are these parameters are not activations (a
@@ -99,13 +109,43 @@ class MemoryMeter:
             if t.untyped_storage().data_ptr() in self._param_ptrs:
                 return t
             box = _Box(t)
-            held.boxes.append(weakref.ref(box))
+            if self._is_weight_copy(t):
+                self._copies.setdefault(t.untyped_storage().data_ptr(), weakref.ref(box))
+            else:
+                held.boxes.append(weakref.ref(box))
             return box
 
         def unpack(obj: object) -> torch.Tensor:
             return obj.tensor if isinstance(obj, _Box) else obj  # type: ignore[return-value]
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _is_weight_copy(self, t: torch.Tensor) -> bool:
+        """Whether `t` is a parameter cast to another dtype (autocast's copy), or a
+        transpose or view of one: autograd's path from it reaches a parameter's
+        accumulator through single-input nodes only."""
+        node = t.grad_fn
+        for _ in range(4):
+            if node is None:
+                return False
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                to_local = getattr(variable, "to_local", None)
+                local = to_local() if callable(to_local) else variable
+                return bool(local.dtype != t.dtype
+                            and local.untyped_storage().data_ptr() in self._param_ptrs)
+            nexts = node.next_functions
+            if len(nexts) != 1:
+                return False
+            node = nexts[0][0]
+        return False
+
+    def weight_copy_bytes(self) -> int:
+        """Bytes of the weight copies saved by graphs still alive (each once)."""
+        alive = [b() for b in self._copies.values()]
+        self._copies = {k: r for k, r, b in zip(self._copies, self._copies.values(), alive, strict=True)
+                        if b is not None}
+        return storage_bytes(b.tensor for b in alive if b is not None)
 
     def set_stash(
         self,
@@ -143,6 +183,8 @@ class MemoryMeter:
             self._held.pop(key, None)
         total = sum(self._bytes.values())
         self.peak_bytes = max(self.peak_bytes, total)
+        if self._copies:
+            self.peak_weight_copy_bytes = max(self.peak_weight_copy_bytes, self.weight_copy_bytes())
         self._events.append((key, self._bytes[key], Fraction(activation)))
         if kind in (PassKind.W, PassKind.BW):
             self._bytes.pop(key, None)
@@ -169,6 +211,7 @@ class MemoryMeter:
 
     def reset_peak(self) -> None:
         self.peak_bytes = 0
+        self.peak_weight_copy_bytes = 0
         self._events = []
         self.peak_gradient_bytes = 0
 

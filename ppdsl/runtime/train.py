@@ -511,6 +511,7 @@ def _run(
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
         "stash_gradient_bytes": meter.peak_gradient_bytes,
+        "weight_copy_bytes": meter.peak_weight_copy_bytes,
         "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
