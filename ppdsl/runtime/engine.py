@@ -81,7 +81,8 @@ class StepResult:
     step_time: float
     """Seconds from the first op to the last send completed."""
     compute_time: float
-    """Seconds inside passes."""
+    """Seconds inside passes (on CUDA the GPU's time, by CUDA events: a pass's
+    CPU time there is only its kernels' launch)."""
 
 
 @dataclass
@@ -269,6 +270,7 @@ class Engine:
         hooks = self.hooks
         first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
         grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
+        self._pass_events: list[tuple[PassKind, Any, Any]] = []
         with self._cast_once():
             compute = self._run_ops(tracer, hooks, first_forward, grads_final)
         if self._first_compute is None:  # a rank with no pass still validates
@@ -283,6 +285,11 @@ class Engine:
             tracer.flush()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            for kind, begin, end in self._pass_events:
+                seconds = begin.elapsed_time(end) / 1e3
+                compute += seconds
+                self.compute_time[kind] += seconds
+            self._pass_events.clear()
         elapsed = time.perf_counter() - start
         holds_loss = any(self._is_last(s) for s in self.stages)
         loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
@@ -299,8 +306,10 @@ class Engine:
 
     def _run_ops(self, tracer: Tracer | None, hooks: Hooks, first_forward: dict[int, int],
                  grads_final: dict[int, int]) -> float:
-        """The step's ops in order; the seconds spent in passes."""
+        """The step's ops in order; the seconds spent in passes (on CUDA, 0: their
+        events are read at the step's end)."""
         compute = 0.0
+        cuda = self.device.type == "cuda"
         for index, op in enumerate(self.ops):
             if isinstance(op, Exchange):
                 if tracer is None or not (op.sends or op.recvs):
@@ -320,11 +329,19 @@ class Engine:
                     before_stage(first_forward[index])
             if tracer is not None:
                 tracer.begin()
-            t0 = time.perf_counter()
-            self._compute(op)
-            dt = time.perf_counter() - t0
-            compute += dt
-            self.compute_time[op.pass_.kind] += dt
+            if cuda:  # the GPU's time, read at the step's end
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                self._compute(op)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._pass_events.append((op.pass_.kind, begin, end))
+            else:
+                t0 = time.perf_counter()
+                self._compute(op)
+                dt = time.perf_counter() - t0
+                compute += dt
+                self.compute_time[op.pass_.kind] += dt
             if tracer is not None:
                 done = op.pass_
                 tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
