@@ -604,3 +604,22 @@ def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) 
     for (name, p), q in zip(net.named_parameters(), reference.parameters(), strict=True):
         assert p.grad is not None and p.grad.dtype == torch.float32, name
         assert torch.equal(p.grad, q.grad), name
+
+
+# dynamo, tracing the compiled region, reads a non-leaf's .grad and warns (torch's own)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_compiled_regions_are_named_and_pieces_between_linears_split() -> None:
+    """A torch.compile'd block is one autograd node: its parameters are named as
+    not split, with what to do (docs/runtime.md, Limits); compiling only what lies
+    between the linears keeps every linear split."""
+    torch.manual_seed(0)
+    whole = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)),
+                          backend="aot_eager")
+    names = uncovered_parameters(whole, torch.randn(4, 8))
+    assert len(names) == 4 and all("torch.compile region" in n for n in names), names
+    pieces = nn.Sequential(nn.Linear(8, 16), torch.compile(nn.GELU(), backend="aot_eager"),
+                           nn.Linear(16, 4))
+    assert uncovered_parameters(pieces, torch.randn(4, 8)) == []
+    grads, after_b, reference = _split_then_fused(pieces, torch.randn(4, 8))
+    assert after_b == []
+    _assert_same_grads(grads, reference)

@@ -860,4 +860,22 @@ def uncovered_in(stage: nn.Module, outputs: Sequence[torch.Tensor]) -> list[str]
         return []
     order, plan = _plan_for(roots, True)
     eager = {id(order[at].variable) for at in plan.eager}
-    return [name for name, p in stage.named_parameters() if id(p) in eager]
+    compiled = _compiled_parameters(order)
+    return [name + (_COMPILED_HINT if id(p) in compiled else "")
+            for name, p in stage.named_parameters() if id(p) in eager]
+
+
+_COMPILED_HINT = (" (inside a torch.compile region, one autograd node the split cannot "
+                  "look into: keep the linears eager and compile what lies between them)")
+
+
+def _compiled_parameters(order: Sequence[Any]) -> set[int]:
+    """Ids of the parameters a torch.compile'd region takes directly (its backward
+    is one node, ``CompiledFunctionBackward``, whose inputs include them)."""
+    acc_type = _kinds().accumulate
+    found: set[int] = set()
+    for node in order:
+        if type(node).__name__.startswith("CompiledFunction"):
+            found.update(id(child.variable) for child, _ in node.next_functions
+                         if child is not None and type(child) is acc_type)
+    return found
