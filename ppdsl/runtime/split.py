@@ -876,6 +876,6 @@ def _compiled_parameters(order: Sequence[Any]) -> set[int]:
     found: set[int] = set()
     for node in order:
         if type(node).__name__.startswith("CompiledFunction"):
-            found.update(id(child.variable) for child, _ in node.next_functions
+            found.update(id(_VARIABLE(child)) for child, _ in node.next_functions
                          if child is not None and type(child) is acc_type)
     return found
