@@ -188,25 +188,25 @@ def test_partial_and_old_checkpoints() -> None:
 @pytest.mark.distributed
 def test_live_but_wedged_rank_is_reported_where_it_stands(tmp_path: Path) -> None:
     """A rank whose forward never returns while its process (and heartbeat) lives:
-    within --timeout every rank stops (exit 1, no traceback), the lowest printing
-    where each rank stood (the first to see it): the wedged one computing its forward, the other waiting
-    in an exchange for it."""
+    within --timeout every rank stops (exit 1, no traceback), the first to see it
+    printing where each rank stood: the wedged one computing its forward, the
+    other waiting to receive its gradient."""
     import time
 
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", "examples/1f1b.pp", "-D", "d=2", "-D", "m=4",
          "--model", str(ROOT / "tests" / "dist" / "restart_model.py") + ":wedged",
-         "--steps", "3", "--timeout", "5"],
+         "--steps", "3", "--timeout", "10"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout + proc.stderr
     err = proc.stderr
-    assert "no rank made progress for 5 s, though every one is alive" in err, err
+    assert "no rank made progress for 10 s, though every one is alive" in err, err
     assert re.search(r"^  rank 1: computing F\(mb \d, stage 1\)$", err, re.M), err
-    assert re.search(r"^  rank 0: in an exchange: recv grad\(mb \d, stage 1->0, rank 1->0\)$",
+    assert re.search(r"^  rank 0: waiting to receive grad\(mb \d, stage 1->0, rank 1->0\)$",
                      err, re.M), err
     assert "Traceback" not in err, err
     assert elapsed < 60, elapsed

@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     # Every rank runs on this machine: decide the device once, before torchrun starts.
     dp = args.dp or 1
-    choice = choose_device(args.device, compiled.schedule.num_devices * dp)
+    choice = choose_device(args.device, compiled.schedule.num_devices * dp,
+                           share_gpu=bool(getattr(args, "share_gpu", False)))
     if choice.error is not None:
         raise UsageError(choice.error)
     if choice.note is not None:

@@ -61,6 +61,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "shard: FSDP2 fully_shard per stage on the dp sub-mesh, gathered once per "
                 "step, gradients reduce-scattered after its last W (default: as compiled, "
                 "else replicate)"}, None),
+    ("--share-gpu", "share_gpu", {
+        "action": "store_true",
+        "help": "let the ranks of a node share its GPUs when it has fewer than ranks (a "
+                "development mode: they time-slice the GPU); transfers go through pinned host "
+                "memory over gloo. Without a GPU the ranks run on CPU with the same staged "
+                "transfers"}, False),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "require a checkpoint to continue from (with --checkpoint-dir a run resumes "

@@ -54,6 +54,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
+from ppdsl.runtime.memory import DevicePeak
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
@@ -185,7 +186,7 @@ def main(
         return EXIT_INVALID
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    choice = choose_device(opts.device, local_ranks)
+    choice = choose_device(opts.device, local_ranks, share_gpu=opts.share_gpu)
     if choice.error is not None:
         if local_rank == 0:
             print(f"ppdsl: error: {choice.error}", file=sys.stderr, flush=True)
@@ -194,8 +195,10 @@ def main(
         print(choice.note, file=sys.stderr, flush=True)
     use_cuda = choice.kind == "cuda"
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # --share-gpu: rank r on GPU r mod count (else one GPU per local rank)
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
@@ -203,7 +206,7 @@ def main(
         keep_freed_memory()
     try:
         store = attempt_store(rank, world, opts.timeout)
-        if use_cuda:
+        if use_cuda and not opts.share_gpu:
             dist.init_process_group(
                 "nccl", timeout=timedelta(seconds=group_timeout(opts.timeout)), device_id=device,
                 store=store, rank=rank, world_size=world,
@@ -358,6 +361,7 @@ def _run(
             schedule, model.stage, model.loss, device=device, precision=opts.precision,
             release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
             timeout=group_timeout(opts.timeout), mesh=mesh, dp_mode=opts.dp_mode,
+            share_gpu=opts.share_gpu,
         )
     except ModelError as exc:  # the same message on every rank
         return _startup_error(rank, str(exc))
@@ -402,7 +406,8 @@ def _run(
         + f"{world} ranks, {plan.num_stages} stages, "
         f"{m} microbatches, batch {batch_size}"
         + (f" ({batch_size // dp} per replica)" if dp > 1 else "") + f", {device.type}"
-        + (" (gloo)" if device.type == "cpu" else " (nccl)")
+        + (" (gloo, shared GPU: transfers staged through host memory)" if opts.share_gpu
+           else " (gloo)" if device.type == "cpu" else " (nccl)")
         + f", {opts.optimizer}" + (f", {opts.precision}" if opts.precision != "fp32" else "")
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
            if opts.clip_grad_norm is not None else ""),
@@ -418,7 +423,7 @@ def _run(
     shares: list[float] = []
     losses: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
-    cuda_peak = None
+    device_peak = DevicePeak(device) if device.type == "cuda" else None
     meter = runner.engine.meter
     last_saved = first_step if first_step else None
     # The per-step line's numbers are all-reduced in the background and printed
@@ -443,9 +448,6 @@ def _run(
 
     for step in range(first_step, last_step):
         faults.set_step(step + 1)
-        if device.type == "cuda":
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
         inputs = targets = None
         progress.at(f"step {step + 1}: building its batch and starting")
         if runner.is_first or runner.is_last:  # data is built only where it is used
@@ -466,6 +468,8 @@ def _run(
         tracer.step = step
         tracer.timed = step > first_step or last_step - first_step == 1
         optimizer.zero_grad(set_to_none=True)
+        if device_peak is not None:  # every step from the same state: no gradients
+            device_peak.start()
         t0 = time.perf_counter()
         if dp > 1 and inputs is not None:
             inputs, targets = _share(inputs, share), _share(targets, share)
@@ -475,6 +479,8 @@ def _run(
                                measure_memory=step == first_step)
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
+        if device_peak is not None:  # the passes' peak, before the optimizer allocates
+            device_peak.stop()
         tracer.begin()
         progress.at("the optimizer step")
         faults.reached("optimizer")
@@ -498,8 +504,6 @@ def _run(
         result = runner.last_result
         if step > first_step or last_step - first_step == 1:
             shares.append(result.compute_time / max(step_time, 1e-12))
-        if device.type == "cuda":
-            cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
         peak_bytes = max(peak_bytes, meter.peak_bytes)
         peak_units = max(peak_units, meter.peak_units)
         stats = torch.full((dp + 1,), float("-inf"), device=device)
@@ -538,7 +542,8 @@ def _run(
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
         "stash_gradient_bytes": meter.peak_gradient_bytes,
-        "cuda_peak_bytes": cuda_peak,
+        "weight_copy_bytes": meter.peak_weight_copy_bytes,
+        "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
