@@ -41,6 +41,7 @@ from torch import nn
 
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Op
+from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks
 from ppdsl.runtime.model import ModelError
@@ -427,7 +428,9 @@ class PipelineRunner:
                     # the probe draws nothing from the RNGs the training uses (dropout):
                     # a resumed run continues the same stream as an uninterrupted one
                     devices = [self.device] if self.device.type == "cuda" else []
-                    with torch.random.fork_rng(devices=devices), \
+                    # nor changes the buffers (BatchNorm's statistics), which only
+                    # the training's forwards update
+                    with torch.random.fork_rng(devices=devices), kept_buffers(self.stages[s]), \
                             torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
                         if last:

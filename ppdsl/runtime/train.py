@@ -282,6 +282,19 @@ def _whole_digest(runner: PipelineRunner) -> str:
     return h.hexdigest()
 
 
+def _buffers_digest(runner: PipelineRunner) -> str | None:
+    """sha256 of this rank's module buffers (BatchNorm's statistics), in name
+    order; None when its stages hold none."""
+    h = hashlib.sha256()
+    found = False
+    for s, module in sorted(runner.stages.items()):
+        for name, buf in module.named_buffers():
+            found = True
+            h.update(f"stage{s}.{name}".encode())
+            h.update(_bytes(buf.detach()))
+    return h.hexdigest() if found else None
+
+
 def _share(value: Any, rows: slice) -> Any:
     """This replica's rows of a batch (a tensor or a tuple/list/dict of them)."""
     leaves, spec = flatten(value, "the batch")
@@ -289,15 +302,19 @@ def _share(value: Any, rows: slice) -> Any:
 
 
 def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> str:
-    """Whether the DP replicas of each pipeline rank ended with the same parameters."""
+    """Whether the DP replicas of each pipeline rank ended with the same parameters
+    (and buffers, where the stages hold any)."""
     lines = [""]
     for pp in range(num_ranks):
         mine = [r for r in ranks if r["pp_rank"] == pp]
         same = len({r["whole_parameters_sha256"] for r in mine}) == 1
+        buffers = {r.get("buffers_sha256") for r in mine}
         lines.append(
             f"pipeline rank {pp}: replicas on global ranks {', '.join(str(r['rank']) for r in mine)} "
             f"({mode}): parameters {'equal' if same else 'DIFFER'} "
             f"(sha256 {mine[0]['whole_parameters_sha256'][:12]})"
+            + ("" if buffers == {None} else
+               f", buffers {'equal' if len(buffers) == 1 else 'DIFFER'}")
         )
     return "\n".join(lines)
 
@@ -524,6 +541,7 @@ def _run(
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
         "parameters_sha256": _digest(runner),
         "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
+        "buffers_sha256": _buffers_digest(runner),
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
