@@ -61,6 +61,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "shard: FSDP2 fully_shard per stage on the dp sub-mesh, gathered once per "
                 "step, gradients reduce-scattered after its last W (default: as compiled, "
                 "else replicate)"}, None),
+    ("--eval-every", "eval_every", {
+        "type": int, "metavar": "N",
+        "help": "every N steps (and after the last), a validation loss: --eval-batches "
+                "forward-only steps on the model's eval_batch data (runner.evaluate)"}, None),
+    ("--eval-batches", "eval_batches", {
+        "type": int, "metavar": "K",
+        "help": "evaluation batches per validation loss (default 1)"}, 1),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
@@ -120,6 +127,10 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return "--stop-after needs --checkpoint-dir DIR (to resume from)"
     if given("dp") is not None and given("dp") < 1:
         return f"--dp must be at least 1, not {given('dp')}"
+    if given("eval_every") is not None and given("eval_every") < 1:
+        return f"--eval-every must be at least 1, not {given('eval_every')}"
+    if given("eval_batches") is not None and given("eval_batches") < 1:
+        return f"--eval-batches must be at least 1, not {given('eval_batches')}"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

@@ -295,6 +295,31 @@ def _buffers_digest(runner: PipelineRunner) -> str | None:
     return h.hexdigest() if found else None
 
 
+def _validate(
+    runner: PipelineRunner, model: Any, num_batches: int, batch_size: int, dp: int, replica: int,
+    share: slice, device: torch.device,
+) -> float:
+    """The validation loss: `num_batches` forward-only steps (`runner.evaluate`) on
+    the model's `eval_batch` data, each replica on its share; the mean over the
+    batches and the replicas, the same on every rank (collective)."""
+    total = 0.0
+    for index in range(num_batches):
+        inputs = targets = None
+        if runner.is_first or runner.is_last:
+            inputs, targets = model.eval_batch(index, batch_size)
+            if dp > 1:
+                inputs, targets = _share(inputs, share), _share(targets, share)
+        loss = runner.evaluate(inputs if runner.is_first else None,
+                               targets if runner.is_last else None)
+        if loss is not None:
+            total += float(loss)
+    stats = torch.full((dp,), float("-inf"), dtype=torch.float64, device=device)
+    if runner.is_last:
+        stats[replica] = total / num_batches
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return float(stats.mean())
+
+
 def _share(value: Any, rows: slice) -> Any:
     """This replica's rows of a batch (a tensor or a tuple/list/dict of them)."""
     leaves, spec = flatten(value, "the batch")
@@ -361,6 +386,12 @@ def _run(
                 + (f" on each of {dp} replicas" if dp > 1 else "")
                 + f"; use a multiple of {m * dp}"
             )
+        if opts.eval_every is not None and getattr(model, "eval_batch", None) is None:
+            raise ModelError(
+                f"--eval-every needs evaluation data, but --model {opts.model!r} has no "
+                "eval_batch(index, batch_size) -> (inputs, targets) (docs/runtime.md, the "
+                "model protocol)"
+            )
     except ModelError as exc:
         error = str(exc)
     except Exception as exc:
@@ -421,6 +452,7 @@ def _run(
     step_times: list[float] = []
     shares: list[float] = []
     losses: dict[int, float] = {}
+    evals: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
     cuda_peak = None
     meter = runner.engine.meter
@@ -497,6 +529,16 @@ def _run(
         if pending is not None:
             report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
+        if opts.eval_every and ((step + 1) % opts.eval_every == 0 or step + 1 == last_step):
+            stepper.resolve()  # a post-validated step is settled before its weights are used
+            assert pending is not None
+            report(pending)
+            pending = None
+            evals[step] = _validate(runner, model, opts.eval_batches, batch_size, dp, replica, share,
+                                    device)
+            _say(rank, f"eval after step {step + 1}: loss {evals[step]:.4f} "
+                       f"({opts.eval_batches} batch{'es' if opts.eval_batches > 1 else ''} of "
+                       f"{batch_size}, forward only)")
         every = opts.checkpoint_every
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
             save_checkpoint(checkpoint_path(opts.checkpoint_dir, step + 1), runner, optimizer,
@@ -539,6 +581,7 @@ def _run(
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
+        "eval_losses": {str(k + 1): v.hex() for k, v in sorted(evals.items())},
         "parameters_sha256": _digest(runner),
         "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
         "buffers_sha256": _buffers_digest(runner),

@@ -21,6 +21,11 @@ def _batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(batch_size, FEATURES, generator=g))
 
 
+def _eval_batch(index: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-out data: seeds no training step uses."""
+    return _batch(10_000 + index, batch_size)
+
+
 def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).mean()
 
@@ -46,7 +51,8 @@ def _seeded(index: int, build) -> nn.Module:
 
 def scalar(num_stages: int) -> PipelineModel:
     """Every stage holds a learned scalar (`nn.Parameter(torch.tensor(0.7))`)."""
-    return PipelineModel(num_stages, lambda i: _seeded(i, ScalarGate), _mse, _batch)
+    return PipelineModel(num_stages, lambda i: _seeded(i, ScalarGate), _mse, _batch,
+                         eval_batch=_eval_batch)
 
 
 class Norms(nn.Module):
@@ -66,7 +72,8 @@ class Norms(nn.Module):
 
 def norms(num_stages: int) -> PipelineModel:
     """BatchNorm and GroupNorm stages with in-place activations."""
-    return PipelineModel(num_stages, lambda i: _seeded(i, lambda: Norms(i)), _mse, _batch)
+    return PipelineModel(num_stages, lambda i: _seeded(i, lambda: Norms(i)), _mse, _batch,
+                         eval_batch=_eval_batch)
 
 
 class Buffers(nn.Module):

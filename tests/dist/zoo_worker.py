@@ -39,6 +39,7 @@ DEVICE = torch.device("cpu")
 SEED = 1234
 LR = 0.05
 STEPS = 3
+EVAL_STEP = 100
 
 
 def _optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -72,6 +73,33 @@ def _restore(modules: dict[int, torch.nn.Module], state: dict[tuple[int, str], t
             b.data.copy_(state[(s, n)])
 
 
+def _evaluate(model: Any, stages: dict[int, torch.nn.Module], plan: Any, dp: int,
+              per_replica: int) -> list[float]:
+    """Per replica: the mean loss of its share of the evaluation batch, every stage
+    in eval mode, each microbatch through the stages in turn, no gradients."""
+    m = plan.num_microbatches
+    inputs, targets = model.batch(EVAL_STEP, dp * per_replica)
+    for st in stages.values():
+        st.eval()
+    found = []
+    with torch.no_grad():
+        for k in range(dp):
+            rows = slice(k * per_replica, (k + 1) * per_replica)
+            xs = split_microbatches(inputs[rows] if isinstance(inputs, torch.Tensor)
+                                    else tuple(t[rows] for t in inputs), m, "inputs")
+            ys = split_microbatches(targets[rows], m, "targets")
+            total = 0.0
+            for j in range(m):
+                x = xs[j]
+                for s in range(plan.num_stages):
+                    x = call_stage(stages[s], x)
+                total += float(model.loss(x, ys[j]))
+            found.append(total / m)
+    for st in stages.values():
+        st.train()
+    return found
+
+
 def reference(model: Any, plan: Any, dp: int, per_replica: int) -> dict:
     """One process, no pipeline: per step each replica's microbatches through the
     stages in `forward_order`, the mean loss over all of them, one SGD step; the
@@ -84,6 +112,7 @@ def reference(model: Any, plan: Any, dp: int, per_replica: int) -> dict:
     start_rng = torch.get_rng_state()
     rng = {(k, r): start_rng.clone() for k in range(dp) for r in range(plan.num_devices)}
     losses = []
+    evals = [_evaluate(model, stages, plan, dp, per_replica)]
     for step in range(STEPS):
         inputs, targets = model.batch(step, dp * per_replica)
         total: Any = 0.0
@@ -111,7 +140,8 @@ def reference(model: Any, plan: Any, dp: int, per_replica: int) -> dict:
         total.backward()
         optimizer.step()
         losses.append(shares)
-    return {"losses": losses,
+    evals.append(_evaluate(model, stages, plan, dp, per_replica))
+    return {"losses": losses, "evals": evals,
             "params": {(s, n): p.detach().clone() for s, st in stages.items() for n, p in st.named_parameters()},
             "buffers": _state(stages)}
 
@@ -140,17 +170,27 @@ def zoo_case(case: dict, rank: int) -> dict:
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, mesh=mesh,
                             dp_mode=case.get("mode", "replicate"), note=lambda text: None)
     optimizer = _optimizer(runner.parameters())
+    rows = slice(replica * per_replica, (replica + 1) * per_replica)
+
+    def evaluate() -> float | None:
+        inputs, targets = model.batch(EVAL_STEP, dp * per_replica)
+        mine = inputs[rows] if isinstance(inputs, torch.Tensor) else tuple(t[rows] for t in inputs)
+        loss = runner.evaluate(mine if runner.is_first else None,
+                               targets[rows] if runner.is_last else None)
+        return float(loss) if loss is not None else None
+
+    evals = [evaluate()]  # before the first step (the probe runs here), and after the last
     torch.manual_seed(SEED)
     losses = []
     for step in range(STEPS):
         inputs, targets = model.batch(step, dp * per_replica)
-        rows = slice(replica * per_replica, (replica + 1) * per_replica)
         mine = inputs[rows] if isinstance(inputs, torch.Tensor) else tuple(t[rows] for t in inputs)
         optimizer.zero_grad(set_to_none=True)
         loss = runner.step(mine if runner.is_first else None,
                            targets[rows] if runner.is_last else None, measure_memory=step == 0)
         losses.append(float(loss) if loss is not None else None)
         optimizer.step()
+    evals.append(evaluate())
     ref = reference(model, plan, dp, per_replica)
     errors = {}
     for s, st in sorted(runner.stages.items()):
@@ -159,7 +199,8 @@ def zoo_case(case: dict, rank: int) -> dict:
         for n, b in st.named_buffers():
             errors[f"stage{s}.{n} (buffer)"] = _error(b, ref["buffers"][(s, n)])
     return {"case": case["id"], "rank": rank, "replica": replica, "errors": errors,
-            "losses": losses, "ref_losses": [each[replica] for each in ref["losses"]]}
+            "losses": losses, "ref_losses": [each[replica] for each in ref["losses"]],
+            "evals": evals, "ref_evals": [each[replica] for each in ref["evals"]]}
 
 
 def main() -> int:
