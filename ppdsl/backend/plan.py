@@ -17,7 +17,16 @@ import numpy as np
 
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
-from ppdsl.ir.schedule import MemoryModel, Pass, PassOrder, Schedule, format_schedule, torch_actions
+from ppdsl.ir.schedule import (
+    Costs,
+    MemoryModel,
+    Pass,
+    PassOrder,
+    Placement,
+    Schedule,
+    format_schedule,
+    torch_actions,
+)
 from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
 
 __all__ = ["Plan", "PassKeys", "plan_from_schedule", "fingerprint", "predicted_peak"]
@@ -146,6 +155,20 @@ class Plan:
     def is_lane_last(self, stage: int) -> bool:
         """Whether `stage` is the last of its lane (it computes the loss)."""
         return stage % self.num_model_stages == self.num_model_stages - 1
+
+    def forward_schedule(self) -> Schedule:
+        """The schedule of an evaluation step: each rank's F passes in their order,
+        under the same placement (`ppdsl.compiler.compile_forward` lowers it and
+        proves it deadlock-free)."""
+        ones = [1.0] * self.num_stages
+        return Schedule(
+            name=f"{self.name} (forward only)", file=self.file, params=tuple(self.params.items()),
+            num_microbatches=self.num_microbatches,
+            placement=Placement("list", self.num_devices, self.stage_device, self.lanes),
+            split_backward=self.split_backward, costs=Costs.of(ones, ones, ones), memory=self.memory,
+            orders=tuple(tuple(Pass(PassKind(k), j, s) for k, j, s in order if PassKind(k) is PassKind.F)
+                         for order in self.orders),
+        )
 
     def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""

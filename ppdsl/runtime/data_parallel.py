@@ -26,6 +26,9 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
   `reduce_scatter_tensor`, `async_op=True`) into the shards' layout, the stage
   is resharded at once (`reshard`), and the shards' `.grad` are set (as
   DTensors) after the step's last pass.
+
+In both modes every buffer (BatchNorm's running statistics) is broadcast from
+replica 0 after the step's last pass (`ppdsl.runtime.buffers`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ppdsl.runtime.buffers import broadcast_buffers
 from ppdsl.runtime.transport import backend_for
 
 __all__ = ["MODES", "DataParallel", "dp_pp_mesh", "local_tensor", "shard_stages"]
@@ -104,6 +108,11 @@ def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
         # such a parameter stays whole on every replica and is all-reduced as in
         # replicate mode (`DataParallel.reduce`).
         scalars = {p for p in module.parameters() if p.dim() == 0}
+        # FSDP2 refuses a non-contiguous parameter (a transposed weight): its values
+        # are laid out afresh, row-major, before it is sharded
+        for p in module.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=False,
                     ignored_params=scalars or None)
         for api in ("set_requires_gradient_sync", "set_reshard_after_backward", "unshard", "reshard"):
@@ -125,7 +134,11 @@ class _Reduction:
     """All-reduced: (grad, None) per parameter; reduce-scattered: (sharded
     parameter, rows per shard) per parameter."""
     sharded: bool = False
-    """Reduce-scattered into shards (shard mode), else all-reduced whole."""
+    """Reduce-scattered into shards (shard mode), else all-reduced whole (its
+    buffer ends with one flag per parameter: how many replicas had a gradient)."""
+    flags: torch.Tensor | None = None
+    """Reduce-scattered: per parameter, how many replicas had a gradient."""
+    flags_work: Any = None
 
 
 class DataParallel:
@@ -234,29 +247,36 @@ class DataParallel:
             callback(gathered)
 
     def reduce(self, stage: int) -> None:
-        """After `stage`'s last W/BW: start the reduction of its gradients."""
-        params = self._params.get(stage, [])
+        """After `stage`'s last W/BW: start the reduction of its gradients.
+
+        Every trainable parameter takes part on every replica, with zeros where
+        this replica's microbatches left it without a gradient (a branch some
+        data skips), and a flag each: one that no replica gave a gradient keeps
+        `.grad` None, as a non-pipelined run on the whole batch would."""
+        params = [(n, p) for n, p in self._params.get(stage, []) if p.requires_grad]
         # replicate: every parameter; shard: those FSDP keeps whole (0-dim ones)
         whole = [p for _, p in params if self.mode == "replicate" or not _is_sharded(p)]
-        grads = [p.grad for p in whole if p.grad is not None]
-        if grads:
-            buffer = torch.cat([g.reshape(-1) for g in grads])
+        if whole:
+            flags = torch.tensor([p.grad is not None for p in whole], dtype=whole[0].dtype,
+                                 device=whole[0].device)
+            buffer = torch.cat([_grad_or_zeros(p, p).reshape(-1) for p in whole] + [flags])
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
-            self._pending.append(_Reduction(stage, work, buffer, [(g, None) for g in grads]))
+            self._pending.append(_Reduction(stage, work, buffer, [(p, None) for p in whole]))
         if self.mode == "shard":
             self._reduce_scatter(stage, [(n, p) for n, p in params if _is_sharded(p)])
 
     def _reduce_scatter(self, stage: int, params: Sequence[tuple[str, nn.Parameter]]) -> None:
         """shard: reduce-scatter the gathered gradients of `stage`'s sharded
-        parameters into their shards' layout; reshard the stage."""
+        parameters into their shards' layout (their flags all-reduced beside);
+        reshard the stage."""
         module = self.stages[stage]
         blocks: list[list[torch.Tensor]] = [[] for _ in range(self.size)]
         targets = []
+        present = []
         for name, sharded in params:
             whole = module.get_parameter(name)  # the gathered parameter, between unshard and reshard
-            if whole.grad is None:
-                continue
-            grad = whole.grad
+            present.append(whole.grad is not None)
+            grad = _grad_or_zeros(whole, whole.detach())
             rows = -(-grad.shape[0] // self.size) if grad.dim() else 1
             flat = grad.reshape(grad.shape[0] if grad.dim() else 1, -1)
             padded = torch.zeros((rows * self.size, flat.shape[1]), dtype=grad.dtype, device=grad.device)
@@ -270,7 +290,10 @@ class DataParallel:
             source = torch.cat([torch.cat(b) for b in blocks])
             buffer = torch.empty(source.numel() // self.size, dtype=source.dtype, device=source.device)
             work = _reduce_scatter(buffer, source, group=self.group, async_op=True)
-            self._pending.append(_Reduction(stage, work, buffer, targets, sharded=True))
+            flags = torch.tensor(present, dtype=source.dtype, device=source.device)
+            flags_work = dist.all_reduce(flags, group=self.group, async_op=True)
+            self._pending.append(_Reduction(stage, work, buffer, targets, sharded=True,
+                                            flags=flags, flags_work=flags_work))
         module.reshard()  # type: ignore[operator]
 
     def finish(self) -> None:
@@ -280,25 +303,40 @@ class DataParallel:
         with self._timed_wait():
             for r in pending:
                 r.work.wait()
+                if r.flags_work is not None:
+                    r.flags_work.wait()
         for r in pending:
             r.buffer.div_(self.size)
             offset = 0
             if not r.sharded:
-                for grad, _ in r.targets:
-                    n = grad.numel()
-                    grad.copy_(r.buffer[offset: offset + n].view_as(grad))
+                flags = r.buffer[len(r.buffer) - len(r.targets):]
+                for (param, _), flag in zip(r.targets, flags.tolist(), strict=True):
+                    n = param.numel()
+                    piece = r.buffer[offset: offset + n].view_as(param)
                     offset += n
+                    if not flag:  # no replica's microbatches used it
+                        continue
+                    if param.grad is None:
+                        param.grad = piece.clone()
+                    else:
+                        param.grad.copy_(piece)
                 continue
-            for sharded, rows in r.targets:
+            assert r.flags is not None
+            for (sharded, rows), flag in zip(r.targets, r.flags.tolist(), strict=True):
                 width = _width(sharded.shape) if sharded.dim() else 1
                 piece = r.buffer[offset: offset + rows * width]
                 offset += rows * width
+                if not flag:
+                    continue
                 if sharded.dim():
                     local_rows = local_tensor(sharded).shape[0]
                     grad = piece.view(rows, *sharded.shape[1:])[:local_rows]
                 else:
                     grad = piece.view(())
                 self._set_shard_grad(sharded, grad.clone())
+        # the replicas' buffers (BatchNorm's statistics, updated on each replica's
+        # share) end the step as replica 0's: DDP's broadcast_buffers policy
+        broadcast_buffers([m for _, m in sorted(self.stages.items())], self.group)
 
     def _set_shard_grad(self, sharded: torch.Tensor, local: torch.Tensor) -> None:
         DTensor = _dtensor()
@@ -308,6 +346,11 @@ class DataParallel:
             sharded.grad = grad
         else:
             sharded.grad += grad
+
+
+def _grad_or_zeros(param: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`param`'s gradient, or zeros shaped like `like` where it has none."""
+    return param.grad if param.grad is not None else torch.zeros_like(like)
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime import faults, progress
+from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
@@ -416,7 +417,7 @@ class Engine:
         value, inputs, rng = self._kept.pop((mb, s))
         if self._measure:
             self.meter.set_kept((mb, s), [])
-        with rng.restored():
+        with rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
             self._run_stage(mb, s, value, inputs, send=False)
 
     def _run_stage(

@@ -67,6 +67,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "development mode: they time-slice the GPU); transfers go through pinned host "
                 "memory over gloo. Without a GPU the ranks run on CPU with the same staged "
                 "transfers"}, False),
+    ("--eval-every", "eval_every", {
+        "type": int, "metavar": "N",
+        "help": "every N steps (and after the last), a validation loss: --eval-batches "
+                "forward-only steps on the model's eval_batch data (runner.evaluate)"}, None),
+    ("--eval-batches", "eval_batches", {
+        "type": int, "metavar": "K",
+        "help": "evaluation batches per validation loss (default 1)"}, 1),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "require a checkpoint to continue from (with --checkpoint-dir a run resumes "
@@ -142,6 +149,10 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return "--keep-checkpoints needs --checkpoint-dir DIR"
     if given("sync_checkpoints") and not given("checkpoint_dir"):
         return "--sync-checkpoints needs --checkpoint-dir DIR"
+    if given("eval_every") is not None and given("eval_every") < 1:
+        return f"--eval-every must be at least 1, not {given('eval_every')}"
+    if given("eval_batches") is not None and given("eval_batches") < 1:
+        return f"--eval-batches must be at least 1, not {given('eval_batches')}"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

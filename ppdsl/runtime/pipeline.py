@@ -41,6 +41,8 @@ from torch import nn
 
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Op
+from ppdsl.ir.schedule import MemoryModel
+from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks
 from ppdsl.runtime.model import ModelError
@@ -289,6 +291,7 @@ class PipelineRunner:
         does not cover them), known after the first step."""
         self.steps_run = 0
         self._input_spec: Spec | None = None
+        self._eval_engine: Engine | None = None
         self._sync_tied_values()
         if self._tie_peers():
             self.hooks.after_passes.append(self.sync_tied_grads)
@@ -405,6 +408,73 @@ class PipelineRunner:
         self.last_result = result
         return result.loss
 
+    def evaluate(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+        """A forward-only step (a validation loss): `inputs` and `targets` as for
+        `step`, cut into the schedule's m microbatches; every stage in eval mode
+        (BatchNorm reads its running statistics, dropout is off), no gradients,
+        the schedule's F passes in their order and no B, W or R
+        (`ppdsl.compiler.compile_forward`: proven deadlock-free at the first
+        call). Collective over the pipeline (and the DP group in shard mode,
+        which gathers each stage's weights). Returns the batch's mean loss on the
+        last stage's rank (with a mesh: this replica's share's), else None;
+        parameters, gradients, buffers and the training mode are left as they
+        were."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds a first stage: evaluate() needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: evaluate() needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None, target_mbs[0] if target_mbs else None)
+        engine = self._evaluation_engine()
+        modes = {s: module.training for s, module in self.stages.items()}
+        try:
+            for module in self.stages.values():
+                module.eval()
+            with torch.no_grad():
+                result = engine.step(input_mbs, target_mbs)
+        finally:
+            for s, module in self.stages.items():
+                module.train(modes[s])
+            dp = self.data_parallel
+            if dp is not None and dp.mode == "shard":  # FSDP gathered them at the forwards
+                for module in self.stages.values():
+                    module.reshard()  # type: ignore[operator]
+        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
+            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
+            dist.all_reduce(total, group=self.group)
+            result.loss = total if self.is_last else None
+        return result.loss
+
+    def _evaluation_engine(self) -> Engine:
+        """The engine of the forward-only programs (made at the first `evaluate`):
+        the same stages, no hooks, no recompute (nothing is kept for a backward)."""
+        if self._eval_engine is None:
+            from ppdsl.compiler import compile_forward
+            from ppdsl.diagnostics import CompileError, render_all
+
+            try:
+                programs = compile_forward(self.plan.forward_schedule()).programs()
+            except CompileError as exc:
+                raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
+            memory = self.plan.memory
+            forward_memory = MemoryModel(memory.activation, memory.weight_retained)
+            e = self.engine
+            self._eval_engine = Engine(
+                self.rank, programs[self.rank].ops, self.plan.stage_device,
+                self.plan.num_microbatches, forward_memory, self.stages, self.loss_fn, self.device,
+                group=self.group, timeout=e.timeout.total_seconds(), release=e.release,
+                autocast_dtype=e.autocast_dtype, lanes=self.plan.lanes,
+            )
+            assert self.specs is not None
+            self._eval_engine.set_specs(self.specs)
+        return self._eval_engine
+
     def _to_device(self, mbs: list[Any]) -> list[Any]:
         out = []
         for mb in mbs:
@@ -442,7 +512,9 @@ class PipelineRunner:
                     # the probe draws nothing from the RNGs the training uses (dropout):
                     # a resumed run continues the same stream as an uninterrupted one
                     devices = [self.device] if self.device.type == "cuda" else []
-                    with torch.random.fork_rng(devices=devices), \
+                    # nor changes the buffers (BatchNorm's statistics), which only
+                    # the training's forwards update
+                    with torch.random.fork_rng(devices=devices), kept_buffers(self.stages[s]), \
                             torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
                         if last:

@@ -284,6 +284,44 @@ def _whole_digest(runner: PipelineRunner) -> str:
     return h.hexdigest()
 
 
+def _buffers_digest(runner: PipelineRunner) -> str | None:
+    """sha256 of this rank's module buffers (BatchNorm's statistics), in name
+    order; None when its stages hold none."""
+    h = hashlib.sha256()
+    found = False
+    for s, module in sorted(runner.stages.items()):
+        for name, buf in module.named_buffers():
+            found = True
+            h.update(f"stage{s}.{name}".encode())
+            h.update(_bytes(buf.detach()))
+    return h.hexdigest() if found else None
+
+
+def _validate(
+    runner: PipelineRunner, model: Any, num_batches: int, batch_size: int, dp: int, replica: int,
+    share: slice, device: torch.device,
+) -> float:
+    """The validation loss: `num_batches` forward-only steps (`runner.evaluate`) on
+    the model's `eval_batch` data, each replica on its share; the mean over the
+    batches and the replicas, the same on every rank (collective)."""
+    total = 0.0
+    for index in range(num_batches):
+        inputs = targets = None
+        if runner.is_first or runner.is_last:
+            inputs, targets = model.eval_batch(index, batch_size)
+            if dp > 1:
+                inputs, targets = _share(inputs, share), _share(targets, share)
+        loss = runner.evaluate(inputs if runner.is_first else None,
+                               targets if runner.is_last else None)
+        if loss is not None:
+            total += float(loss)
+    stats = torch.full((dp,), float("-inf"), dtype=torch.float64, device=device)
+    if runner.is_last:
+        stats[replica] = total / num_batches
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return float(stats.mean())
+
+
 def _share(value: Any, rows: slice) -> Any:
     """This replica's rows of a batch (a tensor or a tuple/list/dict of them)."""
     leaves, spec = flatten(value, "the batch")
@@ -291,15 +329,19 @@ def _share(value: Any, rows: slice) -> Any:
 
 
 def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> str:
-    """Whether the DP replicas of each pipeline rank ended with the same parameters."""
+    """Whether the DP replicas of each pipeline rank ended with the same parameters
+    (and buffers, where the stages hold any)."""
     lines = [""]
     for pp in range(num_ranks):
         mine = [r for r in ranks if r["pp_rank"] == pp]
         same = len({r["whole_parameters_sha256"] for r in mine}) == 1
+        buffers = {r.get("buffers_sha256") for r in mine}
         lines.append(
             f"pipeline rank {pp}: replicas on global ranks {', '.join(str(r['rank']) for r in mine)} "
             f"({mode}): parameters {'equal' if same else 'DIFFER'} "
             f"(sha256 {mine[0]['whole_parameters_sha256'][:12]})"
+            + ("" if buffers == {None} else
+               f", buffers {'equal' if len(buffers) == 1 else 'DIFFER'}")
         )
     return "\n".join(lines)
 
@@ -345,6 +387,12 @@ def _run(
                 f"--batch-size {batch_size} does not split into {m} microbatches"
                 + (f" on each of {dp} replicas" if dp > 1 else "")
                 + f"; use a multiple of {m * dp}"
+            )
+        if opts.eval_every is not None and getattr(model, "eval_batch", None) is None:
+            raise ModelError(
+                f"--eval-every needs evaluation data, but --model {opts.model!r} has no "
+                "eval_batch(index, batch_size) -> (inputs, targets) (docs/runtime.md, the "
+                "model protocol)"
             )
     except ModelError as exc:
         error = str(exc)
@@ -422,6 +470,7 @@ def _run(
     step_times: list[float] = []
     shares: list[float] = []
     losses: dict[int, float] = {}
+    evals: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
     device_peak = DevicePeak(device) if device.type == "cuda" else None
     meter = runner.engine.meter
@@ -511,6 +560,17 @@ def _run(
             stats[replica] = float(loss)
         stats[dp] = step_time
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
+        if opts.eval_every and ((step + 1) % opts.eval_every == 0 or step + 1 == last_step):
+            stepper.resolve()  # a post-validated step is settled before its weights are used
+            assert pending is not None
+            report(pending)
+            pending = None
+            progress.at(f"evaluating after step {step + 1}")
+            evals[step] = _validate(runner, model, opts.eval_batches, batch_size, dp, replica, share,
+                                    device)
+            _say(rank, f"eval after step {step + 1}: loss {evals[step]:.4f} "
+                       f"({opts.eval_batches} batch{'es' if opts.eval_batches > 1 else ''} of "
+                       f"{batch_size}, forward only)")
     progress.at("finishing: the last step's checks, the final checkpoint and the summary")
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
@@ -551,8 +611,10 @@ def _run(
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
+        "eval_losses": {str(k + 1): v.hex() for k, v in sorted(evals.items())},
         "parameters_sha256": _digest(runner),
         "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
+        "buffers_sha256": _buffers_digest(runner),
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
