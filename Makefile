@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(PY) -m ruff check ppdsl tests
+	$(PY) -m ruff check ppdsl tests bench setup.py
 	$(PY) -m mypy ppdsl
 
 bench: $(STAMP)

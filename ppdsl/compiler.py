@@ -27,7 +27,7 @@ from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import RankArrays, RankProgram
-from ppdsl.ir.schedule import Schedule
+from ppdsl.ir.schedule import PassOrder, Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
 from ppdsl.semantics import PassKind
@@ -118,7 +118,7 @@ def compile_forward(schedule: Schedule) -> RankArrays:
     order (no B, W or R), lowered with early receives and proven deadlock-free
     like any schedule (a deadlock raises CompileError with its cycle of waits)."""
     forward = replace(schedule, orders=tuple(
-        tuple(p for p in order if p.kind is PassKind.F) for order in schedule.orders
+        PassOrder.of([p for p in order if p.kind is PassKind.F]) for order in schedule.orders
     ), expects=(), block=None)
     programs = pull_receives_forward(lower_arrays(forward))
     _raise_errors(deadlock.check(forward, programs))
