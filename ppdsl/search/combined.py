@@ -12,7 +12,7 @@ make a run stop early, and the outcome says so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -111,8 +111,10 @@ def find(
     *,
     progress: Callable[[str, float], None] | None = None,
     solver_progress: Callable[[Fraction | None, Fraction | None, float], None] | None = None,
+    seeds: Sequence[tuple[Sequence[Sequence[Pass]], str]] = (),
 ) -> Outcome:
-    """Heuristics, then (where `options` say) the exact engine from their best."""
+    """Heuristics, then (where `options` say) the exact engine from their best.
+    `seeds`: more candidate orders for the heuristics (`driver.search`)."""
     begin = time.monotonic()
     heuristic = search(
         problem,
@@ -121,6 +123,7 @@ def find(
         objective=options.objective,
         time_cap=options.time_cap,
         progress=progress,
+        seeds=seeds,
     )
     best = heuristic.best
     orders, metrics, method = best.orders(), best.metrics, best.method

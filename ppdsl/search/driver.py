@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -396,18 +396,23 @@ def search(
     objective: str = "bubble",
     time_cap: float | None = None,
     progress: Callable[[str, float], None] | None = None,
+    seeds: Sequence[tuple[Sequence[Sequence[Pass]], str]] = (),
 ) -> SearchResult:
     """Find the orders with the smallest bubble (`objective="makespan"`: the
     smallest makespan) within `problem.budget`. The blocks and the grid always
     run; `evaluations` more go half to the randomised refinement, half to the
     local search, drawn from `seed`: the same arguments give the same orders on
     every machine. `time_cap` (seconds) stops them early and marks the result
-    `capped`. Raises SearchInputError, naming the smallest budget any tried
-    schedule needs, when nothing fits."""
+    `capped`. `seeds` are more candidates, (orders, how they were found),
+    weighed beside the blocks (a frontier hands each budget the best orders of
+    the budget below it). Raises SearchInputError, naming the smallest budget
+    any tried schedule needs, when nothing fits."""
     begin = time.monotonic()
     deadline = None if time_cap is None else begin + time_cap
     run = _Search(problem, progress, objective, deadline)
     run.blocks()
+    for orders, method in seeds:
+        run.consider(*flat_arrays(orders), True, method)
     scored = run.grid()
     run.refine(scored, evaluations // 2, seed)
     run.polish(evaluations - evaluations // 2, seed)

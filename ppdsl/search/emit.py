@@ -21,7 +21,7 @@ from ppdsl.ir.schedule import Costs, Pass
 from ppdsl.search.problem import SearchProblem
 from ppdsl.semantics import PassKind, format_number
 
-__all__ = ["emit_pp", "compress"]
+__all__ = ["emit_pp", "compress", "cost_statements", "memory_statements"]
 
 _MAX_GROUP = 8
 
@@ -95,7 +95,8 @@ def _branches(bodies: list[tuple[ast.OrderStmt, ...]]) -> tuple[ast.OrderStmt, .
     return rest
 
 
-def _costs(costs: Costs) -> list[ast.Stmt]:
+def cost_statements(costs: Costs) -> list[ast.Stmt]:
+    """`cost F`, `cost B`, `cost W` (per stage where the stages differ) and `cost comm`."""
     stmts: list[ast.Stmt] = []
     for kind in (PassKind.F, PassKind.B, PassKind.W):
         values = costs.per_stage(kind)
@@ -106,7 +107,7 @@ def _costs(costs: Costs) -> list[ast.Stmt]:
     return stmts
 
 
-def _memory(activation: Sequence[Fraction], retained: Sequence[Fraction]) -> list[ast.Stmt]:
+def memory_statements(activation: Sequence[Fraction], retained: Sequence[Fraction]) -> list[ast.Stmt]:
     """`memory M_B` and `memory M_W`, per stage where the stages differ."""
     stmts: list[ast.Stmt] = []
     for name, values in (("M_B", activation), ("M_W", retained)):
@@ -167,8 +168,8 @@ def emit_pp(
         ast.Param("m", ast.number(problem.num_microbatches), g),
         ast.place(pl.stage_device, pl.num_devices),
         ast.Backward("split", g, g),
-        *_costs(problem.costs),
-        *_memory(problem.memory.activation, problem.memory.weight_retained),
+        *cost_statements(problem.costs),
+        *memory_statements(problem.memory.activation, problem.memory.weight_retained),
         ast.OrderDecl(_branches(bodies), g),
         ast.expect("peak_memory", "<=", ast.number(problem.budget)),
         ast.expect("bubble", "<=", ast.number(Fraction(_round_up(bubble, 4)))),

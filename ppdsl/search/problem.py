@@ -12,7 +12,7 @@ compare bytes across placements.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from ppdsl import semantics
@@ -29,6 +29,7 @@ __all__ = [
     "smallest_budget",
     "measured_memory",
     "measured_unit",
+    "chunk_costs",
 ]
 
 
@@ -184,7 +185,7 @@ def build_problem(
     microbatches: int,
     placement: str,
     costs: str | None,
-    memory: str,
+    memory: str | None,
     weight_fraction: str = "1/2",
     measured: tuple[Costs, MemoryModel] | None = None,
 ) -> SearchProblem:
@@ -192,7 +193,8 @@ def build_problem(
     a SearchInputError that says what to do. `measured` (`--costs-from`) gives
     the costs and the per-stage memory model instead of `costs` and
     `weight_fraction`; its memory is rescaled to 1F1B-stage units (the model's
-    whole activation is d of them), see `measured_memory`."""
+    whole activation is d of them), see `measured_memory`. `memory` None: the
+    smallest feasible budget (a frontier sets its own)."""
     if devices < 1:
         raise SearchInputError(f"--devices {devices}: need at least 1 device")
     if microbatches < 1:
@@ -215,8 +217,10 @@ def build_problem(
                 f"the measured costs are for {len(mm.activation)} stages; --placement "
                 f"{placement} with {devices} devices has {pl.num_stages}"
             )
-    budget = parse_budget(memory, devices)
     floor = smallest_budget(pl, mm)
+    if memory is None:
+        return SearchProblem(devices, microbatches, pl, pass_costs, mm, floor, wf)
+    budget = parse_budget(memory, devices)
     if budget < floor:
         raise SearchInputError(
             f"--memory {memory} is {format_number(budget)} M_B per device, below the smallest feasible "
@@ -246,3 +250,13 @@ def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
     )
 
 
+
+
+def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
+    """`costs` of one 1F1B stage (1/d of the model) as those of one chunk of a
+    placement with `chunks_per_device` chunks per device: every pass takes 1/v
+    of its time; a transfer costs the same (a frontier compares placements so)."""
+    if chunks_per_device == 1:
+        return costs
+    v = chunks_per_device
+    return replace(costs, durations=tuple(tuple(x / v for x in row) for row in costs.durations))

@@ -1,0 +1,335 @@
+"""The memory–throughput frontier: the best schedule found at every reachable
+peak-memory level, from the smallest feasible budget to where the bubble
+reaches its floor, over one or more placements under the same costs.
+
+Memory levels. Every peak is a sum of memory deltas (F +M_B, B −(M_B−M_W), W
+−M_W per stage), so the reachable peaks are the multiples of their greatest
+common divisor, the *granularity* g, from the smallest budget
+(`problem.smallest_budget`: one microbatch in flight) up. For each placement
+the frontier searches those levels in turn (`combined.find`: the heuristics,
+then CP-SAT under `effort` for the level's lower bound), each level seeded with
+the best orders of the level below (they fit the larger budget too). The floor
+is what the search finds at the *top* level, every forward of every
+microbatch in flight (m · the fullest device's chunks); the walk stops at the
+first level that reaches it. Too many levels are thinned to `max_levels` by
+stepping a multiple of g.
+
+Points. A level's schedule has some peak (at most its budget). The frontier is
+the Pareto set over every placement: a point is kept when its objective is
+strictly below that of every point at no more memory. A level's lower bound,
+proven at its budget b, holds at any memory up to b, so also at the point's
+own peak.
+
+Placements compare under the same model. Costs are those of one 1F1B stage
+(1/d of the model); a placement with v chunks per device runs each chunk in 1/v
+of them (`problem.chunk_costs`), and memory is in 1F1B-stage units (a chunk's
+M_B is 1/v), so bubble, makespan and memory mean the same on every placement.
+A transfer costs the same on every placement.
+
+Named schedules (`named_points`): the papers' schedules, as `.pp` files
+(examples/) compiled under the same costs and memory model, or the search's
+own `references`; each is then set against the frontier at its memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+
+from ppdsl.ir.schedule import Costs, MemoryModel, Pass
+from ppdsl.search.combined import Outcome, SearchOptions, find
+from ppdsl.search.driver import arrays_for, metrics_key
+from ppdsl.search.problem import SearchProblem, smallest_budget
+from ppdsl.search.references import references
+from ppdsl.semantics import format_short, placement_spelling
+
+__all__ = [
+    "FRONTIER_EVALUATIONS",
+    "FrontierOptions",
+    "FrontierPoint",
+    "Frontier",
+    "NamedPoint",
+    "granularity",
+    "top_budget",
+    "levels",
+    "frontier",
+    "pareto",
+    "named_points",
+    "compile_named",
+    "frontier_at",
+]
+
+FRONTIER_EVALUATIONS = 2_000
+"""Refinement and local-search evaluations per memory level (a tenth of a
+plain `ppdsl search`: a frontier runs one search per level)."""
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class FrontierOptions:
+    """How `frontier` walks the memory levels."""
+
+    search: SearchOptions = SearchOptions(evaluations=FRONTIER_EVALUATIONS, effort=0.0)
+    """The search run at each level (its `effort` is CP-SAT's per level: 0, no bound)."""
+    low: Fraction | None = None
+    """The smallest budget searched (M_B per device); None: the smallest feasible."""
+    high: Fraction | None = None
+    """The largest budget searched; None: every forward in flight (`top_budget`)."""
+    max_levels: int = 48
+    """At most this many levels per placement (more are thinned to a coarser step)."""
+
+
+@dataclass(frozen=True, eq=False)
+class FrontierPoint:
+    """The best schedule found at one memory level."""
+
+    memory: Fraction
+    """Its peak activation memory, the fullest device's, in M_B (1F1B-stage units)."""
+    budget: Fraction
+    """The budget it was searched under (>= memory)."""
+    bubble: float
+    makespan: float
+    bound: float | None
+    """The exact engine's lower bound on the objective at `budget`; None when it did not run."""
+    optimal: bool
+    """The bound is reached: nothing at this memory does better (docs/exact.md)."""
+    placement: str
+    """The placement's spelling (`parallel`, `vshape`, `looped(2)`)."""
+    problem: SearchProblem
+    """The search problem at `budget`."""
+    outcome: Outcome
+    """The search's answer (orders, method, the exact engine's result)."""
+    recompute: tuple[int, ...] = ()
+    """The stages that recompute their activations (none: the search places no R)."""
+
+    @property
+    def orders(self) -> tuple[tuple[Pass, ...], ...]:
+        return self.outcome.orders
+
+    @property
+    def method(self) -> str:
+        return self.outcome.method
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """A frontier and every level searched to draw it."""
+
+    points: tuple[FrontierPoint, ...]
+    """The Pareto frontier over every placement, by memory."""
+    searched: tuple[FrontierPoint, ...]
+    """Every level searched, every placement (by placement, then budget)."""
+    objective: str
+    """`bubble` or `makespan`: what the points minimise."""
+
+
+@dataclass(frozen=True)
+class NamedPoint:
+    """A named schedule of the papers under the frontier's costs and memory model."""
+
+    name: str
+    placement: str
+    memory: Fraction
+    bubble: float
+    makespan: float
+    source: str
+    """Where it comes from: the `.pp` file compiled, or `ppdsl.search.references`."""
+
+
+def granularity(problem: SearchProblem) -> Fraction:
+    """The greatest common divisor of the memory deltas (and the smallest
+    budget): every peak is a multiple of it."""
+    arrays = arrays_for(problem)
+    values = [abs(int(x)) for x in arrays.mem.ravel() if int(x) != 0]
+    scale = arrays.scale
+    floor = smallest_budget(problem.placement, problem.memory)
+    values.append(int(floor * scale) if (floor * scale).denominator == 1 else 1)
+    step = math.gcd(*values) if values else 1
+    return Fraction(step, scale)
+
+
+def top_budget(problem: SearchProblem) -> Fraction:
+    """Every forward of every microbatch in flight on the fullest device: no
+    schedule needs more."""
+    pl, mm = problem.placement, problem.memory
+    return max(
+        problem.num_microbatches * sum((mm.activation[s] for s in pl.chunks(dev)), Fraction(0))
+        for dev in range(pl.num_devices)
+    )
+
+
+def levels(problem: SearchProblem, options: FrontierOptions) -> list[Fraction]:
+    """The budgets to search for `problem`'s placement, increasing; the last is
+    the top one (where the floor is measured)."""
+    step = granularity(problem)
+    floor = smallest_budget(problem.placement, problem.memory)
+    top = top_budget(problem)
+    if options.high is not None:
+        top = max(min(top, options.high), floor)
+    low = floor if options.low is None else max(floor, options.low)
+    low = math.ceil(low / step) * step  # a reachable level
+    if low > top:
+        return [top]
+    count = math.floor((top - low) / step) + 1
+    if count > options.max_levels:
+        step *= math.ceil(count / options.max_levels)
+    out = []
+    level = low
+    while level < top:
+        out.append(level)
+        level += step
+    out.append(top)
+    return out
+
+
+def _point(problem: SearchProblem, outcome: Outcome, placement: str) -> FrontierPoint:
+    exact = outcome.exact
+    bound = None
+    optimal = False
+    if exact is not None and exact.status != "infeasible" and exact.bound is not None:
+        bound = float(exact.bound)
+        optimal = bool(exact.optimal)
+    return FrontierPoint(
+        memory=max(outcome.peak),
+        budget=problem.budget,
+        bubble=outcome.metrics.bubble,
+        makespan=outcome.metrics.makespan,
+        bound=bound,
+        optimal=optimal,
+        placement=placement,
+        problem=problem,
+        outcome=outcome,
+        recompute=tuple(sorted(problem.memory.recompute)),
+    )
+
+
+def _key(point: FrontierPoint, objective: str) -> tuple[float, float]:
+    bubble, makespan = round(point.bubble, 12), round(point.makespan, 9)
+    return (makespan, bubble) if objective == "makespan" else (bubble, makespan)
+
+
+def pareto(points: Sequence[FrontierPoint], objective: str = "bubble") -> tuple[FrontierPoint, ...]:
+    """The points whose objective no other beats at no more memory, by memory
+    (at one memory the better second measure wins, then the earlier point: the
+    first placement given)."""
+    order = sorted(range(len(points)), key=lambda n: (points[n].memory, _key(points[n], objective), n))
+    kept: list[FrontierPoint] = []
+    for n in order:
+        p = points[n]
+        if kept and _key(p, objective)[0] >= _key(kept[-1], objective)[0]:
+            continue
+        if kept and kept[-1].memory == p.memory:  # pragma: no cover - sorted: better first
+            continue
+        kept.append(p)
+    return tuple(kept)
+
+
+def frontier(
+    problems: Sequence[SearchProblem],
+    options: FrontierOptions,
+    *,
+    progress: Callable[[str, float], None] | None = None,
+) -> Frontier:
+    """Search every memory level of every problem's placement (`levels`), then
+    keep the Pareto frontier. Each problem's own budget is ignored. Deterministic:
+    every level's search is (`combined.find`), and the levels are fixed by the
+    problem."""
+    objective = options.search.objective
+    searched: list[FrontierPoint] = []
+    for n, problem in enumerate(problems):
+        pl = problem.placement
+        name = placement_spelling(pl.stage_device, pl.num_devices)
+        budgets = levels(problem, options)
+        top = budgets[-1]
+
+        def report(stage: str, fraction: float, _n=n, _name=name) -> None:
+            if progress is not None:
+                progress(f"{_name}: {stage}", fraction)
+
+        floor = find(replace(problem, budget=top), options.search, progress=report)
+        floor_point = _point(replace(problem, budget=top), floor, name)
+        floor_key = metrics_key(floor.metrics, objective)[0]
+        seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
+        mine: list[FrontierPoint] = []
+        for budget in budgets[:-1]:
+            at = replace(problem, budget=budget)
+            outcome = find(at, options.search, progress=report, seeds=seeds)
+            point = _point(at, outcome, name)
+            mine.append(point)
+            seeds = [(outcome.orders, f"the best at {format_short(budget)} M_B: {outcome.method}")]
+            if metrics_key(outcome.metrics, objective)[0] <= floor_key + _EPS:
+                break
+        else:  # no level below the top reached the floor
+            mine.append(floor_point)
+        searched += mine
+    return Frontier(pareto(searched, objective), tuple(searched), objective)
+
+
+def frontier_at(points: Sequence[FrontierPoint], memory: Fraction) -> FrontierPoint | None:
+    """The frontier's best point using at most `memory` (None: none fits)."""
+    fitting = [p for p in points if p.memory <= memory]
+    return fitting[-1] if fitting else None
+
+
+def _costs_statements(costs: Costs, memory: MemoryModel) -> tuple:
+    from ppdsl.search.emit import cost_statements, memory_statements
+
+    return (*cost_statements(costs), *memory_statements(memory.activation, memory.weight_retained))
+
+
+def compile_named(
+    path: str | Path, problem_for: Callable[[str], SearchProblem], num_devices: int, num_microbatches: int
+) -> NamedPoint:
+    """Compile the `.pp` file at `path` with `-D d=.. -D m=..` under the costs and
+    memory model `problem_for(its placement)` gives (the file's own cost and
+    memory statements replaced, as `--costs-from` does), and measure it: every
+    check of the compiler runs. Its name is the file's schedule name."""
+    from ppdsl.compiler import compile_source
+    from ppdsl.costs_file import CostsFile
+    from ppdsl.frontend.ast import GENERATED
+    from ppdsl.frontend.elaborate import elaborate
+    from ppdsl.frontend.parse import parse
+
+    text = Path(path).read_text(encoding="utf-8")
+    overrides = {"d": str(num_devices), "m": str(num_microbatches)}
+    designed = elaborate(parse(text, str(path)), overrides)
+    pl = designed.placement
+    spelling = placement_spelling(pl.stage_device, pl.num_devices)
+    problem = problem_for(spelling)
+    statements = _costs_statements(problem.costs, problem.memory)
+    costs = CostsFile("<frontier costs>", statements, pl.num_stages, None, GENERATED)
+    compiled = compile_source(text, str(path), overrides, costs=costs)
+    peak = max(_peaks(compiled.schedule))
+    return NamedPoint(
+        designed.name,
+        spelling,
+        peak,
+        compiled.timeline.bubble_ratio,
+        compiled.timeline.makespan,
+        str(path),
+    )
+
+
+def _peaks(schedule) -> tuple[Fraction, ...]:
+    from ppdsl.analysis.memory import peak_memory
+
+    return peak_memory(schedule)
+
+
+def named_points(problems: Sequence[SearchProblem]) -> list[NamedPoint]:
+    """The search's own `references` (1F1B, ZB-H1, ZB-H2 on a parallel placement;
+    V-Min, V-Half, V-ZB on a V-shape) under each problem's costs and memory."""
+    out = []
+    for problem in problems:
+        pl = problem.placement
+        spelling = placement_spelling(pl.stage_device, pl.num_devices)
+        for ref in references(problem):
+            out.append(
+                NamedPoint(ref.name, spelling, ref.peak, ref.bubble, ref.makespan,
+                           "ppdsl.search.references")
+            )
+    return out
