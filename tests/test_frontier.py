@@ -160,3 +160,49 @@ def test_cli_frontier_flags_need_frontier_and_a_plain_search_needs_memory(capsys
     assert "go with --frontier" in capsys.readouterr().err
     assert main(["search", "-d", "2", "-m", "4"]) == 2
     assert "--memory BUDGET is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wf", ["1", "1/2"])
+def test_recompute_variant_compiles_within_budget_and_shortens_the_step(wf):
+    """Recomputing the first half of the stages (docs/language.md `recompute`: R
+    right before B) fits the budget as the compiler measures it, with M_B − M_W of
+    headroom for R, and at 2 M_B takes a shorter step than keeping activations."""
+    from ppdsl.compiler import compile_source
+    from ppdsl.search import emit_pp
+    from ppdsl.search.combined import find
+    from ppdsl.search.problem import with_recompute
+    from ppdsl.semantics import PassKind
+
+    plain = build_problem(devices=4, microbatches=8, placement="parallel", costs=None,
+                          memory="2", weight_fraction=wf)
+    options = SearchOptions(objective="makespan", evaluations=300, effort=0.0)
+    variant = with_recompute(plain, frozenset({0, 1}), Fraction(1, 16))
+    found = find(variant, options)
+    for order in found.orders:
+        for before, p in zip(order, order[1:], strict=False):
+            if p.kind is PassKind.B and p.stage in (0, 1):
+                assert (before.kind, before.microbatch, before.stage) == (PassKind.R, p.microbatch, p.stage)
+    text = emit_pp(variant, found.orders, name="r", command="test", method=found.method,
+                   bubble=found.metrics.bubble, makespan=found.metrics.makespan, peak=max(found.peak))
+    compiled = compile_source(text, "r.pp")
+    assert max(peak_memory(compiled.schedule)) == max(found.peak) <= 2
+    assert compiled.timeline.makespan == found.metrics.makespan
+    assert found.metrics.makespan < find(plain, options).metrics.makespan
+
+
+def test_frontier_with_recompute_reaches_below_the_plain_floor():
+    """With recompute variants the frontier (by step time) has a point under the
+    smallest memory any schedule keeping its activations needs."""
+    problem = _problem(d=4, m=8, place="vshape", wf="1")
+    options = FrontierOptions(SearchOptions(objective="makespan", evaluations=100, effort=0.0),
+                              recompute=(4,))
+    result = frontier([problem], options)
+    first = result.points[0]
+    assert first.recompute == tuple(range(8)) and first.memory < 1
+    assert all(p.recompute == () for p in result.points[1:])
+
+
+def test_cli_recompute_needs_the_makespan_objective(capsys):
+    """--recompute under the bubble objective would hide R's cost: a usage error."""
+    assert main(["search", "--frontier", "-d", "4", "-m", "8", "--recompute", "2"]) == 2
+    assert "add --objective makespan" in capsys.readouterr().err

@@ -91,6 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-D d, -D m under the frontier's costs and memory model (repeatable)",
     )
     parser.add_argument(
+        "--recompute", metavar="K[,K...]", default=None,
+        help="with --frontier: also search each placement with the stages of its first K "
+        "devices recomputed (K = d: every stage; R right before B); needs --objective makespan "
+        "(R is busy time, so a bubble would hide its cost)",
+    )
+    parser.add_argument(
+        "--kept-input", metavar="FRACTION", default="1/16",
+        help="with --recompute: M_I / M_B, what a recomputed stage's F keeps (default 1/16)",
+    )
+    parser.add_argument(
         "--levels", metavar="N", type=int, default=48,
         help="with --frontier: at most N memory levels per placement (default 48)",
     )
@@ -218,7 +228,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         output_file(args.output)
     frontier_only = [flag for flag, given in (
         ("--json", args.json), ("--svg", args.svg), ("--pp-dir", args.pp_dir),
-        ("--named", args.named)) if given]
+        ("--named", args.named), ("--recompute", args.recompute)) if given]
     if args.frontier:
         if args.output:
             wrong.append("-o writes one schedule; with --frontier use --pp-dir DIR for the points")
@@ -227,6 +237,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
                          "per level")
         if args.levels < 1:
             wrong.append(f"--levels {args.levels}: must be >= 1")
+        if args.recompute is not None and args.objective != "makespan":
+            wrong.append("--recompute adds R passes, busy time a bubble does not count against "
+                         "the step: add --objective makespan")
     else:
         if args.memory is None:
             wrong.append("--memory BUDGET is required (or ask for --frontier)")

@@ -98,6 +98,26 @@ def _problems(args: argparse.Namespace, measured_for: Callable[[str], tuple[Cost
     return out
 
 
+def _recompute(args: argparse.Namespace) -> tuple[tuple[int, ...], Fraction]:
+    """`--recompute 2,4` and `--kept-input 1/16`, checked."""
+    if args.recompute is None:
+        return (), Fraction(1, 16)
+    try:
+        counts = tuple(int(x) for x in args.recompute.split(",") if x.strip())
+        kept = Fraction(args.kept_input)
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(
+            f"--recompute {args.recompute!r} --kept-input {args.kept_input!r}: expected device "
+            "counts such as 2,4 and a fraction such as 1/16"
+        ) from None
+    bad = [k for k in counts if not 1 <= k <= args.devices]
+    if bad or not counts:
+        raise UsageError(f"--recompute {args.recompute}: each K is a device count from 1 to {args.devices}")
+    if not 0 <= kept < 1:
+        raise UsageError(f"--kept-input {args.kept_input}: M_I is part of M_B, from 0 up to (not) 1")
+    return counts, kept
+
+
 def _with_chunk_costs(problem: SearchProblem) -> SearchProblem:
     from dataclasses import replace
 
@@ -172,20 +192,28 @@ def _table(result: Frontier, files: dict[int, str]) -> list[str]:
 
 
 def _named_lines(result: Frontier, named: list[NamedPoint]) -> list[str]:
+    """Each named schedule against the frontier's best at its memory, by the objective."""
     if not named:
         return []
     lines = [
         "",
-        "| named schedule | placement | memory | bubble | frontier there | verdict |",
-        "|---|---|---|---|---|---|",
+        "| named schedule | placement | memory | bubble | makespan | frontier there | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
+    by_makespan = result.objective == "makespan"
     for n in sorted(named, key=lambda x: (x.memory, x.bubble, x.name)):
         at = frontier_at(result.points, n.memory)
-        there = "-" if at is None else f"{at.bubble:.4f} ({at.placement})"
-        verdict = "below the frontier" if at is None or n.bubble < at.bubble - 1e-9 else (
-            "on the frontier" if n.bubble <= at.bubble + 1e-9 else "above the frontier")
+        mine = n.makespan if by_makespan else n.bubble
+        if at is None:
+            there, verdict = "-", "below the frontier"
+        else:
+            theirs = at.makespan if by_makespan else at.bubble
+            there = (f"{at.makespan:g}" if by_makespan else f"{at.bubble:.4f}") + f" ({at.placement})"
+            verdict = ("below the frontier" if mine < theirs - 1e-9
+                       else "on the frontier" if mine <= theirs + 1e-9 else "above the frontier")
         lines.append(
-            f"| {n.name} | {n.placement} | {format_short(n.memory)} | {n.bubble:.4f} | {there} | {verdict} |"
+            f"| {n.name} | {n.placement} | {format_short(n.memory)} | {n.bubble:.4f} | "
+            f"{n.makespan:g} | {there} | {verdict} |"
         )
     return lines
 
@@ -230,6 +258,7 @@ def run_frontier(
             return by_placement[spelling]
         return _problems_for_named(args, spelling, measured_for)
 
+    recompute, kept = _recompute(args)
     options = FrontierOptions(
         SearchOptions(
             objective=args.objective,
@@ -242,6 +271,8 @@ def run_frontier(
         low,
         high,
         args.levels,
+        recompute,
+        kept,
     )
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ppdsl.ir.schedule import Pass
-from ppdsl.search.driver import DEFAULT_EVALUATIONS, SearchResult, evaluate_passes, search
+from ppdsl.search.driver import (
+    DEFAULT_EVALUATIONS,
+    SearchResult,
+    arrays_for,
+    evaluate_passes,
+    search,
+    with_recompute_passes,
+)
 from ppdsl.search.evaluate import Metrics
 from ppdsl.search.exact import ExactOptions, ExactProblem, ExactResult, solve
 from ppdsl.search.problem import SearchProblem
@@ -129,6 +136,19 @@ def find(
     orders, metrics, method = best.orders(), best.metrics, best.method
     capped = heuristic.capped
     exact = None
+    recompute = problem.memory.recompute
+    if recompute:
+        # R put back before each B, measured as the compiler will (R may now start
+        # before the gradient arrives, so nothing ends later than searched); the
+        # exact model has no R, so no bound
+        orders = with_recompute_passes(orders, recompute)
+        real = arrays_for(problem, fused=False)
+        metrics = evaluate_passes(problem, real, orders)
+        method = f"{method}; stages {sorted(recompute)} recompute (R right before B)"
+        peak = tuple(Fraction(int(x), real.scale) for x in metrics.peak)
+        return Outcome(
+            orders, metrics, peak, method, heuristic, None, capped, time.monotonic() - begin
+        )
     ep = exact_problem(problem)
     effort = _effort(ep, options)
     if effort > 0:

@@ -116,6 +116,30 @@ def memory_statements(activation: Sequence[Fraction], retained: Sequence[Fractio
     return stmts
 
 
+def _recompute_statements(problem: SearchProblem) -> list[ast.Stmt]:
+    """`recompute[s] = s == 0 ? 1 : ...` for the recomputed stages (none: nothing)."""
+    stages = problem.memory.recompute
+    if not stages:
+        return []
+    if len(stages) == problem.num_stages:
+        return [ast.Recompute(None, None, ast.GENERATED)]
+    marks = tuple(int(s in stages) for s in range(problem.num_stages))
+    return [ast.Recompute("s", ast.per_stage(marks), ast.GENERATED)]
+
+
+def _kept_input_statements(problem: SearchProblem) -> list[ast.Stmt]:
+    """`memory M_I`: what a recomputed stage's F keeps (stages that do not
+    recompute take the recomputed ones' first value; the language reads it only
+    where `recompute` holds)."""
+    kept = problem.memory.kept_input
+    if not problem.memory.recompute:
+        return []
+    first = next(k for k in kept if k is not None)
+    values = tuple(first if k is None else k for k in kept)
+    index = "s" if len(set(values)) > 1 else None
+    return [ast.Memory("M_I", index, ast.per_stage(values), ast.GENERATED, ast.GENERATED)]
+
+
 def _round_up(x: float, digits: int) -> str:
     scale = 10**digits
     value = math.ceil(x * scale - 1e-9) / scale
@@ -168,8 +192,10 @@ def emit_pp(
         ast.Param("m", ast.number(problem.num_microbatches), g),
         ast.place(pl.stage_device, pl.num_devices),
         ast.Backward("split", g, g),
+        *_recompute_statements(problem),
         *cost_statements(problem.costs),
         *memory_statements(problem.memory.activation, problem.memory.weight_retained),
+        *_kept_input_statements(problem),
         ast.OrderDecl(_branches(bodies), g),
         ast.expect("peak_memory", "<=", ast.number(problem.budget)),
         ast.expect("bubble", "<=", ast.number(Fraction(_round_up(bubble, 4)))),

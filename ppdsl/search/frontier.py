@@ -42,7 +42,12 @@ from pathlib import Path
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass
 from ppdsl.search.combined import Outcome, SearchOptions, find
 from ppdsl.search.driver import arrays_for, metrics_key
-from ppdsl.search.problem import SearchProblem, smallest_budget
+from ppdsl.search.problem import (
+    SearchInputError,
+    SearchProblem,
+    smallest_budget,
+    with_recompute,
+)
 from ppdsl.search.references import references
 from ppdsl.semantics import format_short, placement_spelling
 
@@ -60,6 +65,7 @@ __all__ = [
     "named_points",
     "compile_named",
     "frontier_at",
+    "recompute_floor",
 ]
 
 FRONTIER_EVALUATIONS = 2_000
@@ -81,6 +87,13 @@ class FrontierOptions:
     """The largest budget searched; None: every forward in flight (`top_budget`)."""
     max_levels: int = 48
     """At most this many levels per placement (more are thinned to a coarser step)."""
+    recompute: tuple[int, ...] = ()
+    """Recomputation variants: for each K, the stages of devices 0..K-1 recompute
+    (K = d: every stage), searched at the same levels as the plain placement from
+    the variant's own floor up, until the plain placement does as well. Compare
+    them with `objective="makespan"`: R is busy time, so a bubble hides its cost."""
+    kept_input: Fraction = Fraction(1, 16)
+    """M_I / M_B of a recomputed stage (what its F keeps: its input)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,33 +253,85 @@ def frontier(
     problem."""
     objective = options.search.objective
     searched: list[FrontierPoint] = []
-    for n, problem in enumerate(problems):
+    for problem in problems:
         pl = problem.placement
         name = placement_spelling(pl.stage_device, pl.num_devices)
-        budgets = levels(problem, options)
-        top = budgets[-1]
 
-        def report(stage: str, fraction: float, _n=n, _name=name) -> None:
+        def report(stage: str, fraction: float, _name=name) -> None:
             if progress is not None:
                 progress(f"{_name}: {stage}", fraction)
 
-        floor = find(replace(problem, budget=top), options.search, progress=report)
-        floor_point = _point(replace(problem, budget=top), floor, name)
-        floor_key = metrics_key(floor.metrics, objective)[0]
-        seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
-        mine: list[FrontierPoint] = []
-        for budget in budgets[:-1]:
-            at = replace(problem, budget=budget)
-            outcome = find(at, options.search, progress=report, seeds=seeds)
-            point = _point(at, outcome, name)
-            mine.append(point)
-            seeds = [(outcome.orders, f"the best at {format_short(budget)} M_B: {outcome.method}")]
-            if metrics_key(outcome.metrics, objective)[0] <= floor_key + _EPS:
-                break
-        else:  # no level below the top reached the floor
-            mine.append(floor_point)
-        searched += mine
+        budgets = levels(problem, options)
+        plain = _walk(problem, budgets, options, name, report)
+        searched += plain
+        by_budget = {p.budget: _key(p, objective)[0] for p in plain}
+        for k in options.recompute:
+            stages = frozenset(s for dev in range(min(k, pl.num_devices)) for s in pl.chunks(dev))
+            if not stages:
+                continue
+            variant = with_recompute(problem, stages, options.kept_input)
+            low = recompute_floor(variant)
+            step = granularity(problem)
+            low = math.ceil(low / step) * step
+            below = [low + step * n for n in range(int((budgets[0] - low) / step))]
+            searched += _walk(variant, below + budgets, options, name, report, by_budget)
     return Frontier(pareto(searched, objective), tuple(searched), objective)
+
+
+def recompute_floor(problem: SearchProblem) -> Fraction:
+    """A floor no schedule of `problem` (with recomputed stages) goes below: its
+    fullest device's F of one microbatch on every chunk (M_I on a recomputed
+    one, M_B on the others)."""
+    pl, mm = problem.placement, problem.memory
+
+    def held(stage: int) -> Fraction:
+        kept = mm.kept(stage)
+        return mm.activation[stage] if kept is None else kept
+
+    return max(
+        sum((held(s) for s in pl.chunks(dev)), Fraction(0)) for dev in range(pl.num_devices)
+    )
+
+
+def _walk(
+    problem: SearchProblem,
+    budgets: Sequence[Fraction],
+    options: FrontierOptions,
+    name: str,
+    report: Callable[[str, float], None],
+    plain: dict[Fraction, float] | None = None,
+) -> list[FrontierPoint]:
+    """Search `budgets` in turn, each seeded with the best orders below it; the
+    last budget is the top one, searched first for the floor. The walk stops at
+    the first level that reaches the floor, or (`plain`: a recompute variant,
+    with the plain placement's objective per budget) at the first that does no
+    better than the plain placement there. A budget nothing fits is skipped."""
+    objective = options.search.objective
+    top = budgets[-1]
+    floor = find(replace(problem, budget=top), options.search, progress=report)
+    floor_point = _point(replace(problem, budget=top), floor, name)
+    floor_key = metrics_key(floor.metrics, objective)[0]
+    seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
+    mine: list[FrontierPoint] = []
+    for budget in budgets[:-1]:
+        at = replace(problem, budget=budget)
+        try:
+            outcome = find(at, options.search, progress=report, seeds=seeds)
+        except SearchInputError:  # nothing fits this budget (a recompute variant's floor)
+            continue
+        point = _point(at, outcome, name)
+        mine.append(point)
+        # a variant's orders hold R: its seed is the search's own (R folded into B)
+        best = outcome.heuristic.best.orders() if problem.memory.recompute else outcome.orders
+        seeds = [(best, f"the best at {format_short(budget)} M_B: {outcome.method}")]
+        key = metrics_key(outcome.metrics, objective)[0]
+        if key <= floor_key + _EPS:
+            break
+        if plain is not None and budget in plain and key >= plain[budget] - _EPS:
+            break
+    else:  # no level below the top reached the floor
+        mine.append(floor_point)
+    return mine
 
 
 def frontier_at(points: Sequence[FrontierPoint], memory: Fraction) -> FrontierPoint | None:

@@ -30,6 +30,8 @@ __all__ = [
     "measured_memory",
     "measured_unit",
     "chunk_costs",
+    "with_recompute",
+    "recompute_headroom",
 ]
 
 
@@ -260,3 +262,27 @@ def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
         return costs
     v = chunks_per_device
     return replace(costs, durations=tuple(tuple(x / v for x in row) for row in costs.durations))
+
+
+def with_recompute(problem: SearchProblem, stages: frozenset[int], kept: Fraction) -> SearchProblem:
+    """`problem` with `stages` recomputed (docs/language.md, `recompute`): their F
+    keeps `kept` · M_B (the input, M_I) and an R (costing T_F, the language's
+    default `cost R`) restores the rest before the backward."""
+    mm = problem.memory
+    kept_input = tuple(
+        kept * mm.activation[s] if s in stages else None for s in range(problem.num_stages)
+    )
+    memory = MemoryModel(mm.activation, mm.weight_retained, kept_input if stages else ())
+    return replace(problem, memory=memory)
+
+
+def recompute_headroom(memory: MemoryModel) -> Fraction:
+    """What a recomputed stage's R holds above its B's net change: the search
+    times R and B as one pass (R right before B, as Megatron recomputes), whose
+    net delta is M_W − M_I, while the level between them is M_B − M_I above the
+    level before; so the real peak is at most the fused one plus the largest
+    M_B − M_W of a recomputed stage."""
+    return max(
+        (memory.activation[s] - memory.weight_retained[s] for s in memory.recompute),
+        default=Fraction(0),
+    )
