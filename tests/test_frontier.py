@@ -206,3 +206,35 @@ def test_cli_recompute_needs_the_makespan_objective(capsys):
     """--recompute under the bubble objective would hide R's cost: a usage error."""
     assert main(["search", "--frontier", "-d", "4", "-m", "8", "--recompute", "2"]) == 2
     assert "add --objective makespan" in capsys.readouterr().err
+
+
+def test_cli_frontier_dp_counts_the_exposed_reduction_and_looped_bfs_hides_half(tmp_path):
+    """--dp 2 with `reduce=` (docs/runtime.md's reduction lane: a stage's all-reduce
+    after its last W): each point's step is its written file's makespan plus the
+    reductions after its last pass; looped BFS ends its second chunk's backwards
+    first and hides that reduction, ZB-H1 exposes its whole stage's."""
+    from ppdsl.analysis.collectives import comm_lanes
+
+    done = _run(
+        ["-d", "4", "-m", "8", "--placement", "parallel,looped(2)", "--costs",
+         "F=1,B=1,W=1,reduce=3", "--dp", "2", "--objective", "makespan", "--evaluations", "100",
+         "--levels", "6", "--json", "--pp-dir", "pp",
+         "--named", str(REPO / "examples/looped_bfs.pp"), "--named", str(REPO / "examples/zb_h1.pp")],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    points = json.loads(done.stdout)
+    for p in points:
+        compiled = compile_file(tmp_path / p["file"])
+        lanes = comm_lanes(compiled.schedule, compiled.timeline)
+        assert p["step"] == pytest.approx(lanes.makespan) and p["step"] > p["makespan"]
+    named = {line.split("|")[1].strip(): line.split("|") for line in done.stderr.splitlines()
+             if line.startswith("| looped_bfs") or line.startswith("| zb_h1")}
+    assert float(named["looped_bfs"][5]) == pytest.approx(28.5 + 1.5)  # one chunk's 3/2 exposed
+    assert float(named["zb_h1"][5]) == pytest.approx(27 + 3)  # the stage's whole 3
+
+
+def test_cli_dp_needs_the_makespan_objective(capsys):
+    """--dp compares step times: under the bubble objective it is a usage error."""
+    assert main(["search", "--frontier", "-d", "4", "-m", "8", "--dp", "2"]) == 2
+    assert "add --objective makespan" in capsys.readouterr().err

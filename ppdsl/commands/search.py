@@ -97,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(R is busy time, so a bubble would hide its cost)",
     )
     parser.add_argument(
+        "--dp", metavar="N", type=int, default=1,
+        help="with --frontier: N data-parallel replicas; each point's step time adds the "
+        "gradient reductions (--costs reduce=..., or --costs-from's cost reduce[s]) still "
+        "running after the last pass, and the frontier compares step times (needs "
+        "--objective makespan)",
+    )
+    parser.add_argument(
         "--kept-input", metavar="FRACTION", default="1/16",
         help="with --recompute: M_I / M_B, what a recomputed stage's F keeps (default 1/16)",
     )
@@ -228,7 +235,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         output_file(args.output)
     frontier_only = [flag for flag, given in (
         ("--json", args.json), ("--svg", args.svg), ("--pp-dir", args.pp_dir),
-        ("--named", args.named), ("--recompute", args.recompute)) if given]
+        ("--named", args.named), ("--recompute", args.recompute), ("--dp", args.dp != 1))
+        if given]
     if args.frontier:
         if args.output:
             wrong.append("-o writes one schedule; with --frontier use --pp-dir DIR for the points")
@@ -237,6 +245,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
                          "per level")
         if args.levels < 1:
             wrong.append(f"--levels {args.levels}: must be >= 1")
+        if args.dp < 1:
+            wrong.append(f"--dp {args.dp}: must be at least 1")
+        if args.dp > 1 and args.objective != "makespan":
+            wrong.append("--dp compares step times with the exposed reduction: add "
+                         "--objective makespan")
         if args.recompute is not None and args.objective != "makespan":
             wrong.append("--recompute adds R passes, busy time a bubble does not count against "
                          "the step: add --objective makespan")

@@ -168,23 +168,27 @@ def _write_points(
 
 
 def _named(args: argparse.Namespace, problems: list[SearchProblem], problem_for) -> list[NamedPoint]:
-    out = named_points(problems)
+    out = named_points(problems, args.dp)
     for path in args.named or ():
         if not Path(path).is_file():
             raise UsageError(f"--named {path}: no such file")
-        out.append(compile_named(path, problem_for, args.devices, args.microbatches))
+        out.append(compile_named(path, problem_for, args.devices, args.microbatches, args.dp))
     return out
 
 
-def _table(result: Frontier, files: dict[int, str]) -> list[str]:
+def _table(result: Frontier, files: dict[int, str], dp: int) -> list[str]:
+    step = dp > 1
     lines = [
-        "| memory | bubble | makespan | lower bound | optimal | placement | recompute | file |",
-        "|---|---|---|---|---|---|---|---|",
+        "| memory | bubble | makespan |" + (" step | exposed reduction |" if step else "")
+        + " lower bound | optimal | placement | recompute | file |",
+        "|---|---|---|" + ("---|---|" if step else "") + "---|---|---|---|---|",
     ]
     for n, p in enumerate(result.points):
         bound = "-" if p.bound is None else f"{p.bound:.4f}" if result.objective == "bubble" else f"{p.bound:g}"
         lines.append(
-            f"| {format_short(p.memory)} | {p.bubble:.4f} | {p.makespan:g} | {bound} | "
+            f"| {format_short(p.memory)} | {p.bubble:.4f} | {p.makespan:g} | "
+            + (f"{p.step:g} | {p.exposed:g} | " if step else "")
+            + f"{bound} | "
             f"{'yes' if p.optimal else 'no' if p.bound is not None else '-'} | {p.placement} | "
             f"{','.join(map(str, p.recompute)) or '-'} | {files.get(n, '-')} |"
         )
@@ -197,29 +201,29 @@ def _named_lines(result: Frontier, named: list[NamedPoint]) -> list[str]:
         return []
     lines = [
         "",
-        "| named schedule | placement | memory | bubble | makespan | frontier there | verdict |",
+        "| named schedule | placement | memory | bubble | step time | frontier there | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     by_makespan = result.objective == "makespan"
     for n in sorted(named, key=lambda x: (x.memory, x.bubble, x.name)):
         at = frontier_at(result.points, n.memory)
-        mine = n.makespan if by_makespan else n.bubble
+        mine = n.step if by_makespan else n.bubble
         if at is None:
             there, verdict = "-", "below the frontier"
         else:
-            theirs = at.makespan if by_makespan else at.bubble
-            there = (f"{at.makespan:g}" if by_makespan else f"{at.bubble:.4f}") + f" ({at.placement})"
+            theirs = at.step if by_makespan else at.bubble
+            there = (f"{at.step:g}" if by_makespan else f"{at.bubble:.4f}") + f" ({at.placement})"
             verdict = ("below the frontier" if mine < theirs - 1e-9
                        else "on the frontier" if mine <= theirs + 1e-9 else "above the frontier")
         lines.append(
             f"| {n.name} | {n.placement} | {format_short(n.memory)} | {n.bubble:.4f} | "
-            f"{n.makespan:g} | {there} | {verdict} |"
+            f"{n.step:g} | {there} | {verdict} |"
         )
     return lines
 
 
-def _json(result: Frontier, files: dict[int, str]) -> str:
-    rows = [
+def _json(result: Frontier, files: dict[int, str], dp: int) -> str:
+    rows: list[dict[str, object]] = [
         {
             "memory": float(p.memory),
             "bubble": round(p.bubble, 12),
@@ -232,6 +236,9 @@ def _json(result: Frontier, files: dict[int, str]) -> str:
         }
         for n, p in enumerate(result.points)
     ]
+    if dp > 1:  # the step time with the exposed reduction, which the frontier compares
+        for row, p in zip(rows, result.points, strict=True):
+            row["step"] = round(p.step, 9)
     return json.dumps(rows, indent=2) + "\n"
 
 
@@ -273,6 +280,7 @@ def run_frontier(
         args.levels,
         recompute,
         kept,
+        args.dp,
     )
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
@@ -290,13 +298,13 @@ def run_frontier(
         f"frontier: d={args.devices} m={args.microbatches}, placements "
         + ", ".join(by_placement)
         + f"; {len(result.searched)} levels searched, {len(result.points)} on the frontier",
-        *_table(result, files),
+        *_table(result, files, args.dp),
         *_named_lines(result, named),
     ]
     if args.svg:
         lines.append(f"wrote {args.svg}")
     if args.json:
-        sys.stdout.write(_json(result, files))
+        sys.stdout.write(_json(result, files, args.dp))
         print("\n".join(lines), file=sys.stderr)
     else:
         print("\n".join(lines))

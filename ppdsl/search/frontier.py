@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass
 from ppdsl.search.combined import Outcome, SearchOptions, find
-from ppdsl.search.driver import arrays_for, metrics_key
+from ppdsl.search.driver import arrays_for
 from ppdsl.search.problem import (
     SearchInputError,
     SearchProblem,
@@ -94,6 +94,12 @@ class FrontierOptions:
     them with `objective="makespan"`: R is busy time, so a bubble hides its cost."""
     kept_input: Fraction = Fraction(1, 16)
     """M_I / M_B of a recomputed stage (what its F keeps: its input)."""
+    dp: int = 1
+    """Data-parallel replicas: above 1, each point's step time adds the gradient
+    reductions still running after the device's last pass (`cost reduce`,
+    `ppdsl.analysis.collectives`), and `objective="makespan"` compares step
+    times (the breadth-first paper's point: an order that ends a stage's
+    backwards early hides its reduction)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +124,11 @@ class FrontierPoint:
     """The search's answer (orders, method, the exact engine's result)."""
     recompute: tuple[int, ...] = ()
     """The stages that recompute their activations (none: the search places no R)."""
+    step: float = 0.0
+    """The step time: the makespan plus, with data parallelism, the reductions
+    still running after the last pass (`exposed`)."""
+    exposed: float = 0.0
+    """The data-parallel reduction time the step waits for (0 without --dp)."""
 
     @property
     def orders(self) -> tuple[tuple[Pass, ...], ...]:
@@ -151,6 +162,9 @@ class NamedPoint:
     makespan: float
     source: str
     """Where it comes from: the `.pp` file compiled, or `ppdsl.search.references`."""
+    step: float = 0.0
+    """Its step time with the data-parallel reductions (`FrontierOptions.dp`);
+    the makespan without."""
 
 
 def granularity(problem: SearchProblem) -> Fraction:
@@ -199,10 +213,28 @@ def levels(problem: SearchProblem, options: FrontierOptions) -> list[Fraction]:
     return out
 
 
-def _point(problem: SearchProblem, outcome: Outcome, placement: str) -> FrontierPoint:
+def _step(problem: SearchProblem, orders, dp: int) -> tuple[float, float]:
+    """(step time, exposed reduction) of `orders`: the compiler's timeline and
+    data-parallel lane (`comm_lanes`, replicate) when `dp` > 1 and a reduction
+    costs something; else the makespan and 0."""
+    from ppdsl.analysis.collectives import comm_lanes
+    from ppdsl.analysis.simulate import simulate
+    from ppdsl.search.combined import exact_problem
+
+    if dp <= 1 or not problem.costs.declared_collectives():
+        return 0.0, 0.0
+    schedule = exact_problem(problem).schedule(orders)
+    lanes = comm_lanes(schedule, simulate(schedule))
+    return lanes.makespan, max(lanes.exposed)
+
+
+def _point(problem: SearchProblem, outcome: Outcome, placement: str, dp: int = 1) -> FrontierPoint:
     exact = outcome.exact
     bound = None
     optimal = False
+    step, exposed = _step(problem, outcome.orders, dp)
+    if dp > 1 and step:  # the solver's bound is on the makespan without the reductions
+        exact = None
     if exact is not None and exact.status != "infeasible" and exact.bound is not None:
         bound = float(exact.bound)
         optimal = bool(exact.optimal)
@@ -217,11 +249,13 @@ def _point(problem: SearchProblem, outcome: Outcome, placement: str) -> Frontier
         problem=problem,
         outcome=outcome,
         recompute=tuple(sorted(problem.memory.recompute)),
+        step=step or outcome.metrics.makespan,
+        exposed=exposed,
     )
 
 
 def _key(point: FrontierPoint, objective: str) -> tuple[float, float]:
-    bubble, makespan = round(point.bubble, 12), round(point.makespan, 9)
+    bubble, makespan = round(point.bubble, 12), round(point.step, 9)
     return (makespan, bubble) if objective == "makespan" else (bubble, makespan)
 
 
@@ -309,8 +343,8 @@ def _walk(
     objective = options.search.objective
     top = budgets[-1]
     floor = find(replace(problem, budget=top), options.search, progress=report)
-    floor_point = _point(replace(problem, budget=top), floor, name)
-    floor_key = metrics_key(floor.metrics, objective)[0]
+    floor_point = _point(replace(problem, budget=top), floor, name, options.dp)
+    floor_key = _key(floor_point, objective)[0]
     seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
     mine: list[FrontierPoint] = []
     for budget in budgets[:-1]:
@@ -319,12 +353,12 @@ def _walk(
             outcome = find(at, options.search, progress=report, seeds=seeds)
         except SearchInputError:  # nothing fits this budget (a recompute variant's floor)
             continue
-        point = _point(at, outcome, name)
+        point = _point(at, outcome, name, options.dp)
         mine.append(point)
         # a variant's orders hold R: its seed is the search's own (R folded into B)
         best = outcome.heuristic.best.orders() if problem.memory.recompute else outcome.orders
         seeds = [(best, f"the best at {format_short(budget)} M_B: {outcome.method}")]
-        key = metrics_key(outcome.metrics, objective)[0]
+        key = _key(point, objective)[0]
         if key <= floor_key + _EPS:
             break
         if plain is not None and budget in plain and key >= plain[budget] - _EPS:
@@ -347,7 +381,11 @@ def _costs_statements(costs: Costs, memory: MemoryModel) -> tuple:
 
 
 def compile_named(
-    path: str | Path, problem_for: Callable[[str], SearchProblem], num_devices: int, num_microbatches: int
+    path: str | Path,
+    problem_for: Callable[[str], SearchProblem],
+    num_devices: int,
+    num_microbatches: int,
+    dp: int = 1,
 ) -> NamedPoint:
     """Compile the `.pp` file at `path` with `-D d=.. -D m=..` under the costs and
     memory model `problem_for(its placement)` gives (the file's own cost and
@@ -369,6 +407,11 @@ def compile_named(
     costs = CostsFile("<frontier costs>", statements, pl.num_stages, None, GENERATED)
     compiled = compile_source(text, str(path), overrides, costs=costs)
     peak = max(_peaks(compiled.schedule))
+    step = compiled.timeline.makespan
+    if dp > 1 and problem.costs.declared_collectives():
+        from ppdsl.analysis.collectives import comm_lanes
+
+        step = comm_lanes(compiled.schedule, compiled.timeline).makespan
     return NamedPoint(
         designed.name,
         spelling,
@@ -376,6 +419,7 @@ def compile_named(
         compiled.timeline.bubble_ratio,
         compiled.timeline.makespan,
         str(path),
+        step,
     )
 
 
@@ -385,16 +429,20 @@ def _peaks(schedule) -> tuple[Fraction, ...]:
     return peak_memory(schedule)
 
 
-def named_points(problems: Sequence[SearchProblem]) -> list[NamedPoint]:
+def named_points(problems: Sequence[SearchProblem], dp: int = 1) -> list[NamedPoint]:
     """The search's own `references` (1F1B, ZB-H1, ZB-H2 on a parallel placement;
-    V-Min, V-Half, V-ZB on a V-shape) under each problem's costs and memory."""
-    out = []
+    V-Min, V-Half, V-ZB on a V-shape) under each problem's costs and memory;
+    none under data parallelism with a reduction cost (they carry no orders to
+    time the reductions on: give their `.pp` files to `compile_named`)."""
+    out: list[NamedPoint] = []
+    if dp > 1 and any(p.costs.declared_collectives() for p in problems):
+        return out
     for problem in problems:
         pl = problem.placement
         spelling = placement_spelling(pl.stage_device, pl.num_devices)
         for ref in references(problem):
             out.append(
                 NamedPoint(ref.name, spelling, ref.peak, ref.bubble, ref.makespan,
-                           "ppdsl.search.references")
+                           "ppdsl.search.references", ref.makespan)
             )
     return out

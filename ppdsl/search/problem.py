@@ -97,13 +97,17 @@ def parse_placement(text: str, num_devices: int) -> Placement:
     return _named(name, num_devices)
 
 
-_COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm"}
+_COST_KEYS = {
+    "F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm",
+    "reduce": "reduce",
+}
 
 
 def parse_costs(text: str | None, num_stages: int) -> Costs:
     """`F=18.5,B=18.1,W=9.3,comm=0.6`; a per-stage cost is a colon list with one
     value per stage (`F=1:1:2:2`). Unnamed kinds and comm cost their defaults
-    (`semantics.DEFAULT_DURATION`: 1; comm 0)."""
+    (`semantics.DEFAULT_DURATION`: 1; comm 0). `reduce=` is a stage's
+    data-parallel gradient reduction (`cost reduce[s]`, 0 unless given)."""
     values: dict[str, tuple[float, ...] | float] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -112,7 +116,8 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
         key = key.strip()
         if not eq or key not in _COST_KEYS:
             raise SearchInputError(
-                f"--costs {item.strip()!r}: expected F=, B=, W= or comm= (e.g. F=3,B=4,W=2,comm=0)"
+                f"--costs {item.strip()!r}: expected F=, B=, W=, comm= or reduce= "
+                "(e.g. F=3,B=4,W=2,comm=0)"
             )
         try:
             numbers = tuple(float(Fraction(x.strip())) for x in value.split(":"))
@@ -132,13 +137,15 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
                 f"--costs {key}= lists {len(numbers)} values; this placement has "
                 f"{num_stages} stages"
             )
-        if any(x <= 0 for x in numbers):
+        if key != "reduce" and any(x <= 0 for x in numbers):
             raise SearchInputError(f"--costs {key}=: a pass must take some time (> 0)")
         values[key] = numbers
     comm = values.pop("comm", float(semantics.DEFAULT_COMM))
     assert isinstance(comm, float)
+    reduce = values.pop("reduce", None)
     given = {PassKind(k): v for k, v in values.items() if isinstance(v, tuple)}
-    return Costs.by_kind(given, comm, num_stages)
+    costs = Costs.by_kind(given, comm, num_stages)
+    return costs.with_collectives({"reduce": reduce}) if isinstance(reduce, tuple) else costs
 
 
 def one_f_one_b_memory(num_devices: int) -> Fraction:
@@ -256,12 +263,17 @@ def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
 
 def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
     """`costs` of one 1F1B stage (1/d of the model) as those of one chunk of a
-    placement with `chunks_per_device` chunks per device: every pass takes 1/v
-    of its time; a transfer costs the same (a frontier compares placements so)."""
+    placement with `chunks_per_device` chunks per device: every pass and a
+    stage's gradient reduction take 1/v of their time; a transfer costs the same
+    (a frontier compares placements so)."""
     if chunks_per_device == 1:
         return costs
     v = chunks_per_device
-    return replace(costs, durations=tuple(tuple(x / v for x in row) for row in costs.durations))
+    return replace(
+        costs,
+        durations=tuple(tuple(x / v for x in row) for row in costs.durations),
+        collectives=tuple(tuple(x / v for x in row) for row in costs.collectives),
+    )
 
 
 def with_recompute(problem: SearchProblem, stages: frozenset[int], kept: Fraction) -> SearchProblem:
