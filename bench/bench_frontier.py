@@ -96,13 +96,16 @@ class Case:
 
 
 def _cases(quick: bool) -> list[Case]:
-    """The cheap ones first: the file is written after each case."""
+    """p = 4 and p = 8 in turn, m = 2p before 3p: the file is written after each case."""
+    sizes = (4,) if quick else (4, 8)
     out = []
-    for p in (4,) if quick else (4, 8):
-        for m in (2 * p, 3 * p):
-            for costs in (None, ZB_COSTS):
-                out.append(Case(p, m, costs))
-        out.append(Case(p, 2 * p, None, "makespan", (p // 2, p)))
+    for k in (2, 0, 3):  # m = 2p by bubble, the recompute step-time frontier, m = 3p
+        for costs in (None, ZB_COSTS) if k else (None,):
+            for p in sizes:
+                if k:
+                    out.append(Case(p, k * p, costs))
+                else:
+                    out.append(Case(p, 2 * p, None, "makespan", (p // 2, p)))
     return out
 
 
