@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the best schedule at every reachable peak-memory level, from the smallest "
         "feasible to where the bubble reaches its floor (a table; --json, --svg, --pp-dir); "
         "--costs are then those of one 1F1B stage, a placement with v chunks per device "
-        "running each chunk in 1/v of them",
+        "running each chunk in 1/v of them (--costs-from: each placement takes the file's "
+        "per-stage values for its own stages, as written: profile each stage count)",
     )
     parser.add_argument(
         "--json",
