@@ -34,8 +34,9 @@ def _nice_top(value: float) -> float:
 
 def frontier_svg(frontier: Frontier, named: Sequence[NamedPoint] = (), *, title: str = "") -> str:
     """The standalone SVG document of `frontier` and the `named` schedules."""
-    y_of_point = (lambda p: p.makespan) if frontier.objective == "makespan" else (lambda p: p.bubble)
-    y_label = "step time (makespan)" if frontier.objective == "makespan" else "bubble"
+    # step: the makespan, plus the exposed data-parallel reductions under --dp
+    y_of_point = (lambda p: p.step) if frontier.objective == "makespan" else (lambda p: p.bubble)
+    y_label = "step time" if frontier.objective == "makespan" else "bubble"
     points = list(frontier.searched)
     xs = [float(p.memory) for p in points] + [float(n.memory) for n in named]
     ys = [y_of_point(p) for p in points] + [y_of_point(n) for n in named]
