@@ -113,9 +113,11 @@ class FrontierPoint:
     bubble: float
     makespan: float
     bound: float | None
-    """The exact engine's lower bound on the objective at `budget`; None when it did not run."""
+    """The exact engine's lower bound on the objective at `budget`, for this
+    placement; None when it did not run."""
     optimal: bool
-    """The bound is reached: nothing at this memory does better (docs/exact.md)."""
+    """The bound is reached: nothing on this placement does better within `budget`
+    (docs/exact.md)."""
     placement: str
     """The placement's spelling (`parallel`, `vshape`, `looped(2)`)."""
     problem: SearchProblem
