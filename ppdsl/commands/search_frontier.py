@@ -192,6 +192,9 @@ def _table(result: Frontier, files: dict[int, str], dp: int) -> list[str]:
             f"{'yes' if p.optimal else 'no' if p.bound is not None else '-'} | {p.placement} | "
             f"{','.join(map(str, p.recompute)) or '-'} | {files.get(n, '-')} |"
         )
+    if any(p.bound is not None for p in result.points):
+        lines.append("(lower bound and optimal hold for the point's placement at its level's "
+                     "budget: docs/exact.md)")
     return lines
 
 
