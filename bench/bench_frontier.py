@@ -15,7 +15,9 @@ its W ends):
 - the papers' named schedules, each its `examples/*.pp` compiled with -D d, -D m
   under the same costs and memory model (every compiler check runs): 1F1B,
   ZB-H1, ZB-H2, V-Min, V-Half, V-ZB, interleaved 1F1B (v = 2), looped BFS
-  (v = 2), DualPipe-V; each set against the frontier's best at its memory;
+  (v = 2), DualPipe-V; each set against the frontier's best at its memory. Those
+  in F, B and W passes (ZB-H1, ZB-H2, V-Min, V-Half, V-ZB) are also the search's
+  candidates at every level they fit; 'found from' says where a point came from;
 - at unit costs, m = 2p, the frontier by step time (makespan) with recomputation
   variants (the stages of the first d/2 and of all devices recomputed, M_I =
   M_B/16, R right before B) beside the plain parallel and V-shape placements.
@@ -140,11 +142,21 @@ def _show(x: float, objective: str) -> str:
     return f"{x:g}" if objective == "makespan" else f"{x:.4f}"
 
 
+def _origin(method: str) -> str:
+    """Where a point's schedule came from: a named schedule given to the search as
+    a candidate (then perhaps improved), or the search's own candidates."""
+    for name, file in NAMED.items():
+        if f"({ROOT / 'examples' / file})" in method:
+            return f"{name}" + (" + search" if "then local search" in method or "CP-SAT" in method else "")
+    return "search"
+
+
 def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: float) -> tuple[list[str], dict]:
     obj = case.objective
     lines = [f"### {case.label}", ""]
-    lines.append("| memory | bubble | makespan | lower bound | optimal | placement | recompute | beats every named schedule at its memory |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("| memory | bubble | makespan | lower bound | optimal | placement | recompute | "
+                 "found from | beats every named schedule at its memory |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     beating = 0
     for p in result.points:
         fitting = [n for n in named if n.memory <= p.memory]
@@ -157,7 +169,7 @@ def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: floa
         optimal = "-" if p.bound is None else ("yes" if p.optimal else "no")
         lines.append(
             f"| {format_short(p.memory)} | {p.bubble:.4f} | {p.makespan:g} | {bound} | {optimal} | "
-            f"{p.placement} | {','.join(map(str, p.recompute)) or '-'} | {why} |"
+            f"{p.placement} | {','.join(map(str, p.recompute)) or '-'} | {_origin(p.method)} | {why} |"
         )
     lines += ["", "| named schedule | placement | memory | bubble | makespan | frontier there | at or above the frontier |",
               "|---|---|---|---|---|---|---|"]
@@ -188,8 +200,8 @@ def _run(case: Case, write: bool) -> tuple[list[str], dict]:
         recompute=case.recompute,
     )
     begin = time.monotonic()
-    result = frontier(problems, options)
     named = _named(case)
+    result = frontier(problems, options, named=named)
     seconds = time.monotonic() - begin
     lines, counts = _report(case, result, named, seconds)
     if write:

@@ -238,3 +238,23 @@ def test_cli_dp_needs_the_makespan_objective(capsys):
     """--dp compares step times: under the bubble objective it is a usage error."""
     assert main(["search", "--frontier", "-d", "4", "-m", "8", "--dp", "2"]) == 2
     assert "add --objective makespan" in capsys.readouterr().err
+
+
+def test_named_schedules_in_f_b_w_are_candidates_at_every_level_they_fit():
+    """A named `.pp` in F, B and W passes (examples/v_half.pp) is a candidate of the
+    levels it fits, so under the profiled costs (README) the frontier at V-Half's
+    memory is at least V-Half, which the blocks and heuristics alone miss."""
+    from ppdsl.commands.search_frontier import _with_chunk_costs
+
+    problem = _with_chunk_costs(build_problem(
+        devices=8, microbatches=16, placement="vshape", costs="F=18.522,B=18.086,W=9.337,comm=0.601",
+        memory=None, weight_fraction="1"))
+    v_half = compile_named(REPO / "examples/v_half.pp", lambda _: problem, 8, 16)
+    assert v_half.orders is not None and v_half.memory == 5
+    dualpipe = compile_named(REPO / "examples/dualpipe_v.pp", lambda _: problem, 8, 16)
+    assert dualpipe.orders is None  # overlapped F&B pairs: not the search's passes
+    options = FrontierOptions(SearchOptions(evaluations=0, effort=0.0), low=Fraction(5), high=Fraction(5))
+    alone = frontier([problem], options)
+    seeded = frontier([problem], options, named=[v_half, dualpipe])
+    assert alone.points[-1].bubble > v_half.bubble + 1e-9  # the search alone: 0.2479 > 0.2397
+    assert seeded.points[-1].bubble <= v_half.bubble + 1e-12

@@ -285,14 +285,14 @@ def run_frontier(
         kept,
         args.dp,
     )
+    named = _named(args, problems, problem_for)
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
-        result = frontier(problems, options, progress=bar)
+        result = frontier(problems, options, progress=bar, named=named)
     except ValueError as err:  # the exact model refuses (e.g. weights too large)
         raise UsageError(f"exact engine: {err}") from None
     finally:
         bar.close()
-    named = _named(args, problems, problem_for)
     files = _write_points(args, result, command, recheck) if args.pp_dir else {}
     if args.svg:
         title = f"{command.split(' --svg')[0]}"

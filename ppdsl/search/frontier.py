@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.ir.schedule import Costs, MemoryModel, Pass
+from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind
 from ppdsl.search.combined import Outcome, SearchOptions, find
 from ppdsl.search.driver import arrays_for
 from ppdsl.search.problem import (
@@ -167,6 +167,9 @@ class NamedPoint:
     step: float = 0.0
     """Its step time with the data-parallel reductions (`FrontierOptions.dp`);
     the makespan without."""
+    orders: tuple[tuple[Pass, ...], ...] | None = field(default=None, compare=False, repr=False)
+    """Its per-device orders when the search can take them as a candidate (F, B
+    and W only: no fused backward, overlapped pair or R); None otherwise."""
 
 
 def granularity(problem: SearchProblem) -> Fraction:
@@ -282,11 +285,14 @@ def frontier(
     options: FrontierOptions,
     *,
     progress: Callable[[str, float], None] | None = None,
+    named: Sequence[NamedPoint] = (),
 ) -> Frontier:
     """Search every memory level of every problem's placement (`levels`), then
-    keep the Pareto frontier. Each problem's own budget is ignored. Deterministic:
-    every level's search is (`combined.find`), and the levels are fixed by the
-    problem."""
+    keep the Pareto frontier. Each problem's own budget is ignored. The `named`
+    schedules whose orders the search can take (`NamedPoint.orders`) are
+    candidates at every level of their placement they fit (not in the
+    recompute variants, whose memory differs). Deterministic: every level's
+    search is (`combined.find`), and the levels are fixed by the problem."""
     objective = options.search.objective
     searched: list[FrontierPoint] = []
     for problem in problems:
@@ -298,7 +304,8 @@ def frontier(
                 progress(f"{_name}: {stage}", fraction)
 
         budgets = levels(problem, options)
-        plain = _walk(problem, budgets, options, name, report)
+        mine = [n for n in named if n.placement == name and n.orders is not None]
+        plain = _walk(problem, budgets, options, name, report, named=mine)
         searched += plain
         by_budget = {p.budget: _key(p, objective)[0] for p in plain}
         for k in options.recompute:
@@ -336,15 +343,24 @@ def _walk(
     name: str,
     report: Callable[[str, float], None],
     plain: dict[Fraction, float] | None = None,
+    named: Sequence[NamedPoint] = (),
 ) -> list[FrontierPoint]:
     """Search `budgets` in turn, each seeded with the best orders below it; the
     last budget is the top one, searched first for the floor. The walk stops at
     the first level that reaches the floor, or (`plain`: a recompute variant,
     with the plain placement's objective per budget) at the first that does no
-    better than the plain placement there. A budget nothing fits is skipped."""
+    better than the plain placement there. A budget nothing fits is skipped.
+    `named` schedules are candidates at every budget they fit."""
     objective = options.search.objective
     top = budgets[-1]
-    floor = find(replace(problem, budget=top), options.search, progress=report)
+    def papers(budget: Fraction) -> list[tuple[tuple[tuple[Pass, ...], ...], str]]:
+        return [
+            (n.orders, f"the named schedule {n.name} ({n.source})")
+            for n in named
+            if n.orders is not None and n.memory <= budget
+        ]
+
+    floor = find(replace(problem, budget=top), options.search, progress=report, seeds=papers(top))
     floor_point = _point(replace(problem, budget=top), floor, name, options.dp)
     floor_key = _key(floor_point, objective)[0]
     seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
@@ -352,7 +368,7 @@ def _walk(
     for budget in budgets[:-1]:
         at = replace(problem, budget=budget)
         try:
-            outcome = find(at, options.search, progress=report, seeds=seeds)
+            outcome = find(at, options.search, progress=report, seeds=seeds + papers(budget))
         except SearchInputError:  # nothing fits this budget (a recompute variant's floor)
             continue
         point = _point(at, outcome, name, options.dp)
@@ -414,6 +430,11 @@ def compile_named(
         from ppdsl.analysis.collectives import comm_lanes
 
         step = comm_lanes(compiled.schedule, compiled.timeline).makespan
+    orders = tuple(tuple(order) for order in compiled.schedule.orders)
+    searchable = compiled.schedule.split_backward and not any(
+        p.overlapped or p.kind not in (PassKind.F, PassKind.B, PassKind.W)
+        for order in orders for p in order
+    )
     return NamedPoint(
         designed.name,
         spelling,
@@ -422,6 +443,7 @@ def compile_named(
         compiled.timeline.makespan,
         str(path),
         step,
+        orders if searchable else None,
     )
 
 
