@@ -58,6 +58,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
+from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
@@ -249,6 +250,15 @@ def main(
     return code
 
 
+def _build_model(opts: argparse.Namespace, num_stages: int) -> Any:
+    """The user's factory's model, or `--model hf:DIR` cut by `ppdsl.runtime.hf`."""
+    if not is_hf_spec(opts.model):
+        return build_model(opts.model, num_stages)
+    options = HFOptions(seq_len=opts.seq_len, seed=opts.seed, data=opts.data,
+                        data_dtype=opts.data_dtype, cut=opts.cut)
+    return pipeline_model(opts.model[len(PREFIX):], num_stages, options)
+
+
 def _startup_error(rank: int, error: str) -> int:
     if rank == 0:
         print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
@@ -331,7 +341,7 @@ def _run(
     torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
     random.seed(opts.seed)
     try:
-        model = build_model(opts.model, plan.num_model_stages)
+        model = _build_model(opts, plan.num_model_stages)
         if batch_size % (m * dp):
             raise ModelError(
                 f"--batch-size {batch_size} does not split into {m} microbatches"
@@ -388,6 +398,9 @@ def _run(
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
            if opts.clip_grad_norm is not None else ""),
     )
+    if getattr(model, "cut", None):
+        _say(rank, "ppdsl: cut (first decoder layer of each stage): "
+                   + ",".join(str(c) for c in model.cut))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
@@ -478,6 +491,8 @@ def _run(
         if opts.checkpoint_dir and every and (step + 1) % every == 0:
             save_checkpoint(checkpoint_path(opts.checkpoint_dir, step + 1), runner, optimizer,
                             step=step + 1, stepper=stepper, scheduler=scheduler)
+            if opts.save_model:
+                model.save(checkpoint_path(opts.checkpoint_dir, step + 1) / "hf", runner.stages)
             last_saved = step + 1
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
@@ -485,6 +500,12 @@ def _run(
     if opts.checkpoint_dir and last_saved != last_step:
         save_checkpoint(checkpoint_path(opts.checkpoint_dir, last_step), runner, optimizer,
                         step=last_step, stepper=stepper, scheduler=scheduler)
+        if opts.save_model:
+            model.save(checkpoint_path(opts.checkpoint_dir, last_step) / "hf", runner.stages)
+    if opts.save_model:
+        model.save(opts.save_model, runner.stages)
+        _say(rank, f"ppdsl: saved the trained model to {opts.save_model} (transformers "
+                   "from_pretrained loads it)")
     outcomes = stepper.outcomes
     clipped = sum(o.clipped for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
