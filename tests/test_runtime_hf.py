@@ -90,3 +90,64 @@ def test_three_families_train_as_the_unpipelined_model(tmp_path: Path) -> None:
                 assert found[case][0]["tied"], case  # the head is declared tied
             error = _relative_error(tmp_path / "out" / case, reference)
             assert error <= 1e-4, (case, error)
+
+
+def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
+    """{case: (arguments after `ppdsl run`, the message it must print)}."""
+    llama = hf_models.write(root, "llama", weights=False)
+    shallow = root / "shallow"
+    hf_models.config("llama", layers=1).save_pretrained(shallow)
+    opt = root / "opt"
+    transformers.OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64,
+                           num_attention_heads=4, vocab_size=128).save_pretrained(opt)
+    (root / "empty").mkdir()
+    (root / "odd.bin").write_bytes(b"\x01\x00\x02")
+    (root / "short.bin").write_bytes(np.arange(5, dtype=np.uint16).tobytes())
+    (root / "big.bin").write_bytes(np.array([1, 2, 500] * 20, dtype=np.uint16).tobytes())
+    np.save(root / "float.npy", np.zeros(100, dtype=np.float32))
+    run = ["examples/1f1b.pp", "-D", "d=2", "--seq-len", "8", "--model"]
+    return {
+        "no-dir": (run + [f"hf:{root / 'missing'}"], "no such directory"),
+        "no-config": (run + [f"hf:{root / 'empty'}"], "no config.json in"),
+        "no-plan": (run + [f"hf:{opt}"], "model type 'opt' has no base_model_pp_plan"),
+        "few-layers": (run + [f"hf:{shallow}"],
+                       "the model has 1 decoder layers, fewer than the schedule's 2 stages"),
+        "bad-cut": (run + [f"hf:{llama}", "--cut", "0,0"], "--cut 0,0: each stage needs"),
+        "odd-bytes": (run + [f"hf:{llama}", "--data", str(root / "odd.bin")],
+                      "3 bytes is not a whole number of uint16 ids"),
+        "short": (run + [f"hf:{llama}", "--data", str(root / "short.bin")],
+                  "5 tokens, too short for one sample of --seq-len 8"),
+        "vocab": (run + [f"hf:{llama}", "--data", str(root / "big.bin")],
+                  "token id 500 (at position 2) is outside the model's vocabulary of 128"),
+        "float": (run + [f"hf:{llama}", "--data", str(root / "float.npy")],
+                  "holds float32 values; token ids must be integers"),
+        "not-hf": (["examples/1f1b.pp", "-D", "d=2", "--model",
+                    "examples/models/tiny_gpt.py:stages", "--data", str(root / "short.bin")],
+                   "--data is for --model hf:DIR"),
+    }
+
+
+def test_bad_hf_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A folder without config, an architecture without a pipeline plan, fewer
+    layers than stages, a bad cut and bad token files (odd size, too short, ids
+    outside the vocabulary, floats) each stop `ppdsl run` before torchrun starts
+    with exit 2 and one message, no traceback (docs/runtime.md); the first case
+    also as a real process."""
+    import subprocess
+    import sys
+
+    from ppdsl.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    cases = _bad_inputs(tmp_path)
+    args, message = cases["no-plan"]
+    proc = subprocess.run([sys.executable, "-m", "ppdsl", "run", *args], capture_output=True,
+                          text=True, timeout=120, cwd=root)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "step" not in proc.stdout
+    for case, (args, message) in cases.items():
+        code = main(["run", *args])
+        out, err = capsys.readouterr()
+        assert code == 2, (case, out, err)
+        assert message in err, (case, err)
+        assert "Traceback" not in err and "step" not in out, (case, err)

@@ -142,6 +142,9 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     from ppdsl.runtime.devices import choose_device  # imports torch: only when running
 
+    if args.model.startswith("hf:"):
+        _check_hf_model(args, compiled.schedule.placement.num_model_stages)
+
     # Every rank runs on this machine: decide the device once, before torchrun starts.
     dp = args.dp or 1
     choice = choose_device(args.device, compiled.schedule.num_devices * dp)
@@ -176,6 +179,19 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
     if args.trace:
         output_file(args.trace)
     check_model_file(args.model)
+
+
+def _check_hf_model(args: argparse.Namespace, num_stages: int) -> None:
+    """`--model hf:DIR` and its data, checked before torchrun starts."""
+    from ppdsl.runtime.hf import HFOptions, preflight
+    from ppdsl.runtime.model import ModelError
+
+    options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
+                        data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal")
+    try:
+        preflight(args.model[len("hf:"):], num_stages, options)
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,

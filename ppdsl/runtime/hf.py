@@ -55,6 +55,7 @@ __all__ = [
     "anatomy_of",
     "equal_cut",
     "parse_cut",
+    "preflight",
     "pipeline_model",
     "check_cut",
     "stage_tensors",
@@ -374,6 +375,50 @@ class HFPipelineModel(PipelineModel):
         (`{stage: module}`, a runner's); process 0 writes the whole model to `out`
         as a transformers checkpoint."""
         _save_collective(self.hf_model, out, stages)
+
+
+def _layer_count(config: Any) -> int | None:
+    for key in ("num_hidden_layers", "n_layer"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def preflight(directory: str | Path, num_stages: int, options: HFOptions) -> None:
+    """What can be checked without building the model, before any process starts
+    (`ppdsl run`): the folder and its config, an architecture ppdsl can cut,
+    enough decoder layers for the stages and the cut, the sequence length, the
+    token file. Raises `ModelError` saying what is wrong."""
+    raw = read_config(directory)
+    transformers = _transformers()
+    transformers.utils.logging.set_verbosity_error()
+    where = f"--model {PREFIX}{directory}"
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as exc:
+        raise ModelError(f"{where}: transformers cannot read its config.json: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    model_type = getattr(config, "model_type", "?")
+    if model_type != "gpt2" and not getattr(config, "base_model_pp_plan", None):
+        raise ModelError(
+            f"{where}: model type {model_type!r} has no base_model_pp_plan in its config, so "
+            "ppdsl does not know where to cut it; supported: GPT-2 and causal LMs with a plan "
+            "(Llama, Mistral, Qwen2, Qwen3, Gemma, ...), or write a factory (docs/runtime.md)"
+        )
+    layers = _layer_count(config)
+    if layers is not None and not (isinstance(options.cut, str) and options.cut == "balanced"):
+        parse_cut(options.cut, layers, num_stages)
+    max_positions = getattr(config, "n_positions", None) or getattr(
+        config, "max_position_embeddings", None)
+    if max_positions is not None and options.seq_len > max_positions:
+        raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
+                         "positions (its config's max_position_embeddings / n_positions)")
+    if options.data is not None:
+        try:
+            open_tokens(options.data, options.seq_len, raw.get("vocab_size"), options.data_dtype)
+        except DataError as exc:
+            raise ModelError(str(exc)) from exc
 
 
 def pipeline_model(directory: str | Path, num_stages: int,
