@@ -151,3 +151,34 @@ def test_bad_hf_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFix
         assert code == 2, (case, out, err)
         assert message in err, (case, err)
         assert "Traceback" not in err and "step" not in out, (case, err)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
+    """The one-line path: `ppdsl run examples/zb_v.pp --model hf:DIR --data
+    tokens.npy --seq-len 8 --save-model OUT` (Qwen2 with a tied head, ZB-V at
+    d=2) prints the cut, trains, and OUT loads with from_pretrained and equals
+    the non-pipelined model trained on the documented batches (1e-4); each rank's
+    measured peak equals the prediction (docs/runtime.md)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = hf_models.write(tmp_path, "qwen2")
+    ids = np.random.default_rng(5).integers(0, hf_models.VOCAB, size=300).astype(np.int64)
+    np.save(tmp_path / "tokens.npy", ids)
+    out, report = tmp_path / "trained", tmp_path / "json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppdsl", "run", "examples/zb_v.pp", "-D", "d=2", "-D", f"m={M}",
+         "--model", f"hf:{folder}", "--data", str(tmp_path / "tokens.npy"), "--seq-len", str(SEQ),
+         "--batch-size", str(BATCH), "--steps", str(STEPS), "--optimizer", "sgd", "--lr", str(LR),
+         "--momentum", "0.9", "--save-model", str(out), "--json", str(report)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cut (first decoder layer of each stage): 0,1,2,3" in proc.stdout, proc.stdout
+    assert f"saved the trained model to {out}" in proc.stdout
+    for r in range(2):
+        rank = json.loads((report / f"rank{r}.json").read_text())
+        assert rank["measured_peak"] == rank["predicted_peak_real_mw"], rank
+    assert _relative_error(out, _reference(folder, ids)) <= 1e-4
