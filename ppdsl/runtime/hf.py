@@ -385,11 +385,13 @@ def _layer_count(config: Any) -> int | None:
     return None
 
 
-def preflight(directory: str | Path, num_stages: int, options: HFOptions) -> None:
+def preflight(directory: str | Path, num_stages: int,
+              options: HFOptions) -> tuple[int, ...] | None:
     """What can be checked without building the model, before any process starts
     (`ppdsl run`): the folder and its config, an architecture ppdsl can cut,
     enough decoder layers for the stages and the cut, the sequence length, the
-    token file. Raises `ModelError` saying what is wrong."""
+    token file. Returns the cut (None for `balanced`, which needs a profile).
+    Raises `ModelError` saying what is wrong."""
     raw = read_config(directory)
     transformers = _transformers()
     transformers.utils.logging.set_verbosity_error()
@@ -407,8 +409,12 @@ def preflight(directory: str | Path, num_stages: int, options: HFOptions) -> Non
             "(Llama, Mistral, Qwen2, Qwen3, Gemma, ...), or write a factory (docs/runtime.md)"
         )
     layers = _layer_count(config)
-    if layers is not None and not (isinstance(options.cut, str) and options.cut == "balanced"):
-        parse_cut(options.cut, layers, num_stages)
+    if layers is None:
+        raise ModelError(f"{where}: its config gives no layer count (num_hidden_layers or n_layer)")
+    balanced = isinstance(options.cut, str) and options.cut == "balanced"
+    cut = None if balanced else parse_cut(options.cut, layers, num_stages)
+    if balanced and layers < num_stages:
+        parse_cut("equal", layers, num_stages)  # the same message as any cut
     max_positions = getattr(config, "n_positions", None) or getattr(
         config, "max_position_embeddings", None)
     if max_positions is not None and options.seq_len > max_positions:
@@ -419,6 +425,7 @@ def preflight(directory: str | Path, num_stages: int, options: HFOptions) -> Non
             open_tokens(options.data, options.seq_len, raw.get("vocab_size"), options.data_dtype)
         except DataError as exc:
             raise ModelError(str(exc)) from exc
+    return cut
 
 
 def pipeline_model(directory: str | Path, num_stages: int,
@@ -440,6 +447,10 @@ def pipeline_model(directory: str | Path, num_stages: int,
     model = load_causal_lm(directory, options.seed)
     anatomy = anatomy_of(model, where)
     num_layers = len(model.get_submodule(anatomy.layers))
+    if isinstance(options.cut, str) and options.cut == "balanced":
+        raise ModelError("--cut balanced is chosen by `ppdsl run` (a per-layer profile, once, "
+                         "before the ranks start); to launch.py give the list it printed, "
+                         "e.g. --cut 0,5,11 (or ppdsl profile --per-layer --stages N)")
     starts = parse_cut(options.cut, num_layers, num_stages)
     max_positions = getattr(model.config, "n_positions", None) or getattr(
         model.config, "max_position_embeddings", None)
