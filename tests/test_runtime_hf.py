@@ -182,3 +182,26 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
         rank = json.loads((report / f"rank{r}.json").read_text())
         assert rank["measured_peak"] == rank["predicted_peak_real_mw"], rank
     assert _relative_error(out, _reference(folder, ids)) <= 1e-4
+
+
+def test_cut_checked_against_the_whole_model(tmp_path: Path) -> None:
+    """Gemma, Mistral (sliding window shorter than the sequence) and Qwen3 build:
+    their stages compute the whole model's logits (checked at build); stages that
+    leave a layer out are refused by that check (ppdsl/runtime/hf.py)."""
+    from ppdsl.runtime.hf import HFOptions, check_cut, pipeline_model
+    from ppdsl.runtime.model import ModelError
+
+    small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    configs = {"gemma": transformers.GemmaConfig(**small, head_dim=8),
+               "mistral": transformers.MistralConfig(**small, sliding_window=4),
+               "qwen3": transformers.Qwen3Config(**small, head_dim=8)}
+    for name, config in configs.items():
+        config.save_pretrained(tmp_path / name)
+        model = pipeline_model(tmp_path / name, 2, HFOptions(seq_len=16))
+        assert model.cut == (0, 2), name
+    stages = [model.stage(0), model.stage(1)]
+    stages[1].layers = stages[1].layers[:1]
+    stages[1].layer_indices = stages[1].layer_indices[:1]
+    with pytest.raises(ModelError, match="do not compute the model's logits"):
+        check_cut(model.hf_model, stages)

@@ -465,6 +465,8 @@ def pipeline_model(directory: str | Path, num_stages: int,
         return HFStage(model, anatomy, range(starts[index], ends[index]), index == 0,
                        index == num_stages - 1)
 
+    check_cut(model, [stage(s) for s in range(num_stages)], seq_len=min(8, options.seq_len))
+
     def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if data is not None:
             whole = torch.from_numpy(batch_tokens(data, step, batch_size, seq_len))
