@@ -160,7 +160,8 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     tokens.npy --seq-len 8 --save-model OUT` (Qwen2 with a tied head, ZB-V at
     d=2) prints the cut, trains, and OUT loads with from_pretrained and equals
     the non-pipelined model trained on the documented batches (1e-4); each rank's
-    measured peak equals the prediction (docs/runtime.md)."""
+    measured peak equals the prediction; with --checkpoint-dir each checkpoint
+    holds the model too, the last one equal to OUT (docs/runtime.md)."""
     import json
     import subprocess
     import sys
@@ -173,7 +174,8 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
         [sys.executable, "-m", "ppdsl", "run", "examples/zb_v.pp", "-D", "d=2", "-D", f"m={M}",
          "--model", f"hf:{folder}", "--data", str(tmp_path / "tokens.npy"), "--seq-len", str(SEQ),
          "--batch-size", str(BATCH), "--steps", str(STEPS), "--optimizer", "sgd", "--lr", str(LR),
-         "--momentum", "0.9", "--save-model", str(out), "--json", str(report)],
+         "--momentum", "0.9", "--save-model", str(out), "--json", str(report),
+         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cut (first decoder layer of each stage): 0,1,2,3" in proc.stdout, proc.stdout
@@ -181,7 +183,12 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     for r in range(2):
         rank = json.loads((report / f"rank{r}.json").read_text())
         assert rank["measured_peak"] == rank["predicted_peak_real_mw"], rank
-    assert _relative_error(out, _reference(folder, ids)) <= 1e-4
+    reference = _reference(folder, ids)
+    assert _relative_error(out, reference) <= 1e-4
+    # each checkpoint carries the model as transformers writes it: the last one is OUT's
+    final = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert _relative_error(tmp_path / "ck" / "step-00000003" / "hf", final.state_dict()) == 0.0
+    assert _relative_error(tmp_path / "ck" / "step-00000002" / "hf", reference) > 1e-4
 
 
 def test_cut_checked_against_the_whole_model(tmp_path: Path) -> None:
