@@ -163,37 +163,31 @@ def run(args: argparse.Namespace) -> ExitCode:
     out = output_file(args.output)
     costs_out = out.with_name(out.stem + ".costs.pp")
 
-    import torch
-
     from ppdsl.runtime.cut import (
         balanced_cut,
+        boundary_transfer_ms,
         describe,
-        profile_layers,
+        profile_folder,
         stage_profile,
         stage_timings,
     )
-    from ppdsl.runtime.hf import HFOptions, equal_cut, pipeline_model
+    from ppdsl.runtime.hf import equal_cut
     from ppdsl.runtime.model import ModelError
-    from ppdsl.runtime.profile import measure_transfer, to_costs_pp
+    from ppdsl.runtime.profile import to_costs_pp
     from ppdsl.search.progress import ProgressBar
 
     overrides = {"d": str(args.devices), "m": str(args.microbatches)}
     sources = {n: (_EXAMPLES / f"{n}.pp").read_text() for n in names}
     stage_counts = {n: _stage_count(sources[n], n, overrides) for n in names}
-    torch.set_num_threads(1)  # as a rank runs
     bar = ProgressBar(sys.stderr.isatty())
     try:
-        model = pipeline_model(args.model[len("hf:"):], 1, HFOptions(seq_len=args.seq_len))
-        layers = profile_layers(model, args.microbatch_size, torch.device("cpu"),
+        layers = profile_folder(args.model[len("hf:"):], args.seq_len, args.microbatch_size,
                                 warmup=args.warmup, repeats=args.repeats, progress=bar)
     except ModelError as exc:
         raise UsageError(str(exc)) from None
     finally:
         bar.close()
-    transfer_ms = None
-    if not args.no_transfer:
-        measured, _ = measure_transfer([layers.boundary_bytes], torch.device("cpu"))
-        transfer_ms = measured[0] if measured else None
+    transfer_ms = None if args.no_transfer else boundary_transfer_ms(layers)
     n = layers.num_layers
     command = "ppdsl " + " ".join(shlex.quote(a) for a in (getattr(args, "argv", None)
                                                              or sys.argv[1:]))
@@ -262,7 +256,7 @@ def _searched(args: argparse.Namespace, layers, transfer_ms: float | None, budge
               command: str) -> list[Candidate]:
     """What `ppdsl search` finds (parallel placement) under the balanced cut's
     costs and the budget, compiled back under those costs."""
-    from ppdsl.cli import main
+    from ppdsl.commands import search as search_command
     from ppdsl.runtime.cut import balanced_cut, stage_profile
     from ppdsl.runtime.profile import to_costs_pp
 
@@ -275,12 +269,20 @@ def _searched(args: argparse.Namespace, layers, transfer_ms: float | None, budge
     with tempfile.TemporaryDirectory(prefix="ppdsl-plan-") as tmp:
         costs, found = Path(tmp) / "costs.pp", Path(tmp) / "searched.pp"
         costs.write_text(text)
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = main(["search", "--devices", str(args.devices), "--microbatches",
-                         str(args.microbatches), "--memory", f"{budget / stage_units:.6f}",
-                         "--costs-from", str(costs), "--objective", "makespan",
-                         "--evaluations", str(SEARCH_EVALUATIONS), "-o", str(found)])
-        if code != 0 or not found.is_file():
+        parser = argparse.ArgumentParser(prog="ppdsl search")
+        search_command.add_arguments(parser)
+        options = parser.parse_args([
+            "--devices", str(args.devices), "--microbatches", str(args.microbatches),
+            "--memory", f"{budget / stage_units:.6f}", "--costs-from", str(costs),
+            "--objective", "makespan", "--evaluations", str(SEARCH_EVALUATIONS),
+            "-o", str(found)])
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                code = search_command.run(options)
+        except (UsageError, CompileError):  # nothing found within the budget
+            return []
+        if code != ExitCode.OK or not found.is_file():
             return []
         source = found.read_text()
     c = _evaluate("search", source, {}, text, cut, "balanced (ppdsl search)", unit)

@@ -189,7 +189,7 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     balanced` chosen here from a per-layer profile (one process, one thread, as a
     rank runs) and handed to the ranks as the list of stage starts. Returns what
     the manifest records of the model."""
-    from ppdsl.runtime.hf import HFOptions, pipeline_model, preflight
+    from ppdsl.runtime.hf import HFOptions, preflight
     from ppdsl.runtime.model import ModelError
 
     options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
@@ -198,19 +198,10 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     try:
         cut = preflight(directory, num_stages, options)
         if cut is None:
-            import torch
+            from ppdsl.runtime.cut import balanced_cut, describe, profile_folder
 
-            from ppdsl.runtime.cut import balanced_cut, describe, profile_layers
-
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                model = pipeline_model(directory, 1, HFOptions(seq_len=options.seq_len,
-                                                                seed=options.seed))
-                microbatch = max((args.batch_size or 0) // (2 * num_stages), 1)
-                layers = profile_layers(model, microbatch, torch.device("cpu"))
-            finally:
-                torch.set_num_threads(threads)
+            microbatch = max((args.batch_size or 0) // (2 * num_stages), 1)
+            layers = profile_folder(directory, options.seq_len, microbatch, seed=options.seed)
             cut = balanced_cut(layers, num_stages)
             print(f"ppdsl: balanced cut from a per-layer profile: {describe(cut, layers.num_layers)}",
                   file=sys.stderr)

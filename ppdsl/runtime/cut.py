@@ -26,10 +26,16 @@ import torch
 
 from ppdsl.runtime.hf import HFPipelineModel, HFStage, anatomy_of, parse_cut
 from ppdsl.runtime.model import ModelError
-from ppdsl.runtime.profile import Profile, StageProfile, StageTiming, measure_stage
+from ppdsl.runtime.profile import (
+    Profile,
+    StageProfile,
+    StageTiming,
+    measure_stage,
+    measure_transfer,
+)
 
 __all__ = ["LayerProfile", "profile_layers", "stage_timings", "balanced_cut", "stage_profile",
-           "choose_cut", "describe"]
+           "choose_cut", "describe", "profile_folder", "boundary_transfer_ms"]
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,31 @@ def stage_profile(profile: LayerProfile, cut: Sequence[int], model: str,
                    repeats=profile.repeats,
                    transfer_method="measured" if transfer_ms is not None else "not measured",
                    stages=stages, clock=profile.clock)
+
+
+def profile_folder(
+    directory: str, seq_len: int, microbatch_size: int, *, seed: int = 0, warmup: int = 3,
+    repeats: int = 10, progress: Callable[[str, float], None] | None = None,
+) -> LayerProfile:
+    """`profile_layers` of the model in `directory` on CPU with one torch thread,
+    as a rank of `ppdsl run` computes (the caller's thread count restored)."""
+    from ppdsl.runtime.hf import HFOptions, pipeline_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = pipeline_model(directory, 1, HFOptions(seq_len=seq_len, seed=seed))
+        return profile_layers(model, microbatch_size, torch.device("cpu"), warmup=warmup,
+                              repeats=repeats, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def boundary_transfer_ms(profile: LayerProfile) -> float | None:
+    """The time to move one microbatch's hidden state to another rank (gloo on
+    loopback, `ppdsl.runtime.profile.measure_transfer`)."""
+    measured, _ = measure_transfer([profile.boundary_bytes], torch.device("cpu"))
+    return measured[0] if measured else None
 
 
 def choose_cut(profile: LayerProfile, num_stages: int, cut: str) -> tuple[int, ...]:
