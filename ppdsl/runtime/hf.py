@@ -135,9 +135,14 @@ def _transformers() -> Any:
     return transformers
 
 
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
 def _has_weights(folder: Path) -> bool:
-    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")) or any(
-        folder.glob("*.safetensors.index.json"))
+    """Whether `save_pretrained` left weights in `folder` (a token file beside them
+    is no weight file)."""
+    return any((folder / name).is_file() for name in _WEIGHT_FILES)
 
 
 def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
@@ -385,6 +390,12 @@ def _layer_count(config: Any) -> int | None:
     return None
 
 
+def _vocab_size(config: dict[str, Any]) -> int | None:
+    """The vocabulary size a config.json states (at its top or in `text_config`)."""
+    value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(value) if isinstance(value, int) else None
+
+
 def preflight(directory: str | Path, num_stages: int,
               options: HFOptions) -> tuple[int, ...] | None:
     """What can be checked without building the model, before any process starts
@@ -422,7 +433,7 @@ def preflight(directory: str | Path, num_stages: int,
                          "positions (its config's max_position_embeddings / n_positions)")
     if options.data is not None:
         try:
-            open_tokens(options.data, options.seq_len, raw.get("vocab_size"), options.data_dtype)
+            open_tokens(options.data, options.seq_len, _vocab_size(raw), options.data_dtype)
         except DataError as exc:
             raise ModelError(str(exc)) from exc
     return cut
@@ -437,7 +448,7 @@ def pipeline_model(directory: str | Path, num_stages: int,
     options = options or HFOptions()
     where = f"--model {PREFIX}{directory}"
     raw = read_config(directory)
-    vocab = raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+    vocab = _vocab_size(raw)
     data = None
     if options.data is not None:
         try:
