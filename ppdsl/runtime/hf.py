@@ -532,17 +532,22 @@ def stage_tensors(stages: dict[int, Any]) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: Any, out: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy `tensors` (whole-model names, every parameter) into `model` and write
-    it with transformers' `save_pretrained` at `out` (a tied head is one tensor
-    there); `ModelError` when a parameter is missing."""
-    expected = {name for name, _ in model.named_parameters()}
+    """Write `tensors` (whole-model names, every parameter) as a transformers
+    checkpoint at `out`: a fresh model of `model`'s class and config (the
+    training one's modules may be sharded: FSDP2 turns their parameters into
+    DTensors) takes the values and `save_pretrained` writes it (a tied head is
+    one tensor there). The global RNG is left as it was. `ModelError` when a
+    parameter is missing."""
+    with torch.random.fork_rng(devices=[]):
+        fresh = type(model)(model.config)
+    expected = {name for name, _ in fresh.named_parameters()}
     missing = sorted(expected - set(tensors))
     if missing:
         raise ModelError(f"--save-model: no trained values for {', '.join(missing[:5])}")
     with torch.no_grad():
         for name, value in tensors.items():
-            model.get_parameter(name).copy_(value)
-    model.save_pretrained(out)
+            fresh.get_parameter(name).copy_(value)
+    fresh.save_pretrained(out)
 
 
 def _save_collective(model: Any, out: str | Path, stages: dict[int, nn.Module]) -> None:
