@@ -30,6 +30,7 @@ _COMMANDS = [
     ("run", "run"),
     ("profile", "profile"),
     ("search", "search"),
+    ("plan", "plan"),
     ("bound", "bound"),
     ("export", "export"),
     ("import", "import_csv"),

@@ -46,6 +46,10 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     commands = _command_lines()
     assert len(commands) >= 8, commands
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:  # the hf extra is not installed: its line cannot run
+        commands = [c for c in commands if " hf:" not in c]
     for line in commands:
         argv = shlex.split(line.split("  #", 1)[0])
         if argv[0] == "torchrun":  # on loopback, on a port of its own

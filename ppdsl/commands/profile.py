@@ -32,8 +32,18 @@ HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="FILE.py:FACTORY",
                         help="model factory, e.g. examples/models/tiny_gpt.py:stages")
-    parser.add_argument("--stages", type=int, required=True, metavar="N",
-                        help="cut the model into N stages (the schedule's S)")
+    parser.add_argument("--stages", type=int, default=None, metavar="N",
+                        help="cut the model into N stages (the schedule's S; needed unless "
+                        "--per-layer)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="with --model hf:DIR: measure each layer alone (embedding, every "
+                        "decoder layer, head); with --stages, the stages are the cut's (--cut) "
+                        "sums of their layers")
+    parser.add_argument("--cut", default="balanced", metavar="balanced|equal|0,5,11",
+                        help="with --per-layer --stages: where the stages start (default "
+                        "balanced: the slowest stage as fast as the layers allow)")
+    parser.add_argument("--seq-len", type=int, default=64, metavar="L",
+                        help="with --model hf:DIR: tokens per sample (default 64)")
     parser.add_argument("--microbatch-size", type=int, default=2, metavar="B",
                         help="samples per microbatch (default 2, what `ppdsl run` uses by default)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -67,6 +77,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     from ppdsl.runtime.profile import prepare_device, profile_model, to_costs_pp
     from ppdsl.search.progress import ProgressBar
 
+    if args.per_layer:
+        return _per_layer(args)
+    if args.stages is None:
+        raise UsageError("--stages N is needed (or --per-layer with --model hf:DIR)")
     if args.stages < 1:
         raise UsageError(f"--stages {args.stages}: need at least 1 stage")
     if args.microbatch_size < 1:
@@ -103,4 +117,55 @@ def run(args: argparse.Namespace) -> ExitCode:
         sys.stdout.write(profile.table())
     if args.output:
         print(f"wrote {args.output}; use it with --costs-from {args.output}", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _per_layer(args: argparse.Namespace) -> ExitCode:
+    """`--per-layer`: each layer of a `hf:DIR` model measured alone; with
+    `--stages`, the cut and its stages' costs (`-o` writes them)."""
+    from ppdsl.runtime.cut import choose_cut, describe, profile_layers, stage_profile
+    from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
+    from ppdsl.runtime.model import ModelError
+    from ppdsl.runtime.profile import prepare_device, to_costs_pp
+    from ppdsl.search.progress import ProgressBar
+
+    if not is_hf_spec(args.model):
+        raise UsageError("--per-layer is for --model hf:DIR (a transformers checkpoint folder)")
+    if args.stages is not None and args.stages < 1:
+        raise UsageError(f"--stages {args.stages}: need at least 1 stage")
+    if args.output and args.stages is None:
+        raise UsageError("-o with --per-layer needs --stages N (the costs file is per stage)")
+    if args.microbatch_size < 1 or args.seq_len < 1:
+        raise UsageError("--microbatch-size and --seq-len must be at least 1")
+    if args.output:
+        output_file(args.output)
+    device, error = prepare_device(args.device)
+    if error is not None:
+        raise UsageError(error)
+    bar = ProgressBar(args.progress or sys.stderr.isatty())
+    try:
+        model = pipeline_model(args.model[len(PREFIX):], 1, HFOptions(seq_len=args.seq_len))
+        layers = profile_layers(model, args.microbatch_size, device, warmup=args.warmup,
+                                repeats=args.repeats, progress=bar)
+        cut = (choose_cut(layers, args.stages, args.cut)
+               if args.stages is not None else None)
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(layers.to_json(cut), indent=2))
+    else:
+        sys.stdout.write(layers.table())
+        if cut is not None:
+            print(f"cut ({args.cut}) into {args.stages} stages: {describe(cut, layers.num_layers)}")
+            sys.stdout.write(layers.stage_table(cut))
+    if args.output and cut is not None:
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        command = "ppdsl " + " ".join(shlex.quote(a) for a in argv)
+        text = to_costs_pp(stage_profile(layers, cut, args.model, device=str(device)), command)
+        text = f"# cut: {','.join(map(str, cut))}\n" + text
+        write_output(args.output, text)
+        print(f"wrote {args.output}; use it with --costs-from {args.output} "
+              f"and --cut {','.join(map(str, cut))}", file=sys.stderr)
     return ExitCode.OK

@@ -7,6 +7,7 @@ compute share per rank. Exit status is that of the ranks (0 when all succeeded).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -161,6 +162,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     from ppdsl.runtime.devices import choose_device  # imports torch: only when running
 
+    model_record = None
+    if args.model.startswith("hf:"):
+        model_record = _check_hf_model(args, compiled.schedule.placement.num_model_stages)
+
     # Every rank runs on this machine: decide the device once, before torchrun starts.
     dp = args.dp or 1
     choice = choose_device(args.device, compiled.schedule.num_devices * dp,
@@ -182,7 +187,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         print("ppdsl run: note: --max-restarts without --checkpoint-dir: a restart trains "
               "again from step 1", file=sys.stderr)
     return launch(compiled, rank_args, args.output, dp=dp, dp_mode=args.dp_mode or "replicate",
-                  max_restarts=args.max_restarts)
+                  max_restarts=args.max_restarts, model_record=model_record)
 
 
 def _check_run_arguments(args: argparse.Namespace) -> None:
@@ -204,8 +209,37 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
     check_model_file(args.model)
 
 
+def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, object]:
+    """`--model hf:DIR` and its data, checked before torchrun starts; `--cut
+    balanced` chosen here from a per-layer profile (one process, one thread, as a
+    rank runs) and handed to the ranks as the list of stage starts. Returns what
+    the manifest records of the model."""
+    from ppdsl.runtime.hf import HFOptions, preflight
+    from ppdsl.runtime.model import ModelError
+
+    options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
+                        data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal")
+    directory = args.model[len("hf:"):]
+    try:
+        cut = preflight(directory, num_stages, options)
+        if cut is None:
+            from ppdsl.runtime.cut import balanced_cut, describe, profile_folder
+
+            microbatch = max((args.batch_size or 0) // (2 * num_stages), 1)
+            layers = profile_folder(directory, options.seq_len, microbatch, seed=options.seed)
+            cut = balanced_cut(layers, num_stages)
+            print(f"ppdsl: balanced cut from a per-layer profile: {describe(cut, layers.num_layers)}",
+                  file=sys.stderr)
+            args.cut = ",".join(map(str, cut))
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
+    return {"spec": args.model, "cut": list(cut), "cut_rule": options.cut
+            if options.cut in ("equal", "balanced") else "list"}
+
+
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
-           dp: int = 1, dp_mode: str = "replicate", max_restarts: int = 0) -> ExitCode:
+           dp: int = 1, dp_mode: str = "replicate", max_restarts: int = 0,
+           model_record: dict[str, object] | None = None) -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
     torchrun on this machine, `dp` replicas of the pipeline, restarting every rank
     up to `max_restarts` times after a failure; OK when every rank succeeded
@@ -221,6 +255,11 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
         out = Path(tmp.name)
     try:
         write(generate(compiled, dp, dp_mode), out)
+        if model_record is not None:  # the model and its cut, beside the schedule
+            manifest = out / "manifest.json"
+            data = json.loads(manifest.read_text())
+            data["model"] = model_record
+            manifest.write_text(json.dumps(data, indent=1) + "\n")
         cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices * dp, free_port(),
                                rank_args, max_restarts)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),

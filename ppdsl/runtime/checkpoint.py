@@ -378,13 +378,17 @@ class Checkpointer:
                                scheduler=self.scheduler, process_group=self.group)
         return int(done["step"]), found
 
-    def save(self, step: int, extra: Any = None) -> None:
+    def save(self, step: int, extra: Any = None, *, also: Any = None) -> None:
         """Save the state after `step` steps: the state is copied now, written in
         the background (or at once when not asynchronous). At most one save is in
-        flight: an earlier one is finished first."""
+        flight: an earlier one is finished first. `also(folder)`, when given, is
+        called (collectively, before the state is saved) to write more into the
+        checkpoint's folder, which appears with it."""
         self.wait()
         final = checkpoint_path(self.directory, step)
         partial = _partial_path(final)
+        if also is not None:
+            also(partial)
         state = _state(self.runner, self.optimizer, step=step, stepper=self.stepper,
                        scheduler=self.scheduler, extra=extra)
         if self.asynchronous:

@@ -74,6 +74,28 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
     ("--eval-batches", "eval_batches", {
         "type": int, "metavar": "K",
         "help": "evaluation batches per validation loss (default 1)"}, 1),
+    ("--data", "data", {
+        "metavar": "FILE",
+        "help": "with --model hf:DIR: a flat array of token ids (.npy, or raw .bin of uint16 as "
+                "nanoGPT writes); step k uses sequences k*B .. (k+1)*B-1 of L+1 consecutive "
+                "tokens from the file's start, wrapping at its end (default: synthetic tokens "
+                "from --seed)"}, None),
+    ("--data-dtype", "data_dtype", {
+        "choices": ["uint16", "uint32"],
+        "help": "element type of a raw .bin token file (default uint16)"}, "uint16"),
+    ("--seq-len", "seq_len", {
+        "type": int, "metavar": "L", "help": "with --model hf:DIR: tokens per sample (default 64)"},
+     64),
+    ("--cut", "cut", {
+        "metavar": "equal|balanced|0,5,11",
+        "help": "with --model hf:DIR: where the stages start: equal layer counts (default), "
+                "balanced from a per-layer profile, or each stage's first decoder layer"},
+     "equal"),
+    ("--save-model", "save_model", {
+        "metavar": "OUT",
+        "help": "with --model hf:DIR: write the trained weights to OUT as a transformers "
+                "checkpoint (AutoModelForCausalLM.from_pretrained(OUT) loads it) at the end, "
+                "and to CHECKPOINT/hf with each checkpoint"}, None),
     ("--resume", "resume", {
         "action": "store_true",
         "help": "require a checkpoint to continue from (with --checkpoint-dir a run resumes "
@@ -87,6 +109,9 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "help": "write checkpoints before the next step starts (default: in the background, "
                 "the state copied first)"}, False),
 ]
+
+
+_DEFAULTS = {dest: default for _, dest, _, default in _OPTIONS}
 
 
 def add_training_options(parser: argparse.ArgumentParser, *, forward: bool = False) -> None:
@@ -153,6 +178,13 @@ def check_training_options(args: argparse.Namespace) -> str | None:
         return f"--eval-every must be at least 1, not {given('eval_every')}"
     if given("eval_batches") is not None and given("eval_batches") < 1:
         return f"--eval-batches must be at least 1, not {given('eval_batches')}"
+    model = given("model") or ""
+    for dest, flag in (("data", "--data"), ("seq_len", "--seq-len"), ("cut", "--cut"),
+                       ("save_model", "--save-model")):
+        if given(dest) is not None and given(dest) != _DEFAULTS[dest] and not model.startswith("hf:"):
+            return f"{flag} is for --model hf:DIR (a transformers checkpoint folder)"
+    if given("seq_len") is not None and given("seq_len") < 1:
+        return f"--seq-len must be at least 1, not {given('seq_len')}"
     if given("resume") and not given("checkpoint_dir"):
         return "--resume needs --checkpoint-dir DIR (where the checkpoints are)"
     return None

@@ -54,6 +54,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
+from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.memory import DevicePeak
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
@@ -251,6 +252,15 @@ def main(
     return code
 
 
+def _build_model(opts: argparse.Namespace, num_stages: int) -> Any:
+    """The user's factory's model, or `--model hf:DIR` cut by `ppdsl.runtime.hf`."""
+    if not is_hf_spec(opts.model):
+        return build_model(opts.model, num_stages)
+    options = HFOptions(seq_len=opts.seq_len, seed=opts.seed, data=opts.data,
+                        data_dtype=opts.data_dtype, cut=opts.cut)
+    return pipeline_model(opts.model[len(PREFIX):], num_stages, options)
+
+
 def _startup_error(rank: int, error: str) -> int:
     if rank == 0:
         print(f"ppdsl: error: {error}", file=sys.stderr, flush=True)
@@ -381,7 +391,7 @@ def _run(
     torch.manual_seed(opts.seed)  # torch seeds its default generator at random otherwise
     random.seed(opts.seed)
     try:
-        model = build_model(opts.model, plan.num_model_stages)
+        model = _build_model(opts, plan.num_model_stages)
         if batch_size % (m * dp):
             raise ModelError(
                 f"--batch-size {batch_size} does not split into {m} microbatches"
@@ -423,6 +433,10 @@ def _run(
     first_step = 0
     last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
     checkpointer = None
+    # --save-model with checkpoints: each checkpoint also holds the model as a
+    # transformers checkpoint (its `hf` folder), written before it becomes visible
+    export = ((lambda where: model.save(where / "hf", runner.stages))
+              if opts.save_model else None)
     if opts.checkpoint_dir:
         checkpointer = Checkpointer(
             opts.checkpoint_dir, runner, optimizer, stepper=stepper, scheduler=scheduler,
@@ -460,6 +474,9 @@ def _run(
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
            if opts.clip_grad_norm is not None else ""),
     )
+    if getattr(model, "cut", None):
+        _say(rank, "ppdsl: cut (first decoder layer of each stage): "
+                   + ",".join(str(c) for c in model.cut))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
@@ -547,7 +564,7 @@ def _run(
         every = opts.checkpoint_every
         if checkpointer is not None and every and (step + 1) % every == 0:
             progress.at(f"saving the checkpoint of step {step + 1}")
-            checkpointer.save(step + 1)  # part of the step's time: what a save costs training
+            checkpointer.save(step + 1, also=export)  # in the step's time: what a save costs
             last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
@@ -577,8 +594,12 @@ def _run(
         report(pending)
     if checkpointer is not None:
         if last_saved != last_step:
-            checkpointer.save(last_step)
+            checkpointer.save(last_step, also=export)
         checkpointer.wait()
+    if opts.save_model:
+        model.save(opts.save_model, runner.stages)
+        _say(rank, f"ppdsl: saved the trained model to {opts.save_model} (transformers "
+                   "from_pretrained loads it)")
     outcomes = stepper.outcomes
     clipped = sum(o.clipped for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
