@@ -145,6 +145,7 @@ def test_cli_frontier_writes_json_svg_and_pp_files_the_same_in_two_processes(tmp
         (["--placement", "parallel,diagonal"], "unknown placement 'diagonal'"),
         (["-o", "x.pp"], "use --pp-dir DIR"),
         (["--levels", "0"], "--levels 0: must be >= 1"),
+        (["--time", "5"], "--time caps one search"),
     ],
 )
 def test_cli_frontier_bad_input_is_a_clear_usage_error(args, message, capsys):

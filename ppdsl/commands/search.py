@@ -244,6 +244,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.exact:
             wrong.append("--exact runs 60 units per search; with --frontier give --effort UNITS "
                          "per level")
+        if args.time is not None:
+            wrong.append("--time caps one search; a frontier's work is --evaluations and "
+                         "--effort per level")
         if args.levels < 1:
             wrong.append(f"--levels {args.levels}: must be >= 1")
         if args.dp < 1:
