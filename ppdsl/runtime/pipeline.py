@@ -603,7 +603,8 @@ class PipelineRunner:
                     for w in works:
                         w.wait()
                 else:
-                    buf = torch.empty_like(param)
+                    # row-major: a non-contiguous parameter's empty_like keeps its strides
+                    buf = torch.empty_like(param, memory_format=torch.contiguous_format)
                     dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=tag)
                     param.copy_(buf)
 
