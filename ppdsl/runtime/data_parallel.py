@@ -33,9 +33,10 @@ replica 0 after the step's last pass (`ppdsl.runtime.buffers`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ppdsl.runtime.buffers import broadcast_buffers
+from ppdsl.runtime.transport import backend_for
 
 __all__ = ["MODES", "DataParallel", "dp_pp_mesh", "local_tensor", "shard_stages"]
 
@@ -176,12 +178,39 @@ class DataParallel:
         }
         self._pending: list[_Reduction] = []
         self._gathers: dict[int, Any] = {}
-        self.wait_time = 0.0
-        """Seconds this rank spent waiting for its collectives (a gather not done
-        by its stage's first F, reductions not done after the last pass): the
-        exposed communication, summed over steps."""
+        self._waited = 0.0
+        self._stalls: list[tuple[Any, Any]] = []
+        # NCCL's wait blocks the stream, not the CPU: time it on the stream
+        self._stream_waits = backend_for(self.group, torch.device("cuda")) == "nccl" and any(
+            p.is_cuda for module in stages.values() for p in module.parameters())
         self.on_gather: list[Any] = []
         """Callbacks with a stage's gathered parameters (the memory meter's)."""
+
+    @property
+    def wait_time(self) -> float:
+        """Seconds this rank spent waiting for its collectives (a gather not done
+        by its stage's first F, reductions not done after the last pass): the
+        exposed communication, summed over steps. On CUDA a wait blocks the
+        stream, not the CPU: it is the stream's stall, by CUDA events."""
+        for start, end in self._stalls:
+            end.synchronize()
+            self._waited += start.elapsed_time(end) / 1e3
+        self._stalls.clear()
+        return self._waited
+
+    @contextlib.contextmanager
+    def _timed_wait(self) -> Iterator[None]:
+        if self._stream_waits:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._stalls.append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self._waited += time.perf_counter() - t0
 
     # -- the hooks -------------------------------------------------------------
 
@@ -208,9 +237,8 @@ class DataParallel:
         self._start_gather(stage)
         handle = self._gathers[stage]
         if handle is not None:
-            t0 = time.perf_counter()
-            handle.wait()
-            self.wait_time += time.perf_counter() - t0
+            with self._timed_wait():
+                handle.wait()
         at = self._gather_order.index(stage)
         if at + 1 < len(self._gather_order):
             self._start_gather(self._gather_order[at + 1])
@@ -272,12 +300,11 @@ class DataParallel:
         """After the last pass: wait for every reduction, average over the DP group
         and put the gradients in place (shard: on the shards, as DTensors)."""
         pending, self._pending = self._pending, []
-        t0 = time.perf_counter()
-        for r in pending:
-            r.work.wait()
-            if r.flags_work is not None:
-                r.flags_work.wait()
-        self.wait_time += time.perf_counter() - t0
+        with self._timed_wait():
+            for r in pending:
+                r.work.wait()
+                if r.flags_work is not None:
+                    r.flags_work.wait()
         for r in pending:
             r.buffer.div_(self.size)
             offset = 0

@@ -56,6 +56,7 @@ from ppdsl.runtime.structure import (
     split_microbatches,
     unflatten,
 )
+from ppdsl.runtime.transport import Transport, backend_for
 
 __all__ = [
     "CompiledPipeline",
@@ -168,6 +169,11 @@ class PipelineRunner:
     parameters shared between stages, each {stage: parameter name}: the runner
     makes those on one rank one Parameter, copies the lowest stage's values to the
     other owners at start, and sums their gradients after each step's passes.
+    `share_gpu`: the ranks share GPUs (fewer GPUs than ranks on a node; a
+    development mode: they time-slice the GPU): transfers are staged through
+    pinned host memory over gloo (`ppdsl.runtime.transport`); the group must have
+    a CPU backend. `transfer_mode` forces a transport mode ("tagged", "ordered",
+    "staged"; tests run the NCCL and staged paths on CPU tensors over gloo).
     Construction is collective over `group` (the ranks check they run the same
     schedule)."""
 
@@ -186,6 +192,8 @@ class PipelineRunner:
         note: Callable[[str], None] = _default_note,
         mesh: Any = None,
         dp_mode: str = "replicate",
+        share_gpu: bool = False,
+        transfer_mode: str | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("PipelineRunner needs torch.distributed initialised "
@@ -207,9 +215,15 @@ class PipelineRunner:
         """This process's rank in the pipeline (the schedule's rank it runs)."""
         world = dist.get_world_size(group)
         if device is None:
+            # by the backend serving CUDA tensors, not the group's name ("undefined"
+            # for a group made without one)
+            cuda = torch.device("cuda")
             device = torch.device("cuda", torch.cuda.current_device()) if (
-                torch.cuda.is_available() and dist.get_backend(group) == "nccl") else torch.device("cpu")
+                torch.cuda.is_available() and (share_gpu or backend_for(group, cuda) == "nccl")
+            ) else torch.device("cpu")
         self.device = torch.device(device)
+        self.transport = Transport(group, self.device, staged=share_gpu, mode=transfer_mode)
+        """How tensors move between this pipeline's ranks (`ppdsl.runtime.transport`)."""
         self.note = note
         self.tied = [dict(g) for g in tied]
         error = None
@@ -266,6 +280,7 @@ class PipelineRunner:
             self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
             self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
             release=release, autocast_dtype=autocast_dtype(precision), lanes=self.plan.lanes,
+            transport=self.transport,
         )
         self.hooks: Hooks = self.engine.hooks
         """Callbacks at a step's points (`ppdsl.runtime.engine.Hooks`)."""
@@ -595,18 +610,32 @@ class PipelineRunner:
 
     def _sync_tied_values(self) -> None:
         """The lowest owner's values go to the other owners (as DDP broadcasts)."""
+        timeout = self.engine.timeout
         for tag, param, ranks in self._tie_peers():
             with torch.no_grad():
                 if self.rank == ranks[0]:
-                    works: list[Any] = [dist.isend(param.detach().contiguous(), self._peer(r), group=self.group,
-                                        tag=tag) for r in ranks[1:]]
-                    for w in works:
-                        w.wait()
+                    sends, _ = self.transport.post(
+                        [(param.detach().contiguous(), self._peer(r), tag, r) for r in ranks[1:]], [])
+                    for pending in sends:
+                        pending.wait(timeout)
                 else:
-                    # row-major: a non-contiguous parameter's empty_like keeps its strides
-                    buf = torch.empty_like(param, memory_format=torch.contiguous_format)
-                    dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=tag)
-                    param.copy_(buf)
+                    _, recvs = self.transport.post(
+                        [], [(param.shape, param.dtype, self._peer(ranks[0]), tag, ranks[0])])
+                    param.copy_(recvs[0].wait(timeout))
+
+    def _swap(self, mine: torch.Tensor, ranks: Sequence[int], tag: int) -> dict[int, torch.Tensor]:
+        """Send `mine` to each pipeline rank in `ranks` and receive theirs, posted as
+        one batch, receives first: on NCCL an ungrouped send then receive with the
+        same peer deadlocks on both sides once the tensor outgrows its buffering
+        (a tied embedding's gradient). {rank: theirs}."""
+        sends, recvs = self.transport.post(
+            [(mine, self._peer(r), tag, r) for r in ranks],
+            [(mine.shape, mine.dtype, self._peer(r), tag, r) for r in ranks],
+        )
+        got = {r.what: r.wait(self.engine.timeout) for r in recvs}
+        for pending in sends:
+            pending.wait(self.engine.timeout)
+        return got
 
     def sync_tied_grads(self) -> None:
         """Sum each tied parameter's gradient over its owning ranks, in rank order
@@ -616,16 +645,7 @@ class PipelineRunner:
                 continue
             mine = param.grad if param.grad is not None else torch.zeros_like(param)
             mine = mine.contiguous()
-            works: list[Any] = []
-            bufs: dict[int, torch.Tensor] = {}
-            for r in ranks:
-                if r == self.rank:
-                    continue
-                works.append(dist.isend(mine, self._peer(r), group=self.group, tag=tag))
-                bufs[r] = torch.empty_like(mine)
-                works.append(dist.irecv(bufs[r], self._peer(r), group=self.group, tag=tag))
-            for w in works:
-                w.wait()
+            bufs = self._swap(mine, [r for r in ranks if r != self.rank], tag)
             total = None
             for r in ranks:
                 g = mine if r == self.rank else bufs[r]
