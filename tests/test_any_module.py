@@ -46,15 +46,17 @@ def _reference_losses(factory, num_stages: int, batch_size: int) -> list[float]:
 
 @pytest.mark.parametrize(
     ("schedule", "dp"),
-    [("1f1b", None), ("zb_v", None), ("dualpipe_v", None), ("zb_h1", "replicate"),
-     ("zb_h1", "shard")],
-    ids=["1f1b", "zb_v", "dualpipe_v", "zb_h1-dp2-replicate", "zb_h1-dp2-shard"],
+    [("1f1b", None), ("zb_v", None), ("dualpipe_v", None), ("dualpipe", None),
+     ("zb_h1", "replicate"), ("zb_h1", "shard"), ("dualpipe", "replicate")],
+    ids=["1f1b", "zb_v", "dualpipe_v", "dualpipe", "zb_h1-dp2-replicate", "zb_h1-dp2-shard",
+         "dualpipe-dp2-replicate"],
 )
 def test_scalar_parameter_trains_through_ppdsl_run(tmp_path: Path, schedule: str, dp: str | None) -> None:
     """A stage with a learned 0-dim parameter (`nn.Parameter(torch.tensor(0.7))`)
     completes `ppdsl run` (exit 0, no traceback) and its per-step losses equal a
-    non-pipelined SGD run's; with `--dp 2` (replicate, and shard where FSDP keeps
-    the scalar whole and it is all-reduced) the replicas end with equal parameters."""
+    non-pipelined SGD run's (DualPipe too, whose two copies of a stage sum their
+    gradients); with `--dp 2` (replicate, and shard where FSDP keeps the scalar
+    whole and it is all-reduced) the replicas end with equal parameters."""
     argv = [sys.executable, "-m", "ppdsl", "run", f"examples/{schedule}.pp", "-D", "d=2", "-D", "m=4",
             "--model", f"{ZOO}:scalar", "--steps", str(STEPS), "--optimizer", "sgd",
             "--lr", str(LR), "--json", str(tmp_path / "out")]
@@ -68,6 +70,8 @@ def test_scalar_parameter_trains_through_ppdsl_run(tmp_path: Path, schedule: str
     ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(world)]
     losses = [float.fromhex(v) for _, v in sorted(ranks[0]["losses"].items(), key=lambda kv: int(kv[0]))]
     num_stages = sum(len(r["stages"]) for r in ranks[:2])
+    if schedule == "dualpipe":  # two pipelines, each stage held twice
+        num_stages //= 2
     want = _reference_losses(zoo.scalar, num_stages, 2 * 4 * (2 if dp else 1))
     assert len(losses) == STEPS
     for got, ref in zip(losses, want, strict=True):
@@ -86,6 +90,19 @@ CONFIGS = {
     "dp2-replicate": ("zb_h1", {"d": "2"}, "replicate"),
     "dp2-shard": ("zb_h1", {"d": "2"}, "shard"),
 }
+# the scalar model also through every other single-pipeline example, and V-shape
+# placements under --dp 2 (DualPipe's two pipelines: test_scalar_parameter_trains_through_ppdsl_run)
+SCALAR_CONFIGS = {
+    **{name: (name, {"d": "4"}, None)
+       for name in ("gpipe", "interleaved_1f1b", "interleaved_zb", "looped_bfs", "v_half",
+                    "v_min", "v_zb", "zb_h2", "dualpipe_v")},
+    "zb_v-dp2-replicate": ("zb_v", {"d": "2"}, "replicate"),
+    "zb_v-dp2-shard": ("zb_v", {"d": "2"}, "shard"),
+    "v_half-dp2-shard": ("v_half", {"d": "2"}, "shard"),
+}
+# tied parameters are refused in shard mode (docs/runtime.md)
+CASES = [(model, config) for config in CONFIGS for model in zoo.ZOO
+         if (model, config) != ("tied", "dp2-shard")] + [("scalar", c) for c in SCALAR_CONFIGS]
 
 
 def _pickle(work: Path, name: str, defines: dict[str, str]) -> str:
@@ -106,17 +123,16 @@ def zoo_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     work = tmp_path_factory.mktemp("zoo")
     cases = []
-    for config, (name, defines, mode) in CONFIGS.items():
-        for model in zoo.ZOO:
-            case = {"id": f"{model}-{config}", "pickle": _pickle(work, name, defines), "model": model}
-            if mode:
-                case.update(dp=2, mode=mode)
-            cases.append(case)
+    for model, config in CASES:
+        name, defines, mode = {**CONFIGS, **SCALAR_CONFIGS}[config]
+        case = {"id": f"{model}-{config}", "pickle": _pickle(work, name, defines), "model": model}
+        if mode:
+            case.update(dp=2, mode=mode)
+        cases.append(case)
     return harness.run_cases(cases, 4, work, worker="zoo_worker.py")
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("model", zoo.ZOO)
+@pytest.mark.parametrize(("model", "config"), CASES, ids=[f"{m}-{c}" for m, c in CASES])
 def test_zoo_parameters_and_buffers_equal_a_plain_run(zoo_results: dict, model: str, config: str) -> None:
     """Each zoo model after 3 SGD-momentum steps through the pipeline has, on every
     rank, the parameters AND buffers (BatchNorm's statistics, counters, integer
@@ -133,8 +149,7 @@ def test_zoo_parameters_and_buffers_equal_a_plain_run(zoo_results: dict, model: 
     assert any(r["losses"][0] is not None for r in per_rank)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("model", zoo.ZOO)
+@pytest.mark.parametrize(("model", "config"), CASES, ids=[f"{m}-{c}" for m, c in CASES])
 def test_zoo_evaluate_equals_a_plain_evaluation(zoo_results: dict, model: str, config: str) -> None:
     """`runner.evaluate` (docs/runtime.md, "Evaluation"), before the first step and
     after the last, returns on the last stage's rank the loss of a non-pipelined
@@ -258,3 +273,30 @@ def test_forward_only_programs_are_proven_for_every_example(path: Path) -> None:
     sends = [t for p in programs for op in p.ops if isinstance(op, Exchange) for t in op.sends]
     recvs = [t for p in programs for op in p.ops if isinstance(op, Exchange) for t in op.recvs]
     assert sorted(map(str, sends)) == sorted(map(str, recvs)) and len(set(map(str, sends))) == len(sends)
+
+
+def test_resume_restores_buffers(tmp_path: Path) -> None:
+    """A BatchNorm model stopped after step 2 and resumed from its checkpoint
+    (docs/runtime.md, Checkpoints: buffers are saved with the weights) ends with
+    the uninterrupted run's parameter AND buffer bytes on every rank, and the same
+    losses and validation loss."""
+    common = [sys.executable, "-m", "ppdsl", "run", "examples/1f1b.pp", "-D", "d=2", "-D", "m=4",
+              "--model", f"{ZOO}:norms", "--steps", "4", "--optimizer", "sgd", "--momentum", "0.9",
+              "--eval-every", "4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    runs = {
+        "whole": ["--checkpoint-dir", str(tmp_path / "a"), "--json", str(tmp_path / "ja")],
+        "stopped": ["--checkpoint-dir", str(tmp_path / "b"), "--stop-after", "2"],
+        "resumed": ["--checkpoint-dir", str(tmp_path / "b"), "--resume", "--json", str(tmp_path / "jb")],
+    }
+    for name, extra in runs.items():
+        proc = subprocess.run(common + extra, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    for r in range(2):
+        whole = json.loads((tmp_path / "ja" / f"rank{r}.json").read_text())
+        resumed = json.loads((tmp_path / "jb" / f"rank{r}.json").read_text())
+        assert (whole["buffers_sha256"] is not None) == (r == 0)  # BatchNorm on stage 0 only
+        for key in ("parameters_sha256", "buffers_sha256", "eval_losses"):
+            assert resumed[key] == whole[key], (r, key)
+        assert {k: v for k, v in whole["losses"].items() if int(k) > 2} == resumed["losses"]

@@ -139,8 +139,10 @@ def simulated_makespan(
     split_backward: bool,
     costs: Costs,
     memory: MemoryModel,
+    lanes: int = 1,
 ) -> float:
-    """The simulator's makespan of these per-rank orders under `costs`."""
+    """The simulator's makespan of these per-rank orders under `costs` (`lanes`:
+    the placement's pipelines, 2 under DualPipe)."""
     from ppdsl.analysis.simulate import simulate
 
     schedule = Schedule(
@@ -148,7 +150,7 @@ def simulated_makespan(
         file="run",
         params=(),
         num_microbatches=num_microbatches,
-        placement=Placement("list", len(orders), stage_device),
+        placement=Placement("list", len(orders), stage_device, lanes),
         split_backward=split_backward,
         costs=costs,
         memory=memory,

@@ -695,7 +695,7 @@ def _predictions(
     if merged and len(in_use.forward) == plan.num_stages:
         run_costs = median_costs(merged, plan.num_stages, fallback)
         resimulated = simulated_makespan(plan.orders, plan.stage_device, plan.num_microbatches,
-                                         plan.split_backward, run_costs, plan.memory)
+                                         plan.split_backward, run_costs, plan.memory, lanes=plan.lanes)
     return {
         "median_step_time_ms": measured,
         "predicted_step_time_ms": plan.predicted_makespan if plan.costs_from else None,

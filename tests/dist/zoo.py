@@ -182,5 +182,31 @@ def passing(num_stages: int) -> PipelineModel:
                          _passing_batch)
 
 
-ZOO = ("scalar", "norms", "buffers", "shared", "dropout", "passing")
+class Ends(nn.Module):
+    """The first and the last stage: a learned scalar and a transposed (non-contiguous)
+    weight, both tied between the two (`tied`); stages between are Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(0.5))
+        self.w = nn.Parameter(torch.randn(FEATURES, FEATURES).t() / FEATURES ** 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.alpha * torch.tanh(x @ self.w)
+
+
+def _tied_stage(index: int, num_stages: int) -> nn.Module:
+    if index in (0, num_stages - 1):
+        return _seeded(0, Ends)  # the same values at both ends: tied ones start equal
+    return _seeded(index, lambda: nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Tanh()))
+
+
+def tied(num_stages: int) -> PipelineModel:
+    """A scalar and a non-contiguous weight tied between the first and last stage."""
+    return PipelineModel(num_stages, lambda i: _tied_stage(i, num_stages), _mse, _batch,
+                         tied=({0: "alpha", num_stages - 1: "alpha"}, {0: "w", num_stages - 1: "w"}),
+                         eval_batch=_eval_batch)
+
+
+ZOO = ("scalar", "norms", "buffers", "shared", "dropout", "passing", "tied")
 """Every factory of the zoo."""

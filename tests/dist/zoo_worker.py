@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from ppdsl.ir.schedule import PassKind  # noqa: E402
 from ppdsl.runtime.data_parallel import dp_pp_mesh  # noqa: E402
 from ppdsl.runtime.optim import make_optimizer  # noqa: E402
-from ppdsl.runtime.pipeline import PipelineRunner  # noqa: E402
+from ppdsl.runtime.pipeline import PipelineRunner, tie_parameters  # noqa: E402
 from ppdsl.runtime.structure import call_stage, split_microbatches  # noqa: E402
 from tests.dist import zoo  # noqa: E402
 from tests.dist.train_worker import _compiled, _rel  # noqa: E402
@@ -106,7 +106,8 @@ def reference(model: Any, plan: Any, dp: int, per_replica: int) -> dict:
     losses per step and replica."""
     num_stages, m = plan.num_stages, plan.num_microbatches
     stages = {s: model.stage(s) for s in range(num_stages)}
-    optimizer = _optimizer([p for s in range(num_stages) for p in stages[s].parameters()])
+    tie_parameters(stages, getattr(model, "tied", ()))
+    optimizer = _optimizer(list({id(p): p for st in stages.values() for p in st.parameters()}.values()))
     order = forward_order(plan)
     torch.manual_seed(SEED)
     start_rng = torch.get_rng_state()
@@ -168,7 +169,8 @@ def zoo_case(case: dict, rank: int) -> dict:
     per_replica = 4 * plan.num_microbatches  # BatchNorm on 4 samples, not 2
     model = getattr(zoo, case["model"])(plan.num_stages)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, mesh=mesh,
-                            dp_mode=case.get("mode", "replicate"), note=lambda text: None)
+                            dp_mode=case.get("mode", "replicate"), tied=getattr(model, "tied", ()),
+                            note=lambda text: None)
     optimizer = _optimizer(runner.parameters())
     rows = slice(replica * per_replica, (replica + 1) * per_replica)
 
