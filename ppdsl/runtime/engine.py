@@ -331,6 +331,14 @@ class Engine:
             if index in first_forward:
                 for before_stage in hooks.before_stage_forward:
                     before_stage(first_forward[index])
+            arriving = self._arriving_for(op.pass_)
+            if arriving is not None:  # its receive, waited for here: not the pass's time
+                if tracer is None:
+                    self._receive(arriving)
+                else:
+                    tracer.begin()
+                    self._receive(arriving)
+                    tracer.end("wait", "exchange", {"recvs": [str(arriving)]}, None)
             if tracer is not None:
                 tracer.begin()
             if cuda:  # the GPU's time, read at the step's end
@@ -488,6 +496,22 @@ class Engine:
             self._inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
             self._outbox[(kind, mb, src)] = [v.contiguous() for v in value]
+
+    def _arriving_for(self, p: Any) -> tuple[TransferKind, int, int] | None:
+        """The pending receive pass `p` takes, if any: F's activation, B's or BW's
+        gradient."""
+        if p.kind is PassKind.F:
+            key = (TransferKind.ACT, p.microbatch, p.stage)
+        elif p.kind in (PassKind.B, PassKind.BW):
+            key = (TransferKind.GRAD, p.microbatch, p.stage)
+        else:
+            return None
+        return key if key in self._arriving else None
+
+    def _receive(self, key: tuple[TransferKind, int, int]) -> None:
+        """Wait for a pending receive; its tensors go to the inbox."""
+        t, pending = self._arriving.pop(key)
+        self._inbox[key] = [self._wait(r, t) for r in pending]
 
     def _take(self, kind: TransferKind, mb: int, stage: int) -> list[torch.Tensor]:
         """The value handed over locally, else the received one: its receives are
