@@ -12,13 +12,14 @@ import numpy as np
 
 from ppdsl.analysis.checks import check_schedule, deadlock, expectations
 from ppdsl.analysis.executor import run_orders
-from ppdsl.analysis.simulate import simulate, simulate_reference
+from ppdsl.analysis.simulate import simulate
 from ppdsl.diagnostics import Span
 from ppdsl.ir import flat as flat_ir
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
 from ppdsl.lowering.lower import lower_arrays
 from ppdsl.semantics import NEED_KIND, NEED_OPTIONAL, NEED_STAGE_OFFSET, NUM_KINDS
+from tests.oracles.simulate import simulate_reference
 
 _F, _B, _W = PassKind.F, PassKind.B, PassKind.W
 _SPAN = Span("bench.pp", 1, 1, 1, 1)

@@ -27,9 +27,10 @@ from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import RankArrays, RankProgram
-from ppdsl.ir.schedule import Schedule
+from ppdsl.ir.schedule import PassOrder, Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
+from ppdsl.semantics import PassKind
 
 if TYPE_CHECKING:
     from ppdsl.backend.codegen import GeneratedFiles
@@ -39,6 +40,7 @@ __all__ = [
     "compile_source",
     "compile_file",
     "compile_schedule",
+    "compile_forward",
     "generate",
     "GeneratedFiles",
 ]
@@ -109,6 +111,18 @@ def compile_schedule(
     if warn_unbounded:
         found += memory.missing_bound(schedule)
     return Compiled(schedule, programs, timeline, tuple(found))
+
+
+def compile_forward(schedule: Schedule) -> RankArrays:
+    """The evaluation programs of a schedule: each device's F passes in their
+    order (no B, W or R), lowered with early receives and proven deadlock-free
+    like any schedule (a deadlock raises CompileError with its cycle of waits)."""
+    forward = replace(schedule, orders=tuple(
+        PassOrder.of([p for p in order if p.kind is PassKind.F]) for order in schedule.orders
+    ), expects=(), block=None)
+    programs = pull_receives_forward(lower_arrays(forward))
+    _raise_errors(deadlock.check(forward, programs))
+    return programs
 
 
 def compile_source(

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TextIO
 
 __all__ = [
     "Span",
@@ -92,7 +92,7 @@ def source_text(file: str) -> str | None:
 _COLORS = {"error": "\x1b[1;31m", "warning": "\x1b[1;35m", "note": "\x1b[1;36m"}
 
 
-def _use_color(stream) -> bool:
+def _use_color(stream: TextIO) -> bool:
     if os.environ.get("NO_COLOR"):
         return False
     return hasattr(stream, "isatty") and stream.isatty()
@@ -140,7 +140,7 @@ def render(diagnostic: Diagnostic, color: bool = False) -> str:
     return "\n".join(out)
 
 
-def render_all(diagnostics: Iterable[Diagnostic], stream=None) -> str:
+def render_all(diagnostics: Iterable[Diagnostic], stream: TextIO | None = None) -> str:
     """Render sorted diagnostics; colour only on a terminal and without NO_COLOR."""
     stream = stream if stream is not None else sys.stderr
     color = _use_color(stream)

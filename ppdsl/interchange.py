@@ -42,9 +42,9 @@ from ppdsl.ir.schedule import (
     PassKind,
     Placement,
     Schedule,
-    torch_action,
+    torch_actions,
 )
-from ppdsl.semantics import DEFAULT_KEPT_INPUT, KINDS, read_placement
+from ppdsl.semantics import DEFAULT_KEPT_INPUT, parse_torch_action, read_placement
 
 __all__ = [
     "to_torch_actions",
@@ -55,8 +55,6 @@ __all__ = [
     "to_pp",
 ]
 
-_LETTER_KIND = {k.torch_letter: k for k in KINDS}
-_ACTION = re.compile(r"(\d+)([FIWBR])(\d+)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 
@@ -66,12 +64,16 @@ def to_torch_actions(schedule: Schedule) -> list[list[str]]:
     overlapped pair is torch's `(0F3;7I1)OVERLAP_F_B`."""
     rows = []
     for order in schedule.orders:
+        actions = torch_actions(order)
+        if order.overlapped is None:
+            rows.append(actions)
+            continue
         row: list[str] = []
-        for p in order:
-            if p.overlapped and row:
-                row[-1] = f"({row[-1]};{torch_action(p)})OVERLAP_F_B"
+        for action, overlapped in zip(actions, order.overlapped.tolist(), strict=True):
+            if overlapped and row:
+                row[-1] = f"({row[-1]};{action})OVERLAP_F_B"
             else:
-                row.append(torch_action(p))
+                row.append(action)
         rows.append(row)
     return rows
 
@@ -120,26 +122,18 @@ def _cells(line: str) -> list[tuple[int, str]]:
     return cells
 
 
-_MAX_INDEX_DIGITS = 7
-
-
 def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[PassKind, int, int]]:
     overlap = _OVERLAP.fullmatch(text)
     parts = [p.strip() for p in overlap.group(1).split(";")] if overlap else [text]
     actions = []
     for part in parts:
-        m = _ACTION.fullmatch(part)
-        if m:
-            stage, microbatch = m.group(1), m.group(3)
-            if len(stage) > _MAX_INDEX_DIGITS or len(microbatch) > _MAX_INDEX_DIGITS:
-                found.append(Diagnostic(
-                    "error",
-                    f"action {part!r}: a stage or microbatch index of more than "
-                    f"{_MAX_INDEX_DIGITS} digits; ppdsl handles at most a million of each",
-                    span,
-                ))
-                continue
-            actions.append((_LETTER_KIND[m.group(2)], int(microbatch), int(stage)))
+        try:
+            action = parse_torch_action(part)
+        except ValueError as e:
+            found.append(Diagnostic("error", f"action {part!r}: {e}", span))
+            continue
+        if action is not None:
+            actions.append(action)
             continue
         if _TORCH_NON_COMPUTE.fullmatch(part):
             # torch's compute_comms format: its own transfers and FSDP steps; ppdsl

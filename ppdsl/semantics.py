@@ -3,7 +3,9 @@
 - Pass kinds (`PassKind`): F forward, B input-gradient backward, W
   weight-gradient backward, BW fused backward (the zero-bubble paper's split),
   R recompute (activation checkpointing: a stage marked `recompute` keeps only
-  its input after F and re-runs its forward in R before its backward).
+  its input after F and re-runs its forward in R before its backward); their
+  letters in torch.distributed.pipelining's action strings (`0F1`), written by
+  `format_torch_actions` and read by `parse_torch_action` only.
 - The dependency relation (`NEEDS`): which pass of the same microbatch each pass
   waits for, at which stage offset, and which tensor (if any) travels along that
   edge. Its array form (`NEED_KIND`, `NEED_STAGE_OFFSET`, `NEED_TRANSFER`, made
@@ -14,7 +16,8 @@
 - Memory deltas (`MEMORY_COEFFICIENTS`, `RECOMPUTE_MEMORY_COEFFICIENTS`):
   each pass changes its device's activation memory by a combination of M_B and
   M_W (§2 of the zero-bubble paper), and on a recomputed stage of M_I (the
-  input its F keeps); `delta_table` scales them to exact integers for the kernels.
+  input its F keeps); `delta_table` scales them to exact integers for the kernels,
+  and `memory_peak` is a device's peak: their largest prefix sum over its order.
 - Placements (`PLACEMENTS`): stage -> device maps by name, and the spelling
   that gives a map back. A bidirectional placement (`LANES`: DualPipe) runs
   its stages as several pipelines ("lanes") of equal length: microbatch j
@@ -51,6 +54,9 @@ __all__ = [
     "PassKind",
     "KINDS",
     "NUM_KINDS",
+    "format_torch_actions",
+    "parse_torch_action",
+    "MAX_ACTION_INDEX_DIGITS",
     "pass_kinds",
     "backward_kinds",
     "need_arrays",
@@ -75,7 +81,7 @@ __all__ = [
     "memory_delta",
     "allocates_at_start",
     "delta_table",
-    "peak_of_deltas",
+    "memory_peak",
     "PLACEMENTS",
     "LANES",
     "placement_lanes",
@@ -145,6 +151,39 @@ _TORCH_LETTER = {
     PassKind.BW: "B",
     PassKind.R: "R",
 }
+
+
+MAX_ACTION_INDEX_DIGITS = 7
+"""The most digits a stage or microbatch index of an action string may have
+(ppdsl handles at most a million of each)."""
+_TORCH_ACTION = re.compile(r"(\d+)([" + "".join(_TORCH_LETTER.values()) + r"])(\d+)")
+_LETTER_KIND = {letter: kind for kind, letter in _TORCH_LETTER.items()}
+
+
+def format_torch_actions(
+    kinds: Iterable[int], microbatches: Iterable[int], stages: Iterable[int]
+) -> list[str]:
+    """torch.distributed.pipelining's action strings (stage, letter, microbatch:
+    ``0F1``, ``0I1``, ``0W1``, ``0B1``) of passes given as columns: kind codes,
+    microbatches, stages. The one formatter of action strings."""
+    letters = [_TORCH_LETTER[k] for k in KINDS]  # by code
+    return [f"{s}{letters[k]}{j}" for k, j, s in zip(kinds, microbatches, stages, strict=True)]
+
+
+def parse_torch_action(text: str) -> tuple[PassKind, int, int] | None:
+    """(kind, microbatch, stage) of a compute action string such as ``0F1``;
+    None for text that is not one. Raises ValueError for an index of more than
+    `MAX_ACTION_INDEX_DIGITS` digits. The one parser of action strings."""
+    found = _TORCH_ACTION.fullmatch(text)
+    if found is None:
+        return None
+    stage, letter, microbatch = found.groups()
+    if max(len(stage), len(microbatch)) > MAX_ACTION_INDEX_DIGITS:
+        raise ValueError(
+            f"a stage or microbatch index of more than {MAX_ACTION_INDEX_DIGITS} digits; "
+            "ppdsl handles at most a million of each"
+        )
+    return _LETTER_KIND[letter], int(microbatch), int(stage)
 
 
 def backward_kinds(split_backward: bool) -> tuple[PassKind, ...]:
@@ -390,14 +429,20 @@ def delta_table(
     return np.array(rows, dtype=dtype).reshape(NUM_KINDS, len(activation)), scale
 
 
-def peak_of_deltas(deltas: Iterable[Fraction]) -> Fraction:
-    """The largest prefix sum of a device's deltas in order (0 when memory never
-    rises): the device's peak activation memory."""
-    level, peak = Fraction(0), Fraction(0)
-    for delta in deltas:
-        level += delta
-        peak = max(peak, level)
-    return peak
+def memory_peak(
+    table: np.ndarray, scale: int, kind: np.ndarray, stage: np.ndarray
+) -> tuple[Fraction, int | None]:
+    """A device's peak activation memory: the largest prefix sum of its passes'
+    deltas in order (`table[kind, stage]`, a `delta_table` over its `scale`;
+    `kind` the passes' codes), and the index of the pass after which it is first
+    reached; (0, None) when memory never rises above 0. The one peak every
+    caller asks (the memory check, the simulator, the manifest's predictions)."""
+    if not len(kind):
+        return Fraction(0), None
+    levels = np.cumsum(table[kind, stage])  # exact: int64, or Python ints where it could overflow
+    k = int(np.argmax(levels))
+    peak = int(levels[k])
+    return (Fraction(peak, scale), k) if peak > 0 else (Fraction(0), None)
 
 
 # --- placements -------------------------------------------------------------------

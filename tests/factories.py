@@ -34,7 +34,7 @@ F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
 FILE = "orders.pp"
 
 
-# ZB-H1, p=4, m=8 (DESIGN.md's reference order)
+# ZB-H1, p=4, m=8 (docs/papers.md's reference order)
 ZB_H1 = """\
 F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
 F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7

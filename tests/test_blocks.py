@@ -113,7 +113,7 @@ def errors(schedule) -> list:
 
 
 def test_zb_h1_block_gives_the_papers_order():
-    """ZB-H1's unit block repeated 8 times on 4 devices is DESIGN.md's order, makespan 27."""
+    """ZB-H1's unit block repeated 8 times on 4 devices is docs/papers.md's order, makespan 27."""
     place, block = zb_h1_block(4)
     schedule = schedule_of(place, block, 8)
     assert rows_of(schedule) == ZB_H1

@@ -21,7 +21,7 @@ def _with_block(slots, period, d=4):
 
 
 def _one_f_one_b_block(d=4):
-    """1F1B's block (DESIGN.md): F[s] at s, BW[s] (2 units) at 3d - 2 - 2s, period 3."""
+    """1F1B's block (docs/papers.md's order): F[s] at s, BW[s] (2 units) at 3d - 2 - 2s, period 3."""
     slots = []
     for s in range(d):
         slots.append(block_slot(F, s, s, s, 1, 10 + 2 * s))

@@ -33,7 +33,7 @@ def test_one_f_one_b_does_not_deadlock():
 
 
 def test_zb_h1_does_not_deadlock():
-    """ZB-H1 (DESIGN.md's order) lowers to programs that run to the end."""
+    """ZB-H1 (docs/papers.md's order) lowers to programs that run to the end."""
     s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
     assert deadlock.check(s, lower(s)) == []
 

@@ -6,6 +6,9 @@ processes by a wrapper that patches torch.cuda before running launch.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -67,6 +70,23 @@ def test_run_device_cuda_with_too_few_gpus_is_usage_error(
     assert "needs one GPU per rank" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("requested", "gpus", "kind", "note"), [
+    ("auto", 1, "cuda", True), ("cuda", 1, "cuda", True), ("auto", 4, "cuda", False),
+    ("auto", 0, "cpu", False), ("cpu", 1, "cpu", False),
+])
+def test_share_gpu_lets_ranks_share(
+    monkeypatch: pytest.MonkeyPatch, requested: str, gpus: int, kind: str, note: bool
+) -> None:
+    """--share-gpu with fewer GPUs than local ranks trains on CUDA, and says it is a
+    development mode (ranks time-slice the GPU); with enough GPUs it changes
+    nothing; without a GPU it is CPU (the staged transfers still run)."""
+    _fake_gpus(monkeypatch, gpus)
+    choice = choose_device(requested, 4, share_gpu=True)
+    assert (choice.kind, choice.note is not None, choice.error) == (kind, note, None)
+    if note:
+        assert "development mode" in choice.note and "time-slice" in choice.note
+
+
 def test_run_auto_with_one_gpu_for_two_ranks_picks_cpu(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,3 +129,25 @@ def test_generated_launch_on_a_one_gpu_node(tmp_path: Path) -> None:
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     assert "1 GPU for 2 local ranks" in results[0].stderr
     assert "cpu (gloo)" in results[0].stdout
+
+
+@pytest.mark.distributed
+def test_run_share_gpu_trains_through_staged_transfers(tmp_path: Path) -> None:
+    """`ppdsl run --share-gpu` on a CPU machine: two real ranks train with their
+    transfers staged through host copies over gloo (the path ranks sharing a GPU
+    take), say so at start-up, and end with the parameters of the same run
+    without it (bit for bit: the staged copies change no value)."""
+    def run(*extra: str) -> str:
+        out = tmp_path / ("shared" if extra else "plain")
+        proc = subprocess.run(
+            [sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_h1.pp"),
+             "-D", "d=2", "-D", "m=4", "--model", MODEL, "--steps", "2", "--json", str(out),
+             "--timeout", "60", *extra],
+            capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        if extra:
+            assert "shared GPU: transfers staged through host memory" in proc.stdout
+        return " ".join(json.loads((out / f"rank{r}.json").read_text())["parameters_sha256"]
+                        for r in range(2))
+
+    assert run("--share-gpu") == run()

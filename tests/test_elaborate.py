@@ -25,7 +25,7 @@ schedule one_f_one_b {
 }
 """
 
-# DESIGN.md's 1F1B order, p=4, m=8
+# docs/papers.md's 1F1B order, p=4, m=8
 GOLDEN_1F1B = """\
   rank 0: F0 F1 F2 F3 BW0 F4 BW1 F5 BW2 F6 BW3 F7 BW4 BW5 BW6 BW7
   rank 1: F0 F1 F2 BW0 F3 BW1 F4 BW2 F5 BW3 F6 BW4 F7 BW5 BW6 BW7
@@ -46,7 +46,7 @@ def error_of(text: str, overrides: dict[str, str] | None = None):
 
 
 def test_one_f_one_b_order_matches_design_golden():
-    """1F1B written with interleave reproduces DESIGN.md's order for d=4 m=8 exactly."""
+    """1F1B written with interleave reproduces docs/papers.md's order for d=4 m=8 exactly."""
     text = format_schedule(build(ONE_F_ONE_B))
     assert text.endswith(GOLDEN_1F1B)
     assert "params d=4 m=8\n" in text
@@ -92,7 +92,7 @@ schedule zb_h1 {
 }
 """
 
-# DESIGN.md's ZB-H1 order, p=4, m=8
+# docs/papers.md's ZB-H1 order, p=4, m=8
 GOLDEN_ZB_H1 = """\
   rank 0: F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
   rank 1: F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
@@ -122,7 +122,7 @@ def test_gpipe_order():
 
 
 def test_looped_bfs_order_names_stages():
-    """DESIGN's looped BFS sketch: chunks in order, then reversed, stage named per pass."""
+    """Looped BFS (docs/papers.md): chunks in order, then reversed, stage named per pass."""
     schedule = build(LOOPED_BFS)
     assert schedule.placement.stage_device == (0, 1, 0, 1)
     text = format_schedule(schedule)
@@ -131,7 +131,7 @@ def test_looped_bfs_order_names_stages():
 
 
 def test_zb_h1_block_matches_design_golden():
-    """The ZB-H1 block of docs/language.md repeats into DESIGN.md's order."""
+    """The ZB-H1 block of docs/language.md repeats into docs/papers.md's order."""
     schedule = build(ZB_H1)
     assert format_schedule(schedule).endswith(GOLDEN_ZB_H1)
     block = schedule.block

@@ -66,6 +66,16 @@ def test_wheel_ships_grammar_and_templates(wheel: Path) -> None:
 
 
 @pytest.mark.slow
+def test_wheel_ships_every_module_and_py_typed(wheel: Path) -> None:
+    """Every module of the checkout's ppdsl/ is in the wheel (its packages are
+    found, not listed by hand), and so is the py.typed marker."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ppdsl").rglob("*.py")}
+    assert modules and modules <= names, sorted(modules - names)
+    assert "ppdsl/py.typed" in names
+
+
+@pytest.mark.slow
 def test_installed_wheel_checks_an_example(wheel: Path, tmp_path: Path) -> None:
     """The installed wheel's `ppdsl check`, run outside the checkout by the suite's own
     interpreter, imports the installed ppdsl (not the checkout) and accepts an example."""

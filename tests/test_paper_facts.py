@@ -1,4 +1,4 @@
-"""The papers' facts (DESIGN.md, "Reference facts from the papers"), reproduced
+"""The papers' facts (docs/papers.md), reproduced
 by the examples: golden orders, bubble and memory formulas on a (d, m) grid,
 the zero-bubble paper's profiled 1F1B bubble, and torch's orders where torch
 ships the same schedule."""
@@ -60,12 +60,12 @@ def device_bubbles(schedule: Schedule) -> list[float]:
 
 
 def test_one_f_one_b_order_is_the_papers():
-    """1F1B at p=4, m=8 is DESIGN.md's order, rank by rank."""
+    """1F1B at p=4, m=8 is docs/papers.md's order, rank by rank."""
     assert rank_rows(example("1f1b", d=4, m=8)) == ONE_F_ONE_B
 
 
 def test_zb_h1_order_is_the_papers():
-    """ZB-H1 at p=4, m=8 is DESIGN.md's order, makespan 27 at unit costs."""
+    """ZB-H1 at p=4, m=8 is docs/papers.md's order, makespan 27 at unit costs."""
     schedule = example("zb_h1", d=4, m=8)
     assert rank_rows(schedule) == ZB_H1
     assert simulate(schedule).makespan == 27

@@ -134,6 +134,31 @@ def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -
     assert all(0 < b < w for b, w in zip(found["b"], found["w"], strict=True)), found
 
 
+def test_precision_option_profiles_under_autocast(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--precision bf16` runs the forward and loss under autocast, as `ppdsl run
+    --precision bf16` trains, and the report says so: the stages' M_B (bf16
+    activations, the weight copies counted apart) is below fp32's; TF32 is
+    recorded (n/a on CPU)."""
+    found = {}
+    for precision in ("fp32", "bf16"):
+        code = main(["profile", "--model", TINY, "--stages", "2", "--json", "--no-transfer",
+                     "--warmup", "0", "--repeats", "1", "--precision", precision])
+        assert code == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["precision"] == precision and report["tf32"] == "n/a"
+        found[precision] = report["stages"]
+    for fp32, bf16 in zip(found["fp32"], found["bf16"], strict=True):
+        assert 0 < bf16["activation_bytes"] < fp32["activation_bytes"], (fp32, bf16)
+
+
+def test_collectives_of_a_cuda_run_without_a_gpu_each_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA profile's `--dp 2` on a one-GPU node cannot run NCCL (a GPU per
+    process): the gloo numbers it falls back to say NCCL's were not measured."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rows, method = measure_collectives([4096], 2, repeats=1, device=torch.device("cuda", 0))
+    assert len(rows) == 1 and "NOT measured" in method and "gloo" in method
+
+
 @pytest.mark.slow
 def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     """The zero-bubble paper's loop on tiny_gpt: `ppdsl profile --json -o` reports

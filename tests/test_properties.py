@@ -20,9 +20,10 @@ from factories import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.simulate import simulate_reference
 
 from ppdsl.analysis.checks import check_schedule, collisions, deadlock, dependencies, memory, passes
-from ppdsl.analysis.simulate import simulate, simulate_reference
+from ppdsl.analysis.simulate import simulate
 from ppdsl.ir.schedule import Expect, Schedule
 from ppdsl.lowering.lower import lower
 

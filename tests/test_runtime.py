@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ppdsl.backend.plan import Plan, plan_from_schedule, predicted_peak
-from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.ir.schedule import MemoryModel, Pass, PassKind, PassOrder
 from ppdsl.lowering.lower import lower
 from ppdsl.runtime import split_layers
 from ppdsl.runtime.model import ModelError, build_model, load_factory
@@ -25,8 +25,8 @@ TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 def test_predicted_peak_is_prefix_sum() -> None:
     """The memory model's peak of F F B W B W with M_B=1, M_W=1/2 is 2."""
     mem = MemoryModel((Fraction(1),), (Fraction(1, 2),))
-    order = [(PassKind.F, 0), (PassKind.F, 0), (PassKind.B, 0), (PassKind.W, 0),
-             (PassKind.B, 0), (PassKind.W, 0)]
+    kinds = [PassKind.F, PassKind.F, PassKind.B, PassKind.W, PassKind.B, PassKind.W]
+    order = PassOrder.of([Pass(k, j, 0) for k, j in zip(kinds, [0, 1, 0, 0, 1, 1], strict=True)])
     assert predicted_peak(order, mem) == 2
 
 

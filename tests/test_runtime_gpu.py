@@ -1,8 +1,8 @@
-"""The runtime on ONE GPU, in one process (skipped without CUDA): the B/W split
-splits under CUDA, whose autograd runs backward nodes on a device worker thread;
-what B keeps for W is the meter's M_W; profile, trace and device choice work
-there. Multi-rank runs are on gloo/CPU (tests/test_runtime_dist.py): one GPU
-cannot host two ranks."""
+"""The runtime on ONE GPU (skipped without CUDA): the B/W split splits under
+CUDA, whose autograd runs backward nodes on a device worker thread; what B keeps
+for W is the meter's M_W; profile, trace and device choice work there; several
+ranks share the GPU (`--share-gpu`, transfers staged through host memory), so
+multi-rank runs execute on CUDA too. `make gpu-check` runs these and more."""
 
 from __future__ import annotations
 
@@ -243,3 +243,32 @@ def test_data_parallel_modes_on_cuda_with_nccl() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["replicate"] <= 1e-5 and found["shard"] <= 1e-5, found
+
+
+def test_ranks_sharing_the_gpu_equal_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZB-H1 and ZB-V at d=2, both ranks on cuda:0 in a gloo group (transfers
+    staged through pinned host memory, docs/runtime.md, Devices): loss, gradients
+    and the parameters after 3 steps equal a one-process run (1e-5 relative)."""
+    from tests.dist import harness
+    from tests.dist.cases import build_cases
+
+    monkeypatch.setenv("PPDSL_TEST_BACKEND", "shared")
+    cases = build_cases(2, tmp_path, only=["zb_h1", "zb_v"])
+    results = harness.run_cases(cases, 2, tmp_path, timeout=300)
+    for case in cases:
+        for r in results[case["id"]]:
+            assert "error" not in r, r["error"] + r.get("traceback", "")
+            assert r["grad_rel_err"] <= 1e-5 and r["param_rel_err"] <= 1e-5, r
+
+
+def test_profile_times_by_cuda_events_and_records_precision() -> None:
+    """`ppdsl profile` on cuda:0 in bf16: the clock is CUDA events, the precision
+    and TF32 settings are recorded, and the bf16 M_B is below fp32's."""
+    from ppdsl.runtime.profile import profile_model
+
+    bf16 = profile_model(TINY, 2, 8, CUDA, warmup=1, repeats=3, transfer=False, precision="bf16")
+    fp32 = profile_model(TINY, 2, 8, CUDA, warmup=1, repeats=3, transfer=False)
+    assert bf16.clock == "cuda-events" and bf16.precision == "bf16" and "matmul" in bf16.tf32
+    for a, b in zip(bf16.stages, fp32.stages, strict=True):
+        assert 0 < a.timing.activation_bytes < b.timing.activation_bytes
+        assert a.timing.forward_ms > 0 and a.timing.weight_ms > 0

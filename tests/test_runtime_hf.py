@@ -187,8 +187,8 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     assert _relative_error(out, reference) <= 1e-4
     # each checkpoint carries the model as transformers writes it: the last one is OUT's
     final = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    assert _relative_error(tmp_path / "ck" / "step-00000003" / "hf", final.state_dict()) == 0.0
-    assert _relative_error(tmp_path / "ck" / "step-00000002" / "hf", reference) > 1e-4
+    assert _relative_error(tmp_path / "ck" / "hf-step-00000003", final.state_dict()) == 0.0
+    assert _relative_error(tmp_path / "ck" / "hf-step-00000002", reference) > 1e-4
 
 
 def test_cut_checked_against_the_whole_model(tmp_path: Path) -> None:

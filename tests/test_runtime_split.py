@@ -557,3 +557,69 @@ def test_bad_arguments_get_autograds_errors() -> None:
         backward_input(lin(x), None, x, WStash())
     with pytest.raises(ValueError, match="norms must be 'b' or 'w'"):
         backward_input(lin(x), torch.ones(2, 3), x, WStash(), norms="x")
+
+
+@pytest.mark.parametrize("norms", ["b", "w"])
+def test_w_records_no_graph_when_called_with_grad_mode_on(norms: str) -> None:
+    """W run outside ``torch.no_grad()`` (as the profile and the GPU memory test call
+    it) still records no graph: no weight gradient gets a ``grad_fn``, so nothing
+    of the stash stays reachable from ``.grad`` after W (docs/architecture.md,
+    `split`)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    x = torch.randn(4, 8, requires_grad=True)
+    y = net(x)
+    stash = WStash()
+    backward_input(y, torch.randn_like(y), x, stash, norms=norms)
+    del y
+    assert torch.is_grad_enabled()
+    stash.run()
+    for name, p in net.named_parameters():
+        assert p.grad is not None, name
+        assert p.grad.grad_fn is None and not p.grad.requires_grad, name
+
+
+def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under bf16 autocast nn.Linear layers (weight and bias cast on their way in)
+    are W's bulk linear group, not one Python call per node, and W's gradients
+    equal a fused backward's, in the parameters' fp32."""
+    import ppdsl.runtime.split as split_module
+
+    calls: list[int] = []
+    bulk = split_module._linears_weight_grads
+    monkeypatch.setattr(split_module, "_linears_weight_grads",
+                        lambda dys, *rest: calls.append(len(dys)) or bulk(dys, *rest))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 4))
+    reference = copy.deepcopy(net)
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = net(x)
+        y_ref = reference(x)
+    stash = WStash()
+    backward_input(y, torch.ones_like(y), x, stash)
+    stash.run()
+    assert calls == [3]
+    y_ref.backward(torch.ones_like(y_ref))
+    for (name, p), q in zip(net.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and p.grad.dtype == torch.float32, name
+        assert torch.equal(p.grad, q.grad), name
+
+
+# dynamo, tracing the compiled region, reads a non-leaf's .grad and warns (torch's own)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_compiled_regions_are_named_and_pieces_between_linears_split() -> None:
+    """A torch.compile'd block is one autograd node: its parameters are named as
+    not split, with what to do (docs/runtime.md, Limits); compiling only what lies
+    between the linears keeps every linear split."""
+    torch.manual_seed(0)
+    whole = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)),
+                          backend="aot_eager")
+    names = uncovered_parameters(whole, torch.randn(4, 8))
+    assert len(names) == 4 and all("torch.compile region" in n for n in names), names
+    pieces = nn.Sequential(nn.Linear(8, 16), torch.compile(nn.GELU(), backend="aot_eager"),
+                           nn.Linear(16, 4))
+    assert uncovered_parameters(pieces, torch.randn(4, 8)) == []
+    grads, after_b, reference = _split_then_fused(pieces, torch.randn(4, 8))
+    assert after_b == []
+    _assert_same_grads(grads, reference)

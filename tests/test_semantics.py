@@ -90,7 +90,36 @@ def test_memory_deltas_and_table():
     assert scale == 12 and table.dtype == np.int64
     assert [Fraction(int(x), scale) for x in table[:, 1]] == [deltas[k] for k in KINDS]
     assert semantics.allocates_at_start(F) and not semantics.allocates_at_start(W)
-    assert semantics.peak_of_deltas([1, 1, -1, 2, -3]) == 3
+
+
+def test_memory_peak_is_the_largest_prefix_sum():
+    """`memory_peak`: the largest prefix sum over the scale and where it is first
+    reached, exact past int64 (a table of Python ints), (0, None) when memory
+    never rises."""
+    kind, stage = np.zeros(5, dtype=np.int8), np.arange(5)
+    for dtype in (np.int64, object):
+        table = np.array([[2, 2, -2, 4, -6]], dtype=dtype)
+        assert semantics.memory_peak(table, 2, kind, stage) == (3, 3)
+    huge = np.array([[2**70, 2**70, -1]], dtype=object)
+    assert semantics.memory_peak(huge, 1, kind[:3], stage[:3]) == (2**71, 1)
+    falling = np.array([[-1, 1]], dtype=np.int64)
+    assert semantics.memory_peak(falling, 1, kind[:2], stage[:2]) == (0, None)
+    assert semantics.memory_peak(falling, 1, kind[:0], stage[:0]) == (0, None)
+
+
+def test_torch_action_strings_round_trip():
+    """`format_torch_actions` writes torch's letters (B as I, BW as B) and
+    `parse_torch_action` reads each back; other text is None, an over-long index
+    a ValueError."""
+    codes = [k.code for k in KINDS]
+    texts = semantics.format_torch_actions(codes, range(10, 15), range(5))
+    assert texts == ["0F10", "1I11", "2W12", "3B13", "4R14"]
+    assert [semantics.parse_torch_action(t) for t in texts] == [
+        (k, 10 + i, i) for i, k in enumerate(KINDS)]
+    for other in ("0X1", "F1", "0F", "0F1 ", "1RESHARD", ""):
+        assert semantics.parse_torch_action(other) is None, other
+    with pytest.raises(ValueError, match="more than 7 digits"):
+        semantics.parse_torch_action("0F12345678")
 
 
 def test_recomputed_memory_deltas():

@@ -18,8 +18,9 @@ from factories import (
     schedules,
 )
 from hypothesis import given, settings
+from oracles.simulate import simulate_reference
 
-from ppdsl.analysis.simulate import SimulationError, simulate, simulate_reference
+from ppdsl.analysis.simulate import SimulationError, simulate
 from ppdsl.ir.schedule import Costs
 
 
@@ -43,7 +44,7 @@ def test_one_f_one_b_unit_costs():
 
 
 def test_zb_h1_makespan_27():
-    """ZB-H1, p=4, m=8, unit costs (DESIGN.md's order): makespan 27."""
+    """ZB-H1, p=4, m=8, unit costs (docs/papers.md's order): makespan 27."""
     s = make_schedule(placement("parallel", 4), 8, parse_rows(ZB_H1))
     t = simulate(s)
     assert t.makespan == 27.0

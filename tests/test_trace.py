@@ -57,13 +57,20 @@ def test_simulated_makespan_of_measured_pass_times() -> None:
     assert PassKind.BW.value == "BW"
 
 
+# The makespans at d=2, m=4 under F=10, B=10, W=5 (BW=15), comm 0, in closed
+# form (the zero-bubble paper's §3.1, whose ZB-H1 docs/language.md writes out):
+# 1F1B runs m + d - 1 steps of F + B + W; ZB-H1 m of them, plus d - 1 of F + B - W.
+CLOSED_FORM_MS = {"1f1b": (4 + 2 - 1) * 25.0, "zb_h1": 4 * 25.0 + (2 - 1) * (10 + 10 - 5)}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("stem", ["1f1b", "zb_h1"])
 def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
     """`ppdsl run --trace --costs-from` on sleepy stages, d=2: the trace holds, per
     rank and step, exactly the rank's passes in the compiled order, each lasting at
-    least its sleep; the summary's prediction is the simulated makespan under the
-    costs file, and the measured step time is within a loose sanity bound of it."""
+    least its sleep; the summary's prediction is the schedule's closed-form
+    makespan under the costs file (125 ms, 115 ms), and the measured step time is
+    at least it and well below running the ranks one after another."""
     costs = tmp_path / "sleepy.pp"
     costs.write_text(
         "schedule sleepy {\n    let profiled_stages = 2\n    cost F = 10\n    cost B = 10\n"
@@ -98,6 +105,8 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
                 sleep = SLEEP["B"] + SLEEP["W"] if e["cat"] == "BW" else SLEEP[e["cat"]]
                 assert e["dur"] >= sleep * 1e3 and e["ts"] >= 0, e
     result = json.loads((json_dir / "rank0.json").read_text())
-    assert result["predicted_step_time_ms"] == pytest.approx(compiled.timeline.makespan)
+    assert result["predicted_step_time_ms"] == pytest.approx(CLOSED_FORM_MS[stem])
     ratio = result["median_step_time_ms"] / result["predicted_step_time_ms"]
-    assert 0.95 <= ratio <= 1.3, ratio
+    # sleeps cannot finish early; the ranks one after another would take
+    # 2 x 4 x 25 = 200 ms (ratio 1.6 and 1.74): a loose bound, the cores are shared
+    assert 0.95 <= ratio <= 1.5, ratio

@@ -68,6 +68,13 @@ def _cases(work: Path) -> list[dict]:
         add(f"tied-{name}", "train", name, model="tiny:stages_tied", validation="post",
             max_norm=0.5)
         add(f"structured-{name}", "train", name, model="test:structured")
+    # the NCCL-style ordered transport and the shared-GPU staged one, on CPU tensors
+    for transfer in ("ordered", "staged"):
+        for name in ("zb_h1", "zb_v"):
+            add(f"{transfer}-{name}", "train", name, transfer=transfer)
+        add(f"{transfer}-tied-rendezvous-zb_h1", "train", "zb_h1", model="tiny:stages_tied",
+            transfer=transfer, standin="rendezvous")
+    add("ordered-delayed-1f1b", "train", "1f1b", transfer="ordered", standin="delayed")
     return cases
 
 
@@ -192,3 +199,34 @@ def test_tensors_between_stages(results: dict, name: str) -> None:
     and a gate only the last stage uses (it passes through ZB-V's middle stages):
     loss, gradients and parameters equal the single-process run."""
     _fp32_equal(_case(results, f"structured-{name}"))
+
+
+@pytest.mark.parametrize("transfer", ["ordered", "staged"])
+@pytest.mark.parametrize("name", ["zb_h1", "zb_v"])
+def test_transports_train_as_single_process(results: dict, transfer: str, name: str) -> None:
+    """The NCCL-style ordered transport (one batch per exchange) and the shared-GPU
+    staged one (host copies over gloo, docs/runtime.md), both forced on CPU
+    tensors: loss, gradients and parameters equal the single-process run."""
+    _fp32_equal(_case(results, f"{transfer}-{name}"))
+
+
+@pytest.mark.parametrize("transfer", ["ordered", "staged"])
+def test_tied_gradient_sync_survives_blocking_sends(results: dict, transfer: str) -> None:
+    """With sends that block until the peer's receive is posted (NCCL for a tensor
+    past its buffering), the tied embedding's gradient sync does not deadlock (its
+    sends and receives are posted as one batch, receives first) and training
+    equals the single-process run."""
+    per_rank = _case(results, f"{transfer}-tied-rendezvous-zb_h1")
+    _fp32_equal(per_rank)
+    assert all(r["tied_bitwise_equal"] for r in per_rank if "tied_bitwise_equal" in r)
+
+
+def test_no_exchange_waits_on_its_sends(results: dict) -> None:
+    """Under the ordered (NCCL) transport with sends whose completion is delayed,
+    no send is waited for before its rank's passes of the step have ended: a
+    send completes lazily (docs/runtime.md), it never stalls the passes after it."""
+    per_rank = _case(results, "ordered-delayed-1f1b")
+    _fp32_equal(per_rank)
+    for r in per_rank:
+        assert r["send_waits"], r  # the stand-in saw the sends
+        assert set(r["send_waits"]) <= set(r["step_ends"]), r

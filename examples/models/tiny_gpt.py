@@ -131,11 +131,14 @@ def _model(num_stages: int, seq: int, explicit_attention: bool, heads: int,
     def batch_of(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         return batch(step, batch_size, seq)
 
+    def eval_batch_of(index: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch(-1 - index, batch_size, seq)  # held out: no training step's seed
+
     ties: tuple[dict[int, str], ...] = ()
     if tied and num_stages > 1:
         ties = ({0: "0.tokens.weight", num_stages - 1: f"{len(groups[-1]) - 1}.out.weight"},)
     return PipelineModel(num_stages=num_stages, stage=stage, loss=loss, batch=batch_of,
-                         tokens_per_sample=seq, tied=ties)
+                         tokens_per_sample=seq, tied=ties, eval_batch=eval_batch_of)
 
 
 def stages(num_stages: int) -> PipelineModel:

@@ -3,17 +3,17 @@
 A device's memory after its k-th pass is the prefix sum of the memory deltas
 (`semantics.MEMORY_COEFFICIENTS`) over its order, so its peak is fixed by the
 order, whatever the timing. The sums are exact: the deltas are scaled to
-integers over their common denominator (`semantics.delta_table`).
+integers over their common denominator (`semantics.delta_table`); `semantics.memory_peak` is the one peak.
 """
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
-
-import numpy as np
 
 from ppdsl.ir.flat import flatten
 from ppdsl.ir.schedule import Schedule
+from ppdsl.semantics import memory_peak
 
 __all__ = ["peak_positions", "peak_memory"]
 
@@ -25,20 +25,10 @@ def peak_positions(schedule: Schedule) -> tuple[tuple[Fraction, int | None], ...
     mem = schedule.memory
     longest = max((len(o) for o in schedule.orders), default=0)
     table, scale = mem.delta_table(longest_order=longest)
-    found: list[tuple[Fraction, int | None]] = []
-    for dev in range(schedule.num_devices):
-        a, b = int(flat.offsets[dev]), int(flat.offsets[dev + 1])
-        if a == b:
-            found.append((Fraction(0), None))
-            continue
-        levels = np.cumsum(table[flat.kind[a:b], flat.stage[a:b]])  # per device: no whole-schedule array
-        k = int(np.argmax(levels))
-        peak = int(levels[k])
-        if peak <= 0:
-            found.append((Fraction(0), None))
-        else:
-            found.append((Fraction(peak, scale), k))
-    return tuple(found)
+    return tuple(
+        memory_peak(table, scale, flat.kind[a:b], flat.stage[a:b])  # per device: no whole-schedule array
+        for a, b in itertools.pairwise(flat.offsets.tolist())
+    )
 
 
 def peak_memory(schedule: Schedule) -> tuple[Fraction, ...]:

@@ -10,11 +10,10 @@ end a comment early), and the manifest is written with `json`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import lru_cache
-from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jinja2
 import numpy as np
@@ -23,15 +22,12 @@ from ppdsl import __version__, json_text
 from ppdsl._resources import templates_dir
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import (
-    Compute,
-    Exchange,
     RankArrays,
     RankProgram,
-    Transfer,
     TransferKind,
     entry_groups,
 )
-from ppdsl.ir.schedule import Pass, PassOrder, Schedule
+from ppdsl.ir.schedule import PassOrder, Schedule
 from ppdsl.semantics import KINDS
 
 __all__ = ["GeneratedFiles", "generate", "write"]
@@ -71,79 +67,22 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def _transfer(t: Transfer) -> str:
-    fn = t.kind.value  # the runtime's vocabulary: act(...), grad(...)
-    args = (t.microbatch, t.src_stage, t.dst_stage, t.src_rank, t.dst_rank)
-    return f"{fn}({', '.join(map(_int, args))})"
-
-
-_TRANSFER_CALLS = tuple(t.value for t in TransferKind)
-
-
-class _OpLine(NamedTuple):
-    """One line of a rank program's OPS (from op objects): its code and the
-    source line it comes from (`_ops_text` writes them)."""
-
-    code: str
-    where: str | None
-
-
-def _vocabulary(lines: list[_OpLine]) -> set[str]:
-    """The program vocabulary a rank's lines call."""
-    used = {op.code.split("(", 1)[0] for op in lines}
-    return used | {k for op in lines for k in _TRANSFER_CALLS if f"{k}(" in op.code}
-
-
 def _line(code: str, where: str | None) -> str:
     """One line of OPS: the op's call and, where known, its source line."""
     return f"    {code},  # {_comment(where)}\n" if where else f"    {code},\n"
 
 
-def _ops_text(lines: list[_OpLine]) -> str:
-    """The body of a rank program's OPS tuple (made here, not by the template:
-    700k lines at scale)."""
-    return "".join(_line(op.code, op.where) for op in lines)
-
-
-def _op_lines(program: RankProgram) -> tuple[list[_OpLine], set[str]]:
-    lines: list[_OpLine] = []
-    for op in program.ops:
-        if isinstance(op, Compute):
-            p = op.pass_
-            where = f"{p.span.file}:{p.span.line}" if p.span is not None else None
-            code = f"{p.kind.value}({_int(p.microbatch)}, {_int(p.stage)})"
-            lines.append(_OpLine(code, where))
-        elif isinstance(op, Exchange):
-            sends = "".join(_transfer(t) + ", " for t in op.sends)
-            recvs = "".join(_transfer(t) + ", " for t in op.recvs)
-            code = f"exchange(sends=({sends.rstrip(' ')}), recvs=({recvs.rstrip(' ')}))"
-            lines.append(_OpLine(code, None))
-        else:  # pragma: no cover - the IR has two op kinds
-            raise TypeError(f"codegen: unknown op {op!r}")
-    return lines, _vocabulary(lines)
-
-
-def _pass_columns(passes: Sequence[Pass]) -> PassOrder:
-    """The columns of `passes`, each microbatch and stage checked to be an int
-    where they are Pass objects (a `PassOrder` or a view with columns holds ints)."""
-    if not isinstance(passes, PassOrder) and getattr(passes, "columns", None) is None:
-        values = list(map(attrgetter("microbatch"), passes)) + list(map(attrgetter("stage"), passes))
-        if not set(map(type, values)) <= {int}:
-            for x in values:
-                _int(x)  # raises at the first that is not an int
-    return PassOrder.of(passes)
-
-
-def _ops_texts_of_arrays(programs: RankArrays) -> Iterator[tuple[str, set[str]]]:
-    """`_ops_text` and the vocabulary of every rank's `_op_lines`, from the
-    arrays (no op objects made), rank by rank: a rank's lines are made from its
-    slice of the arrays only."""
+def _ops_texts(programs: RankArrays) -> Iterator[tuple[str, set[str]]]:
+    """Per rank, the body of its program's OPS tuple (made here, not by the
+    template: 700k lines at scale) and the program vocabulary it calls, from
+    the arrays (no op objects made), rank by rank: a rank's lines are made from
+    its slice of the arrays only."""
     call = {t.code: t.value for t in TransferKind}
     first = entry_groups(programs)
     # an exchange's entries are its sends, then its receives
     sends_of = np.bincount(programs.where[programs.sending], minlength=programs.total)
     offsets = programs.offsets.tolist()
-    columns = _pass_columns(programs.passes)
+    columns = PassOrder.of(programs.passes)  # its ints checked where made of Pass objects
     letters = [k.value for k in KINDS]  # by code
     # a pass line's end, per span: its source line as a comment (`_line`)
     ends = [_line("", f"{span.file}:{span.line}")[4:] if span is not None else ",\n"
@@ -246,7 +185,8 @@ def generate(
     `ppdsl.analysis.simulate.Timeline`, adds the predicted busy shares and
     makespan; `costs_from` names the `--costs-from` file its costs came from;
     `dp`, `dp_mode`: the data-parallel replicas the launcher starts by default)."""
-    plan = plan_from_schedule(schedule, programs, timeline, costs_from)
+    arrays = programs if isinstance(programs, RankArrays) else RankArrays.of_programs(programs)
+    plan = plan_from_schedule(schedule, arrays, timeline, costs_from)
     env = _environment()
     common = {
         "version": __version__,
@@ -259,16 +199,7 @@ def generate(
 
     def render() -> Iterator[tuple[str, str]]:
         rank_template = env.get_template("rank.py.j2")
-        if isinstance(programs, RankArrays):
-            per_rank: Iterable[tuple[int, tuple[str, set[str]]]] = enumerate(
-                _ops_texts_of_arrays(programs)
-            )
-        else:
-            per_rank = (
-                (program.rank, (_ops_text(lines), used))
-                for program in programs
-                for lines, used in [_op_lines(program)]
-            )
+        per_rank = enumerate(_ops_texts(arrays))
         for rank, (ops, used) in per_rank:
             stages = ", ".join(_int(s) for s in schedule.placement.chunks(rank))
             yield f"rank{_int(rank)}.py", rank_template.render(
@@ -284,8 +215,7 @@ def generate(
         manifest["data_parallel"] = {"dp": dp, "mode": dp_mode}
         yield "manifest.json", json_text.dumps(manifest, 1) + "\n"
 
-    ranks = programs.num_ranks if isinstance(programs, RankArrays) else len(programs)
-    names = (*(f"rank{r}.py" for r in range(ranks)), "launch.py", "manifest.json")
+    names = (*(f"rank{r}.py" for r in range(arrays.num_ranks)), "launch.py", "manifest.json")
     return GeneratedFiles(names, render, plan)
 
 

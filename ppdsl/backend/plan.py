@@ -7,7 +7,7 @@ written by codegen and read by the runtime; plain Python, no torch.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
@@ -17,39 +17,41 @@ import numpy as np
 
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
-from ppdsl.ir.schedule import MemoryModel, Pass, PassOrder, Schedule, format_schedule, torch_actions
-from ppdsl.semantics import KINDS, PassKind, peak_of_deltas
+from ppdsl.ir.schedule import (
+    Costs,
+    MemoryModel,
+    Pass,
+    PassOrder,
+    Placement,
+    Schedule,
+    format_schedule,
+    torch_actions,
+)
+from ppdsl.semantics import KINDS, PassKind, memory_peak, parse_torch_action
 
 __all__ = ["Plan", "PassKeys", "plan_from_schedule", "fingerprint", "predicted_peak"]
 
 
 def predicted_peak(
-    order: Iterable[tuple[PassKind, int]],
+    order: PassOrder,
     memory: MemoryModel,
     table: tuple[np.ndarray, int] | None = None,
 ) -> Fraction:
-    """The memory model's peak for one device: the largest prefix sum of the
-    deltas of its passes (kind, stage) in order (exact: integer deltas over their
-    common denominator, `semantics.delta_table`; `table`: that table, made once
-    for every device of a plan, with `longest_order` their longest order)."""
-    order = list(order)
+    """The memory model's peak for one device's order (`semantics.memory_peak`;
+    `table`: its `delta_table`, made once for every device of a plan, with
+    `longest_order` their longest order)."""
     deltas, scale = table if table is not None else memory.delta_table(longest_order=len(order))
-    if deltas.dtype != np.int64 or not order:
-        return peak_of_deltas(memory.delta(kind, stage) for kind, stage in order)
-    codes = np.fromiter((k.code for k, _ in order), dtype=np.int64, count=len(order))
-    stages = np.fromiter((s for _, s in order), dtype=np.int64, count=len(order))
-    top = int(np.cumsum(deltas[codes, stages]).max())
-    return Fraction(max(top, 0), scale)
+    return memory_peak(deltas, scale, order.kind, order.stage)[0]
 
 
 class PassKeys(Sequence[tuple[PassKind, int, int]]):
     """A device's order as the plan holds it, (kind, microbatch, stage) per pass,
-    read from the schedule's passes when asked (a tuple per pass would be ~80
-    bytes each at a million passes). Equal to the tuple of those triples."""
+    read from its columns when asked (a tuple per pass would be ~80 bytes each
+    at a million passes). Equal to the tuple of those triples."""
 
     __slots__ = ("passes",)
 
-    def __init__(self, passes: Sequence[Pass]):
+    def __init__(self, passes: PassOrder):
         self.passes = passes
         """The device's passes."""
 
@@ -64,10 +66,8 @@ class PassKeys(Sequence[tuple[PassKind, int, int]]):
 
     def __iter__(self) -> Iterator[tuple[PassKind, int, int]]:
         passes = self.passes
-        if isinstance(passes, PassOrder):  # from the columns: no Pass made per pass
-            return zip(map(KINDS.__getitem__, passes.kind.tolist()), passes.microbatch.tolist(),
-                       passes.stage.tolist(), strict=True)
-        return ((p.kind, p.microbatch, p.stage) for p in passes)
+        return zip(map(KINDS.__getitem__, passes.kind.tolist()), passes.microbatch.tolist(),
+                   passes.stage.tolist(), strict=True)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PassKeys | tuple | list):
@@ -102,9 +102,9 @@ class Plan:
     num_microbatches: int
     split_backward: bool
     memory: MemoryModel
-    orders: tuple[Sequence[tuple[PassKind, int, int]], ...]
-    """Per rank: (kind, microbatch, stage) of each compute pass, in order (tuples
-    read from a manifest; `PassKeys` over the passes of a compiled schedule)."""
+    orders: tuple[PassKeys, ...]
+    """Per rank: (kind, microbatch, stage) of each compute pass, in order (over
+    the columns of a compiled schedule, or of the actions a manifest holds)."""
     fingerprint: str
     predicted_busy_share: tuple[float, ...] | None = None
     """Per rank: simulated busy time / makespan (None without a timeline)."""
@@ -147,24 +147,29 @@ class Plan:
         """Whether `stage` is the last of its lane (it computes the loss)."""
         return stage % self.num_model_stages == self.num_model_stages - 1
 
+    def forward_schedule(self) -> Schedule:
+        """The schedule of an evaluation step: each rank's F passes in their order,
+        under the same placement (`ppdsl.compiler.compile_forward` lowers it and
+        proves it deadlock-free)."""
+        ones = [1.0] * self.num_stages
+        return Schedule(
+            name=f"{self.name} (forward only)", file=self.file, params=tuple(self.params.items()),
+            num_microbatches=self.num_microbatches,
+            placement=Placement("list", self.num_devices, self.stage_device, self.lanes),
+            split_backward=self.split_backward, costs=Costs.of(ones, ones, ones), memory=self.memory,
+            orders=tuple(PassOrder.of([Pass(PassKind(k), j, s) for k, j, s in order
+                                       if PassKind(k) is PassKind.F])
+                         for order in self.orders),
+        )
+
     def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
-        return predicted_peak(((k, s) for k, _, s in self.orders[rank]), memory or self.memory)
+        return predicted_peak(self.orders[rank].passes, memory or self.memory)
 
     def predicted_peaks(self) -> list[Fraction]:
         """`predicted_peak` of every rank (one delta table for all)."""
         table = self.memory.delta_table(longest_order=max(map(len, self.orders), default=0))
-        deltas, scale = table
-        peaks = []
-        for order in self.orders:
-            passes = order.passes if isinstance(order, PassKeys) else None
-            if isinstance(passes, PassOrder) and deltas.dtype == np.int64 and len(passes):
-                # from the columns: no (kind, stage) pair made per pass
-                top = int(np.cumsum(deltas[passes.kind, passes.stage]).max())
-                peaks.append(Fraction(max(top, 0), scale))
-            else:
-                peaks.append(predicted_peak(((k, s) for k, _, s in order), self.memory, table))
-        return peaks
+        return [predicted_peak(order.passes, self.memory, table) for order in self.orders]
 
     def to_json(self, *, deferred: bool = False) -> dict[str, Any]:
         """The manifest's content. `deferred`: each rank's actions are a
@@ -201,14 +206,7 @@ class Plan:
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Plan:
-        letters = {k.torch_letter: k for k in KINDS}
-        orders = []
-        for actions in data["actions"]:
-            order = []
-            for a in actions:
-                i = next(j for j, c in enumerate(a) if not c.isdigit())
-                order.append((letters[a[i]], int(a[i + 1 :]), int(a[:i])))
-            orders.append(tuple(order))
+        orders = tuple(PassKeys(_order_of_actions(actions)) for actions in data["actions"])
         busy = data.get("predicted_busy_share")
         return Plan(
             name=data["schedule"],
@@ -222,7 +220,7 @@ class Plan:
                 tuple(Fraction(x) for x in data["memory"]["M_W"]),
                 tuple(None if x is None else Fraction(x) for x in data["memory"].get("M_I", ())),
             ),
-            orders=tuple(orders),
+            orders=orders,
             fingerprint=data["fingerprint"],
             predicted_busy_share=tuple(busy) if busy is not None else None,
             costs=data.get("costs"),
@@ -232,11 +230,23 @@ class Plan:
         )
 
 
-def _actions(order: Sequence[tuple[PassKind, int, int]]) -> list[str]:
+def _order_of_actions(actions: Sequence[str]) -> PassOrder:
+    """A rank's order read back from its action strings, as columns."""
+    keys = list(map(parse_torch_action, actions))
+    if None in keys:
+        raise ValueError(f"manifest: {actions[keys.index(None)]!r} is not a compute action")
+    return PassOrder(
+        np.array([k.code for k, _, _ in keys], dtype=np.int8),  # type: ignore[misc]
+        np.array([j for _, j, _ in keys], dtype=np.int64),  # type: ignore[misc]
+        np.array([s for _, _, s in keys], dtype=np.int64),  # type: ignore[misc]
+        np.zeros(len(keys), dtype=np.int32),
+        (None,),
+    )
+
+
+def _actions(order: PassKeys) -> list[str]:
     """A rank's order as torch.distributed.pipelining action strings."""
-    if isinstance(order, PassKeys) and isinstance(order.passes, PassOrder):
-        return torch_actions(order.passes)
-    return [f"{s}{k.torch_letter}{mb}" for k, mb, s in order]
+    return torch_actions(order.passes)
 
 
 def _json_value(v: object) -> Any:

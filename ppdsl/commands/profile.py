@@ -7,7 +7,8 @@ profile then schedule, on your model and your hardware.
 
 On CPU the profile runs on one thread unless OMP_NUM_THREADS says otherwise, as
 `ppdsl run`'s ranks do, and then times passes in that thread's CPU time (other
-work on the machine does not count)."""
+work on the machine does not count). On CUDA passes are timed by CUDA events and
+the TF32 settings are recorded; `--precision bf16|fp16` profiles under autocast."""
 
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--norms", choices=["b", "w"], default="b",
                         help="when the split computes layer norms' weight gradients: b (in B, as "
                              "the zero-bubble paper's implementation; default) or w (deferred to W)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="fp32 (default), or the forward and loss under bf16/fp16 autocast, as "
+                             "`ppdsl run --precision` trains (a bf16 run needs bf16 costs)")
     parser.add_argument("--no-transfer", action="store_true",
                         help="skip measuring the transfer between stages (cost comm = 0)")
     parser.add_argument("--dp", type=int, default=1, metavar="N",
-                        help="also measure each stage's data-parallel collectives over N gloo "
-                        "processes: cost reduce (all-reduce; reduce-scatter with --dp-mode shard) "
+                        help="also measure each stage's data-parallel collectives over N "
+                        "processes (NCCL with a GPU each, else gloo, said so): cost reduce (all-reduce; reduce-scatter with --dp-mode shard) "
                         "and cost gather (all-gather) of its parameter bytes")
     parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
                         help="what cost reduce measures (default replicate: an all-reduce)")
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             args.model, args.stages, args.microbatch_size, device,
             warmup=args.warmup, repeats=args.repeats, transfer=not args.no_transfer,
             progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
+            precision=args.precision,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write every rank's passes as one Chrome/Perfetto trace")
     parser.add_argument("-o", "--output", metavar="DIR", default=None,
                         help="keep the generated programs in DIR (default: a temporary folder)")
+    parser.add_argument(
+        "--max-restarts", type=int, default=0, metavar="N",
+        help="when a rank fails, let torchrun restart every rank up to N times (default 0); "
+        "with --checkpoint-dir each restart continues from the newest complete checkpoint",
+    )
 
 
 def free_port() -> int:
@@ -67,11 +72,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_command(launch: Path, nproc: int, port: int, rank_args: list[str]) -> list[str]:
+def torchrun_command(launch: Path, nproc: int, port: int, rank_args: list[str],
+                     max_restarts: int = 0) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(port),
+        "--max-restarts", str(max_restarts),
         str(launch), *rank_args,
     ]
 
@@ -79,14 +86,18 @@ def torchrun_command(launch: Path, nproc: int, port: int, rank_args: list[str]) 
 _TORCHRUN_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
+# torchrun's log line for a worker that failed (printed before it restarts the group)
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _FAILED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _FAILED_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
-def _filter_torchrun(stream, out) -> list[tuple[int, int | None]]:
+def _filter_torchrun(stream, out, max_restarts: int = 0) -> list[tuple[int, int | None]]:
     """Pass the ranks' output through; drop torchrun's own failure report (a traceback
     of the launcher and a summary box): the ranks have already said what went wrong.
+    With restarts allowed, say which rank failed each time torchrun restarts them.
     Returns the failed ranks and their exit codes that the box named."""
+    restarts_left = max_restarts
     skipping = False
     failed: list[tuple[int, int | None]] = []
     for line in stream:
@@ -98,6 +109,14 @@ def _filter_torchrun(stream, out) -> list[tuple[int, int | None]]:
                 failed[-1] = (failed[-1][0], int(code.group(1)))
             continue
         if _TORCHRUN_LOG.match(line):
+            worker = _WORKER_FAILED.search(line)
+            if worker and restarts_left > 0:
+                restarts_left -= 1
+                which = (int(worker.group(2)), int(worker.group(1)))
+                out.write(f"ppdsl run: {_describe_failures([which])}; torchrun restarts "
+                          f"every rank ({restarts_left} more restart"
+                          f"{'s' if restarts_left != 1 else ''} allowed)\n")
+                out.flush()
             continue
         if line.startswith("Traceback (most recent call last)"):
             pending = [line]
@@ -149,7 +168,8 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     # Every rank runs on this machine: decide the device once, before torchrun starts.
     dp = args.dp or 1
-    choice = choose_device(args.device, compiled.schedule.num_devices * dp)
+    choice = choose_device(args.device, compiled.schedule.num_devices * dp,
+                           share_gpu=bool(getattr(args, "share_gpu", False)))
     if choice.error is not None:
         raise UsageError(choice.error)
     if choice.note is not None:
@@ -163,8 +183,11 @@ def run(args: argparse.Namespace) -> ExitCode:
                         ("--trace", os.path.abspath(args.trace) if args.trace else None)):
         if value is not None:
             rank_args += [flag, str(value)]
+    if args.max_restarts and not args.checkpoint_dir:
+        print("ppdsl run: note: --max-restarts without --checkpoint-dir: a restart trains "
+              "again from step 1", file=sys.stderr)
     return launch(compiled, rank_args, args.output, dp=dp, dp_mode=args.dp_mode or "replicate",
-                  model_record=model_record)
+                  max_restarts=args.max_restarts, model_record=model_record)
 
 
 def _check_run_arguments(args: argparse.Namespace) -> None:
@@ -175,6 +198,8 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-size {args.batch_size}: need at least 1 sample")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: need a positive number of seconds")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts {args.max_restarts}: need 0 or more restarts")
     if args.output:
         output_directory(args.output)
     if args.json_out:
@@ -213,11 +238,12 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
 
 
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
-           dp: int = 1, dp_mode: str = "replicate",
+           dp: int = 1, dp_mode: str = "replicate", max_restarts: int = 0,
            model_record: dict[str, object] | None = None) -> ExitCode:
     """Generate `compiled` into `output` (or a temporary folder) and run it under
-    torchrun on this machine, `dp` replicas of the pipeline; OK when every rank
-    succeeded, else INVALID."""
+    torchrun on this machine, `dp` replicas of the pipeline, restarting every rank
+    up to `max_restarts` times after a failure; OK when every rank succeeded
+    (in the last attempt), else INVALID."""
     from ppdsl.backend.codegen import write
     from ppdsl.compiler import generate
 
@@ -235,12 +261,12 @@ def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,
             data["model"] = model_record
             manifest.write_text(json.dumps(data, indent=1) + "\n")
         cmd = torchrun_command(out / "launch.py", compiled.schedule.num_devices * dp, free_port(),
-                               rank_args)
+                               rank_args, max_restarts)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    MASTER_ADDR="127.0.0.1")
         proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
-        failed = _filter_torchrun(proc.stderr, sys.stderr)
+        failed = _filter_torchrun(proc.stderr, sys.stderr, max_restarts)
         code = proc.wait()
     finally:
         if tmp is not None:

@@ -36,6 +36,7 @@ from ppdsl.search.combined import (
 )
 from ppdsl.search.driver import DEFAULT_EVALUATIONS
 from ppdsl.search.exact import OBJECTIVES
+from ppdsl.search.frontier import FRONTIER_EVALUATIONS
 from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
 from ppdsl.semantics import format_short, placement_spelling
@@ -51,14 +52,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches")
     parser.add_argument(
         "--memory",
-        required=True,
+        default=None,
         metavar="BUDGET",
-        help="peak activation per device, in M_B: 8, 2p, 1.5p, 0.5x1f1b",
+        help="peak activation per device, in M_B: 8, 2p, 1.5p, 0.5x1f1b (required); with "
+        "--frontier an optional range LO:HI (4:2p, 2:, :16)",
     )
     parser.add_argument(
         "--placement",
         default="parallel",
-        help="parallel (default), vshape, or 'looped(v)'",
+        help="parallel (default), vshape, or 'looped(v)'; with --frontier a comma list "
+        "compared under the same costs (parallel,vshape,looped(2))",
+    )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="the best schedule at every reachable peak-memory level, from the smallest "
+        "feasible to where the bubble reaches its floor (a table; --json, --svg, --pp-dir); "
+        "--costs are then those of one 1F1B stage, a placement with v chunks per device "
+        "running each chunk in 1/v of them (--costs-from: each placement takes the file's "
+        "per-stage values for its own stages, as written: profile each stage count)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --frontier: print the points as JSON, a list of {memory, bubble, "
+        "makespan, bound, optimal, placement, recompute, file} (the table goes to stderr)",
+    )
+    parser.add_argument(
+        "--svg", metavar="FILE", default=None,
+        help="with --frontier: draw bubble against peak memory, named schedules marked",
+    )
+    parser.add_argument(
+        "--pp-dir", metavar="DIR", default=None,
+        help="with --frontier: write each frontier point's schedule as a .pp file here",
+    )
+    parser.add_argument(
+        "--named", metavar="FILE.pp", action="append", default=None,
+        help="with --frontier: a named schedule to set against the frontier, compiled with "
+        "-D d, -D m under the frontier's costs and memory model (repeatable)",
+    )
+    parser.add_argument(
+        "--recompute", metavar="K[,K...]", default=None,
+        help="with --frontier: also search each placement with the stages of its first K "
+        "devices recomputed (K = d: every stage; R right before B); needs --objective makespan "
+        "(R is busy time, so a bubble would hide its cost)",
+    )
+    parser.add_argument(
+        "--dp", metavar="N", type=int, default=1,
+        help="with --frontier: N data-parallel replicas; each point's step time adds the "
+        "gradient reductions (--costs reduce=..., or --costs-from's cost reduce[s]) still "
+        "running after the last pass, and the frontier compares step times (needs "
+        "--objective makespan)",
+    )
+    parser.add_argument(
+        "--kept-input", metavar="FRACTION", default="1/16",
+        help="with --recompute: M_I / M_B, what a recomputed stage's F keeps (default 1/16)",
+    )
+    parser.add_argument(
+        "--levels", metavar="N", type=int, default=48,
+        help="with --frontier: at most N memory levels per placement (default 48)",
     )
     parser.add_argument(
         "--costs",
@@ -98,10 +150,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--evaluations",
         type=int,
-        default=DEFAULT_EVALUATIONS,
+        default=None,
         metavar="N",
         help="heuristic refinement and local-search evaluations after the block and "
-        f"heuristic sweeps (default {DEFAULT_EVALUATIONS})",
+        f"heuristic sweeps (default {DEFAULT_EVALUATIONS}; {FRONTIER_EVALUATIONS} per level "
+        "with --frontier)",
     )
     parser.add_argument(
         "--effort",
@@ -110,7 +163,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="UNITS",
         help="exact engine budget in CP-SAT deterministic time (about a second of work "
         f"each; default {EXACT_EFFORT:g} with --exact, else {AUTO_EFFORT:g} for problems "
-        f"up to {AUTO_EXACT_PASSES} passes; 0 turns it off)",
+        f"up to {AUTO_EXACT_PASSES} passes; 0 turns it off; with --frontier, per level, "
+        "default 0)",
     )
     parser.add_argument(
         "--time",
@@ -143,15 +197,18 @@ def _command_line(argv: list[str]) -> str:
     return "ppdsl search " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _measured(args: argparse.Namespace) -> tuple[Costs, MemoryModel] | None:
-    """`--costs-from`: the file's costs and memory for this placement."""
+def _measured(
+    args: argparse.Namespace, placement_text: str | None = None
+) -> tuple[Costs, MemoryModel] | None:
+    """`--costs-from`: the file's costs and memory for this placement (default
+    `--placement`)."""
     if args.costs_from is None:
         return None
     if args.costs is not None or args.weight_memory is not None:
         given = "--costs" if args.costs is not None else "--weight-memory"
         raise UsageError(f"--costs-from gives the costs and memory model; drop {given}")
     try:
-        placement = parse_placement(args.placement, max(args.devices, 1))
+        placement = parse_placement(placement_text or args.placement, max(args.devices, 1))
     except SearchInputError as err:
         raise UsageError(str(err)) from None
     spelling = placement_spelling(placement.stage_device, placement.num_devices)
@@ -171,12 +228,37 @@ def _check_arguments(args: argparse.Namespace) -> None:
             wrong.append(f"{flag} {value}: the problem would exceed --max-passes {args.max_passes:,}")
     if args.time is not None and args.time < 0:
         wrong.append(f"--time {args.time:g}: must be >= 0 seconds")
-    if args.evaluations < 0:
+    if args.evaluations is not None and args.evaluations < 0:
         wrong.append(f"--evaluations {args.evaluations}: must be >= 0")
     if args.effort is not None and args.effort < 0:
         wrong.append(f"--effort {args.effort:g}: must be >= 0")
     if args.output:
         output_file(args.output)
+    frontier_only = [flag for flag, given in (
+        ("--json", args.json), ("--svg", args.svg), ("--pp-dir", args.pp_dir),
+        ("--named", args.named), ("--recompute", args.recompute), ("--dp", args.dp != 1))
+        if given]
+    if args.frontier:
+        if args.output:
+            wrong.append("-o writes one schedule; with --frontier use --pp-dir DIR for the points")
+        if args.exact:
+            wrong.append("--exact runs 60 units per search; with --frontier give --effort UNITS "
+                         "per level")
+        if args.levels < 1:
+            wrong.append(f"--levels {args.levels}: must be >= 1")
+        if args.dp < 1:
+            wrong.append(f"--dp {args.dp}: must be at least 1")
+        if args.dp > 1 and args.objective != "makespan":
+            wrong.append("--dp compares step times with the exposed reduction: add "
+                         "--objective makespan")
+        if args.recompute is not None and args.objective != "makespan":
+            wrong.append("--recompute adds R passes, busy time a bubble does not count against "
+                         "the step: add --objective makespan")
+    else:
+        if args.memory is None:
+            wrong.append("--memory BUDGET is required (or ask for --frontier)")
+        if frontier_only:
+            wrong.append(f"{', '.join(frontier_only)} go with --frontier")
     if wrong:
         raise UsageError("; ".join(wrong))
 
@@ -217,6 +299,15 @@ def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
 
 def run(args: argparse.Namespace) -> ExitCode:
     _check_arguments(args)
+    if args.frontier:
+        from ppdsl.commands.search_frontier import run_frontier
+
+        argv = getattr(args, "argv", None) or sys.argv[2:]
+        return run_frontier(
+            args, _command_line(list(argv)), lambda text: _measured(args, text), _recheck
+        )
+    if args.evaluations is None:
+        args.evaluations = DEFAULT_EVALUATIONS
     measured = _measured(args)
     try:
         problem = build_problem(

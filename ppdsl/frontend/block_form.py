@@ -13,7 +13,6 @@ to `ppdsl.frontend.blocks`, which repeats it m times into per-device orders.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from fractions import Fraction
 
 from ppdsl import limits
@@ -31,7 +30,7 @@ from ppdsl.frontend.expressions import (
     number,
     show,
 )
-from ppdsl.ir.schedule import Block, BlockSlot, Costs, Pass, Placement
+from ppdsl.ir.schedule import Block, BlockSlot, Costs, PassOrder, Placement
 from ppdsl.semantics import PassKind, pass_kinds
 
 __all__ = ["elaborate_block"]
@@ -39,7 +38,7 @@ __all__ = ["elaborate_block"]
 
 def elaborate_block(
     decl: ast.BlockDecl, state: Declarations, placement: Placement, m: int, costs: Costs
-) -> tuple[Block, tuple[Sequence[Pass], ...]]:
+) -> tuple[Block, tuple[PassOrder, ...]]:
     """The block's slots for every stage (in the order the file wrote them) and
     the per-device orders of the block repeated m times."""
     period = number(state.evaluate(decl.period), decl.period.span, "the period")

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -90,7 +89,7 @@ def repeat_block(
     w_fill: bool,
     costs: Costs,
     recompute: frozenset[int] = frozenset(),
-) -> tuple[Sequence[Pass], ...]:
+) -> tuple[PassOrder, ...]:
     """Per-device pass orders of `block` repeated for `num_microbatches`
     microbatches. Every Pass carries the span of the block line that made it; a
     W placed by `w_fill` carries the span of its B's line. `recompute`: the
@@ -102,7 +101,8 @@ def repeat_block(
         filled = repeated.with_w_filled(block, costs)
         if filled is None:  # times past int64: the Fraction timeline
             orders = _fill_w(timed_slots(block, placement, num_microbatches), costs)
-            return tighten_warm_up_and_cool_down(orders, placement, costs, recompute)
+            tight = tighten_warm_up_and_cool_down(orders, placement, costs, recompute)
+            return tuple(map(PassOrder.of, tight))
         repeated = filled
     slots = block.slots
     kind_of_slot = np.array([s.kind.code for s in slots], dtype=np.int64)

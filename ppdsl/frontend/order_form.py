@@ -8,7 +8,7 @@ has, the limit past which a loop is surely runaway, and the passes so far.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -81,11 +81,8 @@ class DeviceOrder:
         """The order so far as Pass objects."""
         return [q for run in self.laid for q in run] + self.passes
 
-    def finish(self) -> tuple[Pass, ...] | PassOrder:
-        """The written order: a tuple of Pass objects, or where a vector loop laid
-        passes, one `PassOrder` of all of them."""
-        if not any(isinstance(run, PassOrder) for run in self.laid):
-            return tuple(self.all_passes())
+    def finish(self) -> PassOrder:
+        """The written order, as one `PassOrder` of its runs."""
         return PassOrder.join([*self.laid, self.passes])
 
     def sub(self) -> DeviceOrder:
@@ -393,7 +390,7 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
 
 def elaborate_order(
     decl: ast.OrderDecl, state: Declarations, placement: Placement, m: int
-) -> tuple[Sequence[Pass], ...]:
+) -> tuple[PassOrder, ...]:
     """Every device's order: the body run once per device with `i` and
     `chunks` bound."""
     rules = _Rules(state.split_backward, m, state.recomputes)

@@ -23,13 +23,12 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from ppdsl.ir.schedule import Pass, PassOrder, Schedule
-from ppdsl.semantics import KINDS, NUM_KINDS
+from ppdsl.semantics import NUM_KINDS
 
 __all__ = ["FlatSchedule", "INDEX", "flatten", "flat_arrays"]
 
@@ -114,14 +113,14 @@ class _Passes(Sequence[Pass]):
     def __len__(self) -> int:
         return self._size
 
-    def __getitem__(self, k):  # type: ignore[override]
+    def __getitem__(self, k: Any) -> Any:
         if k.__class__ is not int or not 0 <= k < self._size:
             return self._other(k)
         # the last device starting at or before k (one with no pass starts where the next does)
         dev = bisect_right(self._starts, k) - 1
         return self._orders[dev][k - self._starts[dev]]
 
-    def _other(self, k):
+    def _other(self, k: Any) -> Any:
         """A slice, a negative index, a numpy integer, or one out of range."""
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(self._size))]
@@ -144,57 +143,35 @@ class _Passes(Sequence[Pass]):
 _flat_cache: list[tuple[weakref.ref, FlatSchedule]] = []
 
 
-def flat_arrays(orders) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets, kind, microbatch, stage) of per-device orders of Pass objects,
-    all int64 (the search's candidates)."""
-    return _arrays(orders, np.int64, np.int64)
+def flat_arrays(orders: Sequence[Sequence[Pass]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, kind, microbatch, stage) of per-device orders (`PassOrder`s, or
+    Pass sequences, made columns first), all int64 (the search's candidates)."""
+    return _arrays([PassOrder.of(o) for o in orders], np.int64, np.int64)
 
 
-_KIND_CODE = {k: k.code for k in KINDS}
-
-
-def _arrays(orders, kind_dtype, index_dtype):
+def _arrays(
+    orders: Sequence[PassOrder], kind_dtype: type[np.integer], index_dtype: type[np.integer]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The orders' columns joined (no Pass read)."""
     offsets = np.zeros(len(orders) + 1, dtype=np.int64)
     np.cumsum([len(o) for o in orders], out=offsets[1:])
-    n = int(offsets[-1])
-    if orders and all(isinstance(o, PassOrder) for o in orders):
-        # an elaborated schedule's columns, joined (no Pass read)
-        def joined(field, dtype):
-            values = np.concatenate([getattr(o, field) for o in orders])
-            fits = np.iinfo(dtype)
-            if len(values) and (values.min() < fits.min or values.max() > fits.max):
-                return values.astype(np.int64)  # far out of range: the passes check reports it
-            return values.astype(dtype, copy=False)
 
-        return offsets, joined("kind", kind_dtype), joined("microbatch", index_dtype), joined(
-            "stage", index_dtype)
+    def joined(field: str, dtype: type[np.integer]) -> np.ndarray:
+        values = np.concatenate([getattr(o, field) for o in orders]) if orders else np.zeros(0, dtype)
+        fits = np.iinfo(dtype)
+        if len(values) and (values.min() < fits.min or values.max() > fits.max):
+            return values.astype(np.int64)  # far out of range: the passes check reports it
+        return values.astype(dtype, copy=False)
 
-    def column(field, dtype, code=None):
-        # map/attrgetter loop in C over the orders: no list of every pass, and a
-        # generator per field costs 3x more at 400k passes
-        values = map(attrgetter(field), chain.from_iterable(orders))
-        try:
-            return np.fromiter(values if code is None else map(code, values), dtype=dtype, count=n)
-        except OverflowError:  # a value far out of range, which the passes check reports
-            return column(field, np.int64, code)
-
-    kind = column("kind", kind_dtype, _KIND_CODE.__getitem__)
-    microbatch = column("microbatch", index_dtype)
-    stage = column("stage", index_dtype)
-    return offsets, kind, microbatch, stage
+    return offsets, joined("kind", kind_dtype), joined("microbatch", index_dtype), joined(
+        "stage", index_dtype)
 
 
-def _joined(orders) -> np.ndarray | None:
-    if orders and all(isinstance(o, PassOrder) for o in orders):
-        if all(o.overlapped is None for o in orders):
-            return None
-        return np.concatenate([o.overlapped if o.overlapped is not None
-                               else np.zeros(len(o), dtype=np.bool_) for o in orders])
-    if not any(map(attrgetter("overlapped"), chain.from_iterable(orders))):
+def _joined(orders: Sequence[PassOrder]) -> np.ndarray | None:
+    if all(o.overlapped is None for o in orders):
         return None
-    n = sum(len(o) for o in orders)
-    overlapped = map(attrgetter("overlapped"), chain.from_iterable(orders))
-    return np.fromiter(overlapped, dtype=np.bool_, count=n)
+    return np.concatenate([o.overlapped if o.overlapped is not None
+                           else np.zeros(len(o), dtype=np.bool_) for o in orders])
 
 
 def flatten(schedule: Schedule) -> FlatSchedule:

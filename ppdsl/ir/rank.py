@@ -15,14 +15,14 @@ builds the objects above from them when a command prints or generates code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ppdsl.ir.schedule import Pass, PassOrder, format_pass
-from ppdsl.semantics import KINDS, TransferKind, receives
+from ppdsl.ir.schedule import Pass, PassOrder, pass_texts
+from ppdsl.semantics import TransferKind, receives
 
 __all__ = [
     "TransferKind",
@@ -71,10 +71,20 @@ class Transfer:
     dst_rank: int
 
     def __str__(self) -> str:
-        return (
-            f"{self.kind.value}(mb {self.microbatch}, stage {self.src_stage}->{self.dst_stage},"
-            f" rank {self.src_rank}->{self.dst_rank})"
-        )
+        return _transfer_texts([self.kind.code], [self.microbatch], [self.src_stage],
+                               [self.dst_stage], [self.src_rank], [self.dst_rank])[0]
+
+
+def _transfer_texts(*columns: Sequence[int], sending: Sequence[bool] | None = None) -> list[str]:
+    """The text of transfers given as columns (kind code, microbatch, source and
+    destination stage, source and destination rank), each headed `send ` or
+    `recv ` where `sending` is given: the one transfer printer."""
+    names = [k.value for k in _TRANSFER_KINDS]
+    if sending is None:
+        return [f"{names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
+                for k, j, a, b, ra, rb in zip(*columns, strict=True)]
+    return [f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
+            for s, k, j, a, b, ra, rb in zip(sending, *columns, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +274,7 @@ class RankArrays:
                     entries += [(g, False, t) for t in op.recvs]
                 g += 1
 
-        def column(values, dtype=np.int64) -> np.ndarray:
+        def column(values: Iterable[Any], dtype: type = np.int64) -> np.ndarray:
             return np.fromiter(values, dtype=dtype, count=len(entries))
 
         return RankArrays(
@@ -314,18 +324,10 @@ def rank_program_texts(
 ) -> Iterator[str]:
     """`format_rank_programs`, rank by rank (its text is their concatenation):
     the text of a large schedule is hashed without being held whole."""
-    if isinstance(programs, RankArrays):
-        yield from _format_arrays(programs, multi_stage)
-        return
-    for prog in programs:
-        lines = [f"rank {prog.rank}:"]
-        for op in prog.ops:
-            if isinstance(op, Compute):
-                lines.append(f"  {format_pass(op.pass_, multi_stage)}")
-            else:
-                parts = [f"send {t}" for t in op.sends] + [f"recv {t}" for t in op.recvs]
-                lines.append("  exchange { " + "; ".join(parts) + " }")
-        yield "\n".join(lines) + "\n"
+    yield from _format_arrays(
+        programs if isinstance(programs, RankArrays) else RankArrays.of_programs(programs),
+        multi_stage,
+    )
 
 
 def entry_groups(programs: RankArrays) -> np.ndarray:
@@ -337,44 +339,29 @@ def entry_groups(programs: RankArrays) -> np.ndarray:
 def _format_arrays(programs: RankArrays, multi_stage: bool) -> Iterator[str]:
     """`rank_program_texts` of the arrays, without making the op objects; a
     rank's lines are made from its slice of the arrays only."""
-    names = [k.value for k in _TRANSFER_KINDS]
     first = entry_groups(programs)
     columns = PassOrder.of(programs.passes)  # read as columns, not a Pass per op
-    letters = [k.value for k in KINDS]  # by code
     offsets = programs.offsets.tolist()
     for r in range(programs.num_ranks):
         # this rank's entry groups, relative to its first entry
         groups = first[offsets[r] : offsets[r + 1] + 1].tolist()
         lo, hi = groups[0], groups[-1]
         groups = [x - lo for x in groups]
-        entries = [
-            f"{'send' if s else 'recv'} {names[k]}(mb {j}, stage {a}->{b}, rank {ra}->{rb})"
-            for s, k, j, a, b, ra, rb in zip(
-                programs.sending[lo:hi].tolist(),
-                programs.transfer[lo:hi].tolist(),
-                programs.microbatch[lo:hi].tolist(),
-                programs.src_stage[lo:hi].tolist(),
-                programs.dst_stage[lo:hi].tolist(),
-                programs.src_rank[lo:hi].tolist(),
-                programs.dst_rank[lo:hi].tolist(),
-                strict=True,
-            )
-        ]
+        entries = _transfer_texts(
+            *(column[lo:hi].tolist() for column in (
+                programs.transfer, programs.microbatch, programs.src_stage, programs.dst_stage,
+                programs.src_rank, programs.dst_rank)),
+            sending=programs.sending[lo:hi].tolist())
         lines = [f"rank {r}:"]
         op_pass = programs.op_pass[offsets[r] : offsets[r + 1]]
-        chosen = op_pass[op_pass >= 0]  # this rank's passes: format_pass's text
-        kinds = map(letters.__getitem__, columns.kind[chosen].tolist())
-        if multi_stage:
-            texts = [f"  {k}{j}:s{s}" for k, j, s in zip(
-                kinds, columns.microbatch[chosen].tolist(), columns.stage[chosen].tolist(),
-                strict=True)]
-        else:
-            texts = [f"  {k}{j}" for k, j in zip(kinds, columns.microbatch[chosen].tolist(),
-                                                 strict=True)]
-        pass_texts = iter(texts)
+        chosen = op_pass[op_pass >= 0]  # this rank's passes
+        texts = ["  " + text for text in pass_texts(
+            columns.kind[chosen].tolist(), columns.microbatch[chosen].tolist(),
+            columns.stage[chosen].tolist(), multi_stage)]
+        pass_lines = iter(texts)
         for g, k in enumerate(op_pass.tolist()):
             if k >= 0:
-                lines.append(next(pass_texts))
+                lines.append(next(pass_lines))
             else:
                 lines.append("  exchange { " + "; ".join(entries[groups[g] : groups[g + 1]]) + " }")
         yield "\n".join(lines) + "\n"

@@ -2,13 +2,16 @@
 costs, memory model and the expectations the file declared.
 
 This is what elaboration produces and what every check, the simulator, the
-lowering and the interchange formats consume. `format_schedule` is its one
-canonical text form; golden tests compare that text.
+lowering and the interchange formats consume. An order has one form, the
+columns of a `PassOrder`; a `Pass` is what reading one pass gives. One printer
+each: `pass_texts` for passes (`format_pass`, `format_order`),
+`format_schedule` the canonical text form (golden tests compare that text),
+`torch_actions` for torch's action strings (`semantics.format_torch_actions`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from itertools import repeat
@@ -32,6 +35,7 @@ __all__ = [
     "BlockSlot",
     "Block",
     "Schedule",
+    "pass_texts",
     "format_pass",
     "format_order",
     "format_schedule",
@@ -64,9 +68,10 @@ class PassOrder(Sequence[Pass]):
     """A device's order held as columns: per pass its kind's code, microbatch,
     stage, the index of its span in `spans` and whether it is overlapped. Reading
     a pass makes its `Pass` (equal to the one the order was written with, not
-    the same object); the arrays are what the flat schedule concatenates. An
-    elaborated order of many passes is one of these (a `Pass` object per pass
-    costs ~1 µs and ~85 bytes, these 10); it equals the tuple of its passes."""
+    the same object); the arrays are what the flat schedule concatenates. It is
+    the one form of an order: `Schedule` holds every order as one (a `Pass`
+    object per pass costs ~1 µs and ~85 bytes, these 10); it equals the tuple
+    of its passes. Its microbatches and stages are ints (`of` checks)."""
 
     __slots__ = ("kind", "microbatch", "stage", "span_index", "spans", "overlapped")
 
@@ -87,7 +92,9 @@ class PassOrder(Sequence[Pass]):
 
     @staticmethod
     def of(passes: Sequence[Pass]) -> PassOrder:
-        """The columns of Pass objects (their spans kept as the same objects)."""
+        """The columns of Pass objects (their spans kept as the same objects);
+        `passes` itself where it is already columns. TypeError for a microbatch
+        or stage that is not an int."""
         if isinstance(passes, PassOrder):
             return passes
         columns = getattr(passes, "columns", None)  # a view with columns of its own
@@ -95,6 +102,11 @@ class PassOrder(Sequence[Pass]):
             return columns()
         n = len(passes)
         # map/attrgetter loops run in C: a generator per column costs 3x more
+        microbatch = list(map(attrgetter("microbatch"), passes))
+        stage = list(map(attrgetter("stage"), passes))
+        if not set(map(type, microbatch + stage)) <= {int}:
+            bad = next(x for x in microbatch + stage if type(x) is not int)
+            raise TypeError(f"a pass's microbatch and stage are ints, got {type(bad).__name__} {bad!r}")
         span_of = list(map(attrgetter("span"), passes))
         by_id = dict(zip(map(id, span_of), span_of, strict=True))  # each span object once
         index = {key: k for k, key in enumerate(by_id)}
@@ -104,8 +116,8 @@ class PassOrder(Sequence[Pass]):
         return PassOrder(
             np.fromiter(map(_CODE.__getitem__, map(attrgetter("kind"), passes)), dtype=np.int8,
                         count=n),
-            np.fromiter(map(attrgetter("microbatch"), passes), dtype=np.int64, count=n),
-            np.fromiter(map(attrgetter("stage"), passes), dtype=np.int64, count=n),
+            np.array(microbatch, dtype=np.int64),
+            np.array(stage, dtype=np.int64),
             ids,
             spans,
             overlapped if overlapped.any() else None,
@@ -424,7 +436,7 @@ class Block:
         return group * Fraction(self.period) + position * Fraction(self.group_spacing)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Schedule:
     """A fully elaborated schedule. `orders[device]` is the device's compute
     passes in execution order."""
@@ -437,10 +449,39 @@ class Schedule:
     split_backward: bool
     costs: Costs
     memory: MemoryModel
-    orders: tuple[Sequence[Pass], ...]
+    orders: tuple[PassOrder, ...]
+    """Per device, its passes in execution order as columns: an order given as
+    Pass objects is made a `PassOrder` here, once (the one form every later
+    pass reads)."""
     expects: tuple[Expect, ...] = ()
     block: Block | None = None
     span: Span | None = None
+
+    def __init__(
+        self,
+        name: str,
+        file: str,
+        params: tuple[tuple[str, object], ...],
+        num_microbatches: int,
+        placement: Placement,
+        split_backward: bool,
+        costs: Costs,
+        memory: MemoryModel,
+        orders: Sequence[Sequence[Pass]],
+        expects: tuple[Expect, ...] = (),
+        block: Block | None = None,
+        span: Span | None = None,
+    ) -> None:
+        # the dataclass's own __init__, but for `orders`, which it takes in any
+        # form and keeps as columns (a frozen dataclass sets its fields so)
+        fields = {
+            "name": name, "file": file, "params": params, "num_microbatches": num_microbatches,
+            "placement": placement, "split_backward": split_backward, "costs": costs,
+            "memory": memory, "orders": tuple(map(PassOrder.of, orders)), "expects": expects,
+            "block": block, "span": span,
+        }
+        for field_name, value in fields.items():
+            object.__setattr__(self, field_name, value)
 
     @property
     def num_devices(self) -> int:
@@ -471,46 +512,46 @@ class Schedule:
 
 
 def torch_action(p: Pass) -> str:
-    """torch.distributed.pipelining's action string: stage, letter, microbatch
-    (``0F1``, ``0I1``, ``0W1``, ``0B1``)."""
-    return f"{p.stage}{p.kind.torch_letter}{p.microbatch}"
+    """torch.distributed.pipelining's action string of one pass (``0F1``;
+    `semantics.format_torch_actions`)."""
+    return semantics.format_torch_actions([p.kind.code], [p.microbatch], [p.stage])[0]
 
 
-def torch_actions(order: Sequence[Pass]) -> list[str]:
-    """`torch_action` of every pass of a device's order (from the columns of a
-    `PassOrder`)."""
-    if not isinstance(order, PassOrder):
-        return list(map(torch_action, order))
-    letters = [k.torch_letter for k in KINDS]  # by code
-    return [f"{s}{letters[k]}{j}" for s, k, j in
-            zip(order.stage.tolist(), order.kind.tolist(), order.microbatch.tolist(), strict=True)]
+def torch_actions(order: PassOrder) -> list[str]:
+    """The action string of every pass of a device's order, from its columns."""
+    return semantics.format_torch_actions(
+        order.kind.tolist(), order.microbatch.tolist(), order.stage.tolist()
+    )
+
+
+def pass_texts(
+    kinds: Iterable[int], microbatches: Iterable[int], stages: Iterable[int], show_stage: bool
+) -> list[str]:
+    """The text of passes given as columns (kind codes, microbatches, stages):
+    `F3` on a device with one stage, `F3:s5` where the stage must be named. The
+    one pass printer (`format_pass`, `format_order` and the rank programs'
+    printer call it)."""
+    letters = [k.value for k in KINDS]  # by code
+    if show_stage:
+        return [f"{letters[k]}{j}:s{s}" for k, j, s in zip(kinds, microbatches, stages, strict=True)]
+    return [f"{letters[k]}{j}" for k, j in zip(kinds, microbatches, strict=True)]
 
 
 def format_pass(p: Pass, show_stage: bool) -> str:
-    """`F3` on a device with one stage; `F3:s5` where the stage must be named."""
-    text = f"{p.kind.value}{p.microbatch}"
-    return f"{text}:s{p.stage}" if show_stage else text
+    """`pass_texts` of one pass."""
+    return pass_texts([p.kind.code], [p.microbatch], [p.stage], show_stage)[0]
 
 
-def format_order(order: Sequence[Pass], show_stage: bool) -> str:
+def format_order(order: PassOrder, show_stage: bool) -> str:
     """A device's order as text: passes by spaces, an overlapped pair joined
     by `&` (`F3&B1`)."""
-    if isinstance(order, PassOrder):  # from the columns: no Pass made per pass
-        letters = [k.value for k in KINDS]  # by code
-        kinds = map(letters.__getitem__, order.kind.tolist())
-        if show_stage:
-            texts = [f"{k}{j}:s{s}" for k, j, s in
-                     zip(kinds, order.microbatch.tolist(), order.stage.tolist(), strict=True)]
-        else:
-            texts = [f"{k}{j}" for k, j in zip(kinds, order.microbatch.tolist(), strict=True)]
-        overlapped = order.overlapped.tolist() if order.overlapped is not None else None
-    else:
-        texts = [format_pass(p, show_stage) for p in order]
-        overlapped = [p.overlapped for p in order]
-    if overlapped is None or not any(overlapped):
+    texts = pass_texts(
+        order.kind.tolist(), order.microbatch.tolist(), order.stage.tolist(), show_stage
+    )
+    if order.overlapped is None or not order.overlapped.any():
         return " ".join(texts)
     parts: list[str] = []
-    for text, joined in zip(texts, overlapped, strict=True):
+    for text, joined in zip(texts, order.overlapped.tolist(), strict=True):
         if joined and parts:
             parts[-1] += "&" + text
         else:

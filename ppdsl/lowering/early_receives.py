@@ -30,8 +30,9 @@ __all__ = ["pull_receives_forward"]
 
 @kernel
 def _pull(
-    position, offsets, req_offsets, peer_rank, req_op, enabled, sending, mirror
-):  # pragma: no cover
+    position: np.ndarray, offsets: np.ndarray, req_offsets: np.ndarray, peer_rank: np.ndarray,
+    req_op: np.ndarray, enabled: np.ndarray, sending: np.ndarray, mirror: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, bool]:  # pragma: no cover
     """The loop of `pull_receives_forward`: run the ranks; while stuck, break each
     cycle of waits at one of its sends by moving the receive to where its rank
     stands. Returns (moved receive entries, their new global op index, ok);

@@ -70,7 +70,7 @@ def _route_table(stage_device: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]
     )
 
 
-def _take(values: np.ndarray, index: np.ndarray, dtype) -> np.ndarray:
+def _take(values: np.ndarray, index: np.ndarray, dtype: type[np.integer]) -> np.ndarray:
     """`values[index]` as `dtype`, gathered in slices: no temporary of
     `values`' (maybe wider) type as long as `index`."""
     out = np.empty(len(index), dtype=dtype)

@@ -13,7 +13,8 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
   (and averaged) after the step's last pass, i.e. before the optimizer step.
 - `shard` (FSDP2, `torch.distributed.fsdp.fully_shard` on the DP sub-mesh): the
   stage's parameters are sharded along dim 0; the optimizer holds only the shard
-  (DTensors). The stage is gathered (`unshard`) before its first F of the step
+  (DTensors). A 0-dim parameter (a learned scalar) has no dim 0: FSDP leaves it
+  whole (`ignored_params`) and it is all-reduced as in `replicate`. The stage is gathered (`unshard`) before its first F of the step
   (the next local stage's gather is started then too, in the background) and
   stays gathered through every microbatch: FSDP's own per-forward reshard and
   per-backward reduce-scatter are switched off (`reshard_after_forward=False`,
@@ -25,19 +26,26 @@ the schedule's rank r; the ranks with the same pp_rank form a DP group.
   `reduce_scatter_tensor`, `async_op=True`) into the shards' layout, the stage
   is resharded at once (`reshard`), and the shards' `.grad` are set (as
   DTensors) after the step's last pass.
+
+In both modes every buffer (BatchNorm's running statistics) is broadcast from
+replica 0 after the step's last pass (`ppdsl.runtime.buffers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ppdsl.runtime.buffers import broadcast_buffers
+from ppdsl.runtime.transport import backend_for
 
 __all__ = ["MODES", "DataParallel", "dp_pp_mesh", "local_tensor", "shard_stages"]
 
@@ -96,7 +104,17 @@ def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
     # W here, so that gather is never needed.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     for module in stages.values():
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
+        # FSDP2 shards along dim 0, which a 0-dim parameter (a learned scalar) lacks:
+        # such a parameter stays whole on every replica and is all-reduced as in
+        # replicate mode (`DataParallel.reduce`).
+        scalars = {p for p in module.parameters() if p.dim() == 0}
+        # FSDP2 refuses a non-contiguous parameter (a transposed weight): its values
+        # are laid out afresh, row-major, before it is sharded
+        for p in module.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=False,
+                    ignored_params=scalars or None)
         for api in ("set_requires_gradient_sync", "set_reshard_after_backward", "unshard", "reshard"):
             if not hasattr(module, api):  # pragma: no cover - an FSDP2 older than torch 2.5
                 raise RuntimeError(f"--dp-mode shard needs FSDP2's {api} (torch >= 2.5); "
@@ -113,8 +131,14 @@ class _Reduction:
     work: Any
     buffer: torch.Tensor
     targets: Sequence[tuple[torch.Tensor, Any]] = field(default_factory=list)
-    """replicate: (grad, None) per parameter; shard: (sharded parameter, rows per
-    shard) per parameter."""
+    """All-reduced: (grad, None) per parameter; reduce-scattered: (sharded
+    parameter, rows per shard) per parameter."""
+    sharded: bool = False
+    """Reduce-scattered into shards (shard mode), else all-reduced whole (its
+    buffer ends with one flag per parameter: how many replicas had a gradient)."""
+    flags: torch.Tensor | None = None
+    """Reduce-scattered: per parameter, how many replicas had a gradient."""
+    flags_work: Any = None
 
 
 class DataParallel:
@@ -154,12 +178,39 @@ class DataParallel:
         }
         self._pending: list[_Reduction] = []
         self._gathers: dict[int, Any] = {}
-        self.wait_time = 0.0
-        """Seconds this rank spent waiting for its collectives (a gather not done
-        by its stage's first F, reductions not done after the last pass): the
-        exposed communication, summed over steps."""
+        self._waited = 0.0
+        self._stalls: list[tuple[Any, Any]] = []
+        # NCCL's wait blocks the stream, not the CPU: time it on the stream
+        self._stream_waits = backend_for(self.group, torch.device("cuda")) == "nccl" and any(
+            p.is_cuda for module in stages.values() for p in module.parameters())
         self.on_gather: list[Any] = []
         """Callbacks with a stage's gathered parameters (the memory meter's)."""
+
+    @property
+    def wait_time(self) -> float:
+        """Seconds this rank spent waiting for its collectives (a gather not done
+        by its stage's first F, reductions not done after the last pass): the
+        exposed communication, summed over steps. On CUDA a wait blocks the
+        stream, not the CPU: it is the stream's stall, by CUDA events."""
+        for start, end in self._stalls:
+            end.synchronize()
+            self._waited += start.elapsed_time(end) / 1e3
+        self._stalls.clear()
+        return self._waited
+
+    @contextlib.contextmanager
+    def _timed_wait(self) -> Iterator[None]:
+        if self._stream_waits:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._stalls.append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self._waited += time.perf_counter() - t0
 
     # -- the hooks -------------------------------------------------------------
 
@@ -186,9 +237,8 @@ class DataParallel:
         self._start_gather(stage)
         handle = self._gathers[stage]
         if handle is not None:
-            t0 = time.perf_counter()
-            handle.wait()
-            self.wait_time += time.perf_counter() - t0
+            with self._timed_wait():
+                handle.wait()
         at = self._gather_order.index(stage)
         if at + 1 < len(self._gather_order):
             self._start_gather(self._gather_order[at + 1])
@@ -197,23 +247,36 @@ class DataParallel:
             callback(gathered)
 
     def reduce(self, stage: int) -> None:
-        """After `stage`'s last W/BW: start the reduction of its gradients."""
-        if self.mode == "replicate":
-            grads = [p.grad for _, p in self._params.get(stage, []) if p.grad is not None]
-            if not grads:
-                return
-            buffer = torch.cat([g.reshape(-1) for g in grads])
+        """After `stage`'s last W/BW: start the reduction of its gradients.
+
+        Every trainable parameter takes part on every replica, with zeros where
+        this replica's microbatches left it without a gradient (a branch some
+        data skips), and a flag each: one that no replica gave a gradient keeps
+        `.grad` None, as a non-pipelined run on the whole batch would."""
+        params = [(n, p) for n, p in self._params.get(stage, []) if p.requires_grad]
+        # replicate: every parameter; shard: those FSDP keeps whole (0-dim ones)
+        whole = [p for _, p in params if self.mode == "replicate" or not _is_sharded(p)]
+        if whole:
+            flags = torch.tensor([p.grad is not None for p in whole], dtype=whole[0].dtype,
+                                 device=whole[0].device)
+            buffer = torch.cat([_grad_or_zeros(p, p).reshape(-1) for p in whole] + [flags])
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
-            self._pending.append(_Reduction(stage, work, buffer, [(g, None) for g in grads]))
-            return
+            self._pending.append(_Reduction(stage, work, buffer, [(p, None) for p in whole]))
+        if self.mode == "shard":
+            self._reduce_scatter(stage, [(n, p) for n, p in params if _is_sharded(p)])
+
+    def _reduce_scatter(self, stage: int, params: Sequence[tuple[str, nn.Parameter]]) -> None:
+        """shard: reduce-scatter the gathered gradients of `stage`'s sharded
+        parameters into their shards' layout (their flags all-reduced beside);
+        reshard the stage."""
         module = self.stages[stage]
         blocks: list[list[torch.Tensor]] = [[] for _ in range(self.size)]
         targets = []
-        for name, sharded in self._params.get(stage, []):
+        present = []
+        for name, sharded in params:
             whole = module.get_parameter(name)  # the gathered parameter, between unshard and reshard
-            if whole.grad is None:
-                continue
-            grad = whole.grad
+            present.append(whole.grad is not None)
+            grad = _grad_or_zeros(whole, whole.detach())
             rows = -(-grad.shape[0] // self.size) if grad.dim() else 1
             flat = grad.reshape(grad.shape[0] if grad.dim() else 1, -1)
             padded = torch.zeros((rows * self.size, flat.shape[1]), dtype=grad.dtype, device=grad.device)
@@ -227,36 +290,53 @@ class DataParallel:
             source = torch.cat([torch.cat(b) for b in blocks])
             buffer = torch.empty(source.numel() // self.size, dtype=source.dtype, device=source.device)
             work = _reduce_scatter(buffer, source, group=self.group, async_op=True)
-            self._pending.append(_Reduction(stage, work, buffer, targets))
+            flags = torch.tensor(present, dtype=source.dtype, device=source.device)
+            flags_work = dist.all_reduce(flags, group=self.group, async_op=True)
+            self._pending.append(_Reduction(stage, work, buffer, targets, sharded=True,
+                                            flags=flags, flags_work=flags_work))
         module.reshard()  # type: ignore[operator]
 
     def finish(self) -> None:
         """After the last pass: wait for every reduction, average over the DP group
         and put the gradients in place (shard: on the shards, as DTensors)."""
         pending, self._pending = self._pending, []
-        t0 = time.perf_counter()
-        for r in pending:
-            r.work.wait()
-        self.wait_time += time.perf_counter() - t0
+        with self._timed_wait():
+            for r in pending:
+                r.work.wait()
+                if r.flags_work is not None:
+                    r.flags_work.wait()
         for r in pending:
             r.buffer.div_(self.size)
             offset = 0
-            if self.mode == "replicate":
-                for grad, _ in r.targets:
-                    n = grad.numel()
-                    grad.copy_(r.buffer[offset: offset + n].view_as(grad))
+            if not r.sharded:
+                flags = r.buffer[len(r.buffer) - len(r.targets):]
+                for (param, _), flag in zip(r.targets, flags.tolist(), strict=True):
+                    n = param.numel()
+                    piece = r.buffer[offset: offset + n].view_as(param)
                     offset += n
+                    if not flag:  # no replica's microbatches used it
+                        continue
+                    if param.grad is None:
+                        param.grad = piece.clone()
+                    else:
+                        param.grad.copy_(piece)
                 continue
-            for sharded, rows in r.targets:
+            assert r.flags is not None
+            for (sharded, rows), flag in zip(r.targets, r.flags.tolist(), strict=True):
                 width = _width(sharded.shape) if sharded.dim() else 1
                 piece = r.buffer[offset: offset + rows * width]
                 offset += rows * width
+                if not flag:
+                    continue
                 if sharded.dim():
                     local_rows = local_tensor(sharded).shape[0]
                     grad = piece.view(rows, *sharded.shape[1:])[:local_rows]
                 else:
                     grad = piece.view(())
                 self._set_shard_grad(sharded, grad.clone())
+        # the replicas' buffers (BatchNorm's statistics, updated on each replica's
+        # share) end the step as replica 0's: DDP's broadcast_buffers policy
+        broadcast_buffers([m for _, m in sorted(self.stages.items())], self.group)
 
     def _set_shard_grad(self, sharded: torch.Tensor, local: torch.Tensor) -> None:
         DTensor = _dtensor()
@@ -266,6 +346,16 @@ class DataParallel:
             sharded.grad = grad
         else:
             sharded.grad += grad
+
+
+def _grad_or_zeros(param: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`param`'s gradient, or zeros shaped like `like` where it has none."""
+    return param.grad if param.grad is not None else torch.zeros_like(like)
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """Whether FSDP holds `p` as a DTensor shard (it keeps ignored parameters whole)."""
+    return callable(getattr(p, "to_local", None))
 
 
 def _width(shape: Sequence[int]) -> int:

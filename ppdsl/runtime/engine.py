@@ -3,7 +3,11 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over) value;
   on the last stage also the loss, scaled by 1/m (and by the loss scale under
   fp16) so that gradients summed over microbatches are those of the batch's mean
-  loss. Under bf16/fp16 the forward and the loss run under autocast.
+  loss. Under bf16/fp16 the forward and the loss run under autocast, whose
+  weight casts are made once per step: the step runs inside one (disabled)
+  autocast region, so autocast's cast cache lives until the step ends and every
+  microbatch's graph shares one low-precision copy of each weight (not one per
+  microbatch in flight).
 - B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
@@ -15,14 +19,17 @@
   `torch.random.fork_rng` (torch.utils.checkpoint's recomputation: dropout draws
   the same masks), which leaves exactly the graph and saved activations an
   ordinary F would; B/BW/W then run on it unchanged.
-- Exchange: posts its sends (isend) and receives (irecv), and on gloo also the
-  receives of the *next* exchange, so their data arrives while this rank computes
-  the pass in between (gloo matches by tag, one tag per tensor of a transfer, so
-  posting early is safe); waits only for the receives the next pass needs; sends
-  finish in the background and are collected at later exchanges and at the
-  step's end. On NCCL, which matches in order, an exchange is one
-  batch_isend_irecv, as lowered and checked for deadlock. Two stages on one rank
-  hand over without a transfer.
+- Exchange: posts its sends and receives through the rank's `Transport`
+  (`ppdsl.runtime.transport`, chosen from the tensors' device): on gloo (and
+  when ranks share a GPU, staged through host memory) also the receives of the
+  *next* exchange, so their data arrives while this rank computes the pass in
+  between (gloo matches by tag, one tag per tensor of a transfer, so posting
+  early is safe); on NCCL, which matches in order, an exchange is one
+  batch_isend_irecv, as lowered and checked for deadlock. A receive is waited
+  for where its tensor is first used (the pass that takes it); sends finish in
+  the background, their tensors kept alive, and are collected at later
+  exchanges and at the step's end: no exchange stalls compute on its sends.
+  Two stages on one rank hand over without a transfer.
 
 A value between stages is a tensor or a tuple/list/dict of tensors
 (`ppdsl.runtime.structure`); each tensor moves on its own, floating-point ones
@@ -50,10 +57,13 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime import faults, progress
+from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.trace import Tracer
+from ppdsl.runtime.transport import PendingRecv, PendingSend, Transport
 from ppdsl.semantics import reduction_points
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
@@ -73,7 +83,8 @@ class StepResult:
     step_time: float
     """Seconds from the first op to the last send completed."""
     compute_time: float
-    """Seconds inside passes."""
+    """Seconds inside passes (on CUDA the GPU's time, by CUDA events: a pass's
+    CPU time there is only its kernels' launch)."""
 
 
 @dataclass
@@ -136,6 +147,7 @@ class Engine:
         release: str = "b",
         autocast_dtype: torch.dtype | None = None,
         lanes: int = 1,
+        transport: Transport | None = None,
     ) -> None:
         if release not in ("b", "w"):
             raise ValueError(f"release must be 'b' or 'w', not {release!r}")
@@ -161,7 +173,9 @@ class Engine:
         self.specs: dict[int, Spec] = {}
         """{stage: spec of its output}, from the probe (`ppdsl.runtime.pipeline`)."""
         self.timeout = timedelta(seconds=timeout)
-        self.nccl = dist.is_initialized() and dist.get_backend(group) == "nccl"
+        self.transport = transport if transport is not None else Transport(group, device)
+        """How this rank's tensors move (`ppdsl.runtime.transport`): decided from the
+        tensors' device, not from the group's reported backend name."""
         self.hooks = Hooks()
         self._global = (
             [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
@@ -246,19 +260,61 @@ class Engine:
         self._state: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], list[torch.Tensor]]] = {}
         self._stash: dict[tuple[int, int], WStash] = {}
         self._kept: dict[tuple[int, int], tuple[Any, list[torch.Tensor], _RngState]] = {}
-        self._sends: list[tuple[Any, torch.Tensor, Transfer]] = []
+        self._sends: list[PendingSend] = []
         self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
         self._measure = measure
         if measure:
             self.meter.reset_peak()
-        compute = 0.0
         start = time.perf_counter()
-        self._posted: dict[Transfer, list[tuple[Any, torch.Tensor]]] = {}
+        self._posted: dict[Transfer, list[PendingRecv]] = {}
+        self._arriving: dict[tuple[TransferKind, int, int], tuple[Transfer, list[PendingRecv]]] = {}
         tracer = self.tracer
         hooks = self.hooks
         first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
         grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
+        self._pass_events: list[tuple[PassKind, Any, Any]] = []
+        with self._cast_once():
+            compute = self._run_ops(tracer, hooks, first_forward, grads_final)
+        if self._first_compute is None:  # a rank with no pass still validates
+            for before in hooks.before_first_pass:
+                before()
+        progress.at("completing the step's last sends")
+        for pending in self._sends:
+            self._wait(pending, pending.what)
+        self._sends.clear()
+        for after in hooks.after_passes:
+            after()
+        if tracer is not None:
+            tracer.flush()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            for kind, begin, end in self._pass_events:
+                seconds = begin.elapsed_time(end) / 1e3
+                compute += seconds
+                self.compute_time[kind] += seconds
+            self._pass_events.clear()
+        elapsed = time.perf_counter() - start
+        holds_loss = any(self._is_last(s) for s in self.stages)
+        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
+        self._inputs = self._targets = None
+        return StepResult(loss, elapsed, compute)
+
+    def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
+        """The step's autocast region (disabled: B and W run without autocast):
+        autocast clears its cast cache only when its outermost region ends, so
+        the forwards' nested regions share one cast of each weight per step."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
+
+    def _run_ops(self, tracer: Tracer | None, hooks: Hooks, first_forward: dict[int, int],
+                 grads_final: dict[int, int]) -> float:
+        """The step's ops in order; the seconds spent in passes (on CUDA, 0: their
+        events are read at the step's end)."""
+        compute = 0.0
+        cuda = self.device.type == "cuda"
         for index, op in enumerate(self.ops):
+            progress.at(op)
             if isinstance(op, Exchange):
                 if tracer is None or not (op.sends or op.recvs):
                     self._exchange(op, self._next_exchange[index])
@@ -277,11 +333,19 @@ class Engine:
                     before_stage(first_forward[index])
             if tracer is not None:
                 tracer.begin()
-            t0 = time.perf_counter()
-            self._compute(op)
-            dt = time.perf_counter() - t0
-            compute += dt
-            self.compute_time[op.pass_.kind] += dt
+            if cuda:  # the GPU's time, read at the step's end
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                self._compute(op)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._pass_events.append((op.pass_.kind, begin, end))
+            else:
+                t0 = time.perf_counter()
+                self._compute(op)
+                dt = time.perf_counter() - t0
+                compute += dt
+                self.compute_time[op.pass_.kind] += dt
             if tracer is not None:
                 done = op.pass_
                 tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
@@ -290,23 +354,7 @@ class Engine:
             if index in grads_final:
                 for ready in hooks.stage_grads_ready:
                     ready(grads_final[index])
-        if self._first_compute is None:  # a rank with no pass still validates
-            for before in hooks.before_first_pass:
-                before()
-        for work, _, transfer in self._sends:
-            self._wait(work, transfer)
-        self._sends.clear()
-        for after in hooks.after_passes:
-            after()
-        if tracer is not None:
-            tracer.flush()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        holds_loss = any(self._is_last(s) for s in self.stages)
-        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
-        self._inputs = self._targets = None
-        return StepResult(loss, elapsed, compute)
+        return compute
 
     def _compute(self, op: Compute) -> None:
         p = op.pass_
@@ -317,8 +365,7 @@ class Engine:
             self._recompute(p.microbatch, p.stage)
         elif p.kind is PassKind.W:
             stash = self._stash.pop(key)
-            with torch.no_grad():  # weight gradients are values, not graphs
-                stash.run()
+            stash.run()  # under no_grad, whoever calls it
             if self._measure:
                 self.meter.set_stash(key, [], [])
         else:
@@ -341,6 +388,7 @@ class Engine:
         return s % self.lane_length == self.lane_length - 1
 
     def _forward(self, mb: int, s: int) -> None:
+        faults.reached("forward")
         inputs: list[torch.Tensor] = []
         if self._is_first(s):
             assert self._inputs is not None, f"stage {s}'s rank was given no inputs"
@@ -369,7 +417,7 @@ class Engine:
         value, inputs, rng = self._kept.pop((mb, s))
         if self._measure:
             self.meter.set_kept((mb, s), [])
-        with rng.restored():
+        with rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
             self._run_stage(mb, s, value, inputs, send=False)
 
     def _run_stage(
@@ -442,7 +490,13 @@ class Engine:
             self._outbox[(kind, mb, src)] = [v.contiguous() for v in value]
 
     def _take(self, kind: TransferKind, mb: int, stage: int) -> list[torch.Tensor]:
-        return self._inbox.pop((kind, mb, stage))
+        """The value handed over locally, else the received one: its receives are
+        waited for here, where it is first used."""
+        key = (kind, mb, stage)
+        if key in self._inbox:
+            return self._inbox.pop(key)
+        t, pending = self._arriving.pop(key)
+        return [self._wait(r, t) for r in pending]
 
     def _leaves_of(self, t: Transfer) -> list[Any]:
         """The tensors a transfer carries: every leaf of the sender's output for an
@@ -451,69 +505,54 @@ class Engine:
         leaves = self.specs[stage].leaves()
         return leaves if t.kind is TransferKind.ACT else [x for x in leaves if x.differentiable]
 
-    def _post_recv(self, t: Transfer) -> list[tuple[Any, torch.Tensor]]:
-        posted = []
-        for i, leaf in enumerate(self._leaves_of(t)):
-            buf = torch.empty(leaf.shape, dtype=leaf.dtype, device=self.device)
-            tag = _tag(t, i, self.num_microbatches, self.num_stages, self._num_leaves)
-            try:
-                work = dist.irecv(buf, self._peer(t.src_rank), group=self.group, tag=tag)
-            except RuntimeError as exc:
-                raise PeerError(f"posting the receive of {t} failed: {exc}") from exc
-            posted.append((work, buf))
-        return posted
+    def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
+        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
+        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), _tag(t, i, m, n, k), t)
+                for i, leaf in enumerate(self._leaves_of(t))]
+
+    def _post(self, sends: list[tuple[list[torch.Tensor], Transfer]], recvs: Sequence[Transfer]) -> None:
+        """Post `sends` and the receives of `recvs` (as one batch where the transport
+        is ordered); the receives wait in `_arriving` for the pass that takes them."""
+        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
+        send_specs = [(v, self._peer(t.dst_rank), _tag(t, i, m, n, k), t)
+                      for values, t in sends for i, v in enumerate(values)]
+        recv_specs = [spec for t in recvs for spec in self._recv_specs(t)]
+        try:
+            pending_sends, pending_recvs = self.transport.post(send_specs, recv_specs)
+        except RuntimeError as exc:
+            raise PeerError(f"posting the transfers {[str(t) for _, t in sends] + [str(t) for t in recvs]} "
+                            f"failed: {exc}") from exc
+        self._sends += pending_sends
+        for r in pending_recvs:
+            self._posted.setdefault(r.what, []).append(r)
 
     def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
-        """Post the sends and receives of `op`; on gloo (tags match transfers, so order
-        does not matter) also post the receives of the next exchange, so that their
-        data arrives while this rank runs the pass in between; wait for `op`'s
-        receives."""
-        self._sends = [s for s in self._sends if not s[0].is_completed()]
+        """Post the sends and receives of `op`; on a tagged transport (gloo: tags
+        match transfers, so order does not matter) also the receives of the next
+        exchange, so that their data arrives while this rank runs the pass in
+        between. Nothing is waited for here: a receive where its tensor is used
+        (`_take`), a send lazily."""
+        self._sends = [s for s in self._sends if not s.done()]
         sends = [(self._outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
-        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        if self.nccl:  # NCCL matches in order: one batch per exchange, as the checker proved
-            recvs = []
-            p2p = []
-            for t in op.recvs:
-                bufs = []
-                for i, leaf in enumerate(self._leaves_of(t)):
-                    buf = torch.empty(leaf.shape, dtype=leaf.dtype, device=self.device)
-                    bufs.append(buf)
-                    p2p.append(dist.P2POp(dist.irecv, buf, self._peer(t.src_rank), self.group,
-                                          _tag(t, i, m, n, k)))
-                recvs.append((bufs, t))
-            p2p += [dist.P2POp(dist.isend, v, self._peer(t.dst_rank), self.group, _tag(t, i, m, n, k))
-                    for values, t in sends for i, v in enumerate(values)]
-            for work in dist.batch_isend_irecv(p2p) if p2p else []:
-                work.wait()
-            for bufs, t in recvs:
-                self._inbox[(t.kind, t.microbatch, t.dst_stage)] = bufs
-            return
-        for values, t in sends:
-            for i, value in enumerate(values):
-                try:
-                    sent: Any = dist.isend(value, self._peer(t.dst_rank), group=self.group,
-                                           tag=_tag(t, i, m, n, k))
-                except RuntimeError as exc:
-                    raise PeerError(f"posting the send of {t} failed: {exc}") from exc
-                self._sends.append((sent, value, t))
+        if self.transport.ordered:  # NCCL matches in order: one batch per exchange, as proven
+            self._post(sends, op.recvs)
+        else:
+            early = [t for t in upcoming.recvs] if upcoming is not None else []
+            self._post(sends, [t for t in (*op.recvs, *early) if t not in self._posted])
         for t in op.recvs:
-            if t not in self._posted:
-                self._posted[t] = self._post_recv(t)
-        for t in upcoming.recvs if upcoming is not None else ():
-            if t not in self._posted:
-                self._posted[t] = self._post_recv(t)
-        for t in op.recvs:
-            bufs = []
-            for work, buf in self._posted.pop(t):
-                self._wait(work, t)
-                bufs.append(buf)
-            self._inbox[(t.kind, t.microbatch, t.dst_stage)] = bufs
+            self._arriving[(t.kind, t.microbatch, t.dst_stage)] = (t, self._posted.pop(t, []))
+        if op.sends or op.recvs:
+            faults.reached("exchange")
 
-    def _wait(self, work: Any, t: Transfer) -> None:
+    def _wait(self, pending: Any, t: Transfer) -> Any:
+        """Wait for a pending send or receive (its value); a failure names the peer."""
         peer = t.src_rank if t.dst_rank == self.rank else t.dst_rank
+        running = progress.current()
+        progress.at(("receive" if t.dst_rank == self.rank else "send", t))
         try:
-            work.wait(self.timeout)
+            value = pending.wait(self.timeout)
+            progress.at(running)  # the pass that waited goes on
+            return value
         except RuntimeError as exc:
             what = "receiving" if t.dst_rank == self.rank else "sending"
             text = str(exc)

@@ -10,6 +10,12 @@ assumed about what B or W free: the meter looks. The output gradients a W stash
 also holds are gradient buffers, not activations (the compiler's memory model has
 no term for them): their peak is reported apart, in bytes.
 
+Under autocast (bf16/fp16) a layer saves the low-precision copy of its weight
+that autocast made. The runtime casts once per step (`Engine.step` keeps
+autocast's cast cache for the whole step), so every microbatch's graph saves
+the same copy: the meter counts such copies apart, once, as the stage's weight
+copy (`peak_weight_copy_bytes`), not as any microbatch's activation.
+
 Units: the bytes one microbatch-stage holds right after its F are 1 M_B of that
 stage (the compiler's unit); after B, what it still holds divided by that is the
 model's real M_W / M_B. On a stage marked `recompute` the F keeps only its input
@@ -24,12 +30,13 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import torch
 
 from ppdsl.ir.schedule import PassKind
 
-__all__ = ["MemoryMeter", "storage_bytes"]
+__all__ = ["DevicePeak", "MemoryMeter", "storage_bytes"]
 
 
 class _Box:
@@ -80,6 +87,10 @@ class MemoryMeter:
         self._gradient_bytes: dict[tuple[int, int], int] = {}
         self.peak_gradient_bytes = 0
         """Peak of the output gradients held in W stashes (not activations)."""
+        self._copies: dict[int, weakref.ref] = {}
+        self.peak_weight_copy_bytes = 0
+        """Peak of the low-precision weight copies autocast made that autograd
+        saved (bf16/fp16; each distinct copy once, counted apart from activations)."""
 
     def add_parameters(self, params: Iterable[torch.Tensor]) -> None:
         """Tensors autograd saves that are these parameters are not activations (a
@@ -98,13 +109,43 @@ class MemoryMeter:
             if t.untyped_storage().data_ptr() in self._param_ptrs:
                 return t
             box = _Box(t)
-            held.boxes.append(weakref.ref(box))
+            if self._is_weight_copy(t):
+                self._copies.setdefault(t.untyped_storage().data_ptr(), weakref.ref(box))
+            else:
+                held.boxes.append(weakref.ref(box))
             return box
 
         def unpack(obj: object) -> torch.Tensor:
             return obj.tensor if isinstance(obj, _Box) else obj  # type: ignore[return-value]
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _is_weight_copy(self, t: torch.Tensor) -> bool:
+        """Whether `t` is a parameter cast to another dtype (autocast's copy), or a
+        transpose or view of one: autograd's path from it reaches a parameter's
+        accumulator through single-input nodes only."""
+        node = t.grad_fn
+        for _ in range(4):
+            if node is None:
+                return False
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                to_local = getattr(variable, "to_local", None)
+                local = to_local() if callable(to_local) else variable
+                return bool(local.dtype != t.dtype
+                            and local.untyped_storage().data_ptr() in self._param_ptrs)
+            nexts = node.next_functions
+            if len(nexts) != 1:
+                return False
+            node = nexts[0][0]
+        return False
+
+    def weight_copy_bytes(self) -> int:
+        """Bytes of the weight copies saved by graphs still alive (each once)."""
+        alive = [b() for b in self._copies.values()]
+        self._copies = {k: r for k, r, b in zip(self._copies, self._copies.values(), alive, strict=True)
+                        if b is not None}
+        return storage_bytes(b.tensor for b in alive if b is not None)
 
     def set_stash(
         self,
@@ -142,6 +183,8 @@ class MemoryMeter:
             self._held.pop(key, None)
         total = sum(self._bytes.values())
         self.peak_bytes = max(self.peak_bytes, total)
+        if self._copies:
+            self.peak_weight_copy_bytes = max(self.peak_weight_copy_bytes, self.weight_copy_bytes())
         self._events.append((key, self._bytes[key], Fraction(activation)))
         if kind in (PassKind.W, PassKind.BW):
             self._bytes.pop(key, None)
@@ -168,5 +211,40 @@ class MemoryMeter:
 
     def reset_peak(self) -> None:
         self.peak_bytes = 0
+        self.peak_weight_copy_bytes = 0
         self._events = []
         self.peak_gradient_bytes = 0
+
+
+class DevicePeak:
+    """The device allocator's peak over a window, from the window's own baseline:
+    `start` reads what is allocated and resets the peak, `stop` takes the peak
+    since minus that baseline (the largest over all windows is `bytes`). The
+    training loop opens the window after `zero_grad` and closes it when the
+    step's passes end, before the optimizer: every step is measured from the
+    same state (parameters and optimizer state, no gradients), the first one
+    included. `allocated`, `peak` and `reset` default to torch.cuda's counters
+    for `device` (tests give others)."""
+
+    def __init__(self, device: torch.device, *, allocated: Any = None, peak: Any = None,
+                 reset: Any = None) -> None:
+        self.device = device
+        self._allocated = allocated or (lambda: torch.cuda.memory_allocated(device))
+        self._peak = peak or (lambda: torch.cuda.max_memory_allocated(device))
+        self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        self._base: int | None = None
+        self.bytes: int | None = None
+        """The largest window peak so far, in bytes above its baseline (None before
+        a window closed)."""
+
+    def start(self) -> None:
+        """Open a window: the baseline is what is allocated now."""
+        self._base = self._allocated()
+        self._reset()
+
+    def stop(self) -> None:
+        """Close the window opened by `start`."""
+        assert self._base is not None, "DevicePeak.stop without start"
+        found = self._peak() - self._base
+        self.bytes = found if self.bytes is None else max(self.bytes, found)
+        self._base = None

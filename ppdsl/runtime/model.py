@@ -13,8 +13,9 @@ four members):
   dimension 0 is the sample dimension and is split into microbatches; either may be
   a tensor or a tuple/dict of tensors.
 
-and optionally ``tokens_per_sample`` (inputs are tokens: report tokens/s) and
-``tied`` (parameters shared between stages).
+and optionally ``tokens_per_sample`` (inputs are tokens: report tokens/s),
+``tied`` (parameters shared between stages) and ``eval_batch(index,
+batch_size) -> (inputs, targets)`` (held-out data for `--eval-every`).
 
 `split_layers` cuts a list of layers into contiguous, balanced stages.
 """
@@ -57,6 +58,11 @@ class PipelineModel:
     """Parameters shared between stages, each {stage: parameter name in that
     stage's module} (e.g. a tied embedding and vocabulary head): their gradients
     are summed over the owning ranks."""
+    eval_batch: Callable[[int, int], tuple[Any, Any]] | None = None
+    """`eval_batch(index, batch_size) -> (inputs, targets)`: evaluation batch
+    `index` (0 .. --eval-batches - 1), held out from training, the same wherever
+    it is called; None: the model has no evaluation data (`--eval-every` then
+    stops at start-up)."""
 
 
 def split_layers(layers: Sequence[Any], num_stages: int) -> list[list[Any]]:

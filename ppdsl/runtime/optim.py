@@ -57,13 +57,15 @@ def make_optimizer(
     name: str, params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float = 0.0,
     momentum: float = 0.0,
 ) -> torch.optim.Optimizer:
-    """torch.optim's SGD, Adam or AdamW on `params`."""
+    """torch.optim's SGD, Adam or AdamW on `params` (none: a rank whose stages hold
+    no parameters steps an empty group; torch refuses an empty parameter list)."""
+    groups: list[dict[str, Any]] = [{"params": list(params)}]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
+        return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay, momentum=momentum)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
 
 

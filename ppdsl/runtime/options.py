@@ -61,6 +61,19 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "shard: FSDP2 fully_shard per stage on the dp sub-mesh, gathered once per "
                 "step, gradients reduce-scattered after its last W (default: as compiled, "
                 "else replicate)"}, None),
+    ("--share-gpu", "share_gpu", {
+        "action": "store_true",
+        "help": "let the ranks of a node share its GPUs when it has fewer than ranks (a "
+                "development mode: they time-slice the GPU); transfers go through pinned host "
+                "memory over gloo. Without a GPU the ranks run on CPU with the same staged "
+                "transfers"}, False),
+    ("--eval-every", "eval_every", {
+        "type": int, "metavar": "N",
+        "help": "every N steps (and after the last), a validation loss: --eval-batches "
+                "forward-only steps on the model's eval_batch data (runner.evaluate)"}, None),
+    ("--eval-batches", "eval_batches", {
+        "type": int, "metavar": "K",
+        "help": "evaluation batches per validation loss (default 1)"}, 1),
     ("--data", "data", {
         "metavar": "FILE",
         "help": "with --model hf:DIR: a flat array of token ids (.npy, or raw .bin of uint16 as "
@@ -82,10 +95,19 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "metavar": "OUT",
         "help": "with --model hf:DIR: write the trained weights to OUT as a transformers "
                 "checkpoint (AutoModelForCausalLM.from_pretrained(OUT) loads it) at the end, "
-                "and to CHECKPOINT/hf with each checkpoint"}, None),
+                "and to CHECKPOINT_DIR/hf-step-N with each checkpoint"}, None),
     ("--resume", "resume", {
         "action": "store_true",
-        "help": "continue from the newest checkpoint in --checkpoint-dir"}, False),
+        "help": "require a checkpoint to continue from (with --checkpoint-dir a run resumes "
+                "from the newest complete checkpoint there anyway, and starts fresh when "
+                "there is none)"}, False),
+    ("--keep-checkpoints", "keep_checkpoints", {
+        "type": int, "metavar": "K",
+        "help": "keep only the newest K checkpoints (default: all)"}, None),
+    ("--sync-checkpoints", "sync_checkpoints", {
+        "action": "store_true",
+        "help": "write checkpoints before the next step starts (default: in the background, "
+                "the state copied first)"}, False),
 ]
 
 
@@ -145,6 +167,17 @@ def check_training_options(args: argparse.Namespace) -> str | None:
             return "--stop-after needs --checkpoint-dir DIR (to resume from)"
     if given("dp") is not None and given("dp") < 1:
         return f"--dp must be at least 1, not {given('dp')}"
+    if given("keep_checkpoints") is not None:
+        if given("keep_checkpoints") < 1:
+            return f"--keep-checkpoints must be at least 1, not {given('keep_checkpoints')}"
+        if not given("checkpoint_dir"):
+            return "--keep-checkpoints needs --checkpoint-dir DIR"
+    if given("sync_checkpoints") and not given("checkpoint_dir"):
+        return "--sync-checkpoints needs --checkpoint-dir DIR"
+    if given("eval_every") is not None and given("eval_every") < 1:
+        return f"--eval-every must be at least 1, not {given('eval_every')}"
+    if given("eval_batches") is not None and given("eval_batches") < 1:
+        return f"--eval-batches must be at least 1, not {given('eval_batches')}"
     model = given("model") or ""
     for dest, flag in (("data", "--data"), ("seq_len", "--seq-len"), ("cut", "--cut"),
                        ("save_model", "--save-model")):

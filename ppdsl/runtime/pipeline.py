@@ -41,6 +41,8 @@ from torch import nn
 
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Op
+from ppdsl.ir.schedule import MemoryModel
+from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks
 from ppdsl.runtime.model import ModelError
@@ -54,6 +56,7 @@ from ppdsl.runtime.structure import (
     split_microbatches,
     unflatten,
 )
+from ppdsl.runtime.transport import Transport, backend_for
 
 __all__ = [
     "CompiledPipeline",
@@ -166,6 +169,11 @@ class PipelineRunner:
     parameters shared between stages, each {stage: parameter name}: the runner
     makes those on one rank one Parameter, copies the lowest stage's values to the
     other owners at start, and sums their gradients after each step's passes.
+    `share_gpu`: the ranks share GPUs (fewer GPUs than ranks on a node; a
+    development mode: they time-slice the GPU): transfers are staged through
+    pinned host memory over gloo (`ppdsl.runtime.transport`); the group must have
+    a CPU backend. `transfer_mode` forces a transport mode ("tagged", "ordered",
+    "staged"; tests run the NCCL and staged paths on CPU tensors over gloo).
     Construction is collective over `group` (the ranks check they run the same
     schedule)."""
 
@@ -184,6 +192,8 @@ class PipelineRunner:
         note: Callable[[str], None] = _default_note,
         mesh: Any = None,
         dp_mode: str = "replicate",
+        share_gpu: bool = False,
+        transfer_mode: str | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("PipelineRunner needs torch.distributed initialised "
@@ -205,9 +215,15 @@ class PipelineRunner:
         """This process's rank in the pipeline (the schedule's rank it runs)."""
         world = dist.get_world_size(group)
         if device is None:
+            # by the backend serving CUDA tensors, not the group's name ("undefined"
+            # for a group made without one)
+            cuda = torch.device("cuda")
             device = torch.device("cuda", torch.cuda.current_device()) if (
-                torch.cuda.is_available() and dist.get_backend(group) == "nccl") else torch.device("cpu")
+                torch.cuda.is_available() and (share_gpu or backend_for(group, cuda) == "nccl")
+            ) else torch.device("cpu")
         self.device = torch.device(device)
+        self.transport = Transport(group, self.device, staged=share_gpu, mode=transfer_mode)
+        """How tensors move between this pipeline's ranks (`ppdsl.runtime.transport`)."""
         self.note = note
         self.tied = [dict(g) for g in tied]
         error = None
@@ -264,6 +280,7 @@ class PipelineRunner:
             self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
             self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
             release=release, autocast_dtype=autocast_dtype(precision), lanes=self.plan.lanes,
+            transport=self.transport,
         )
         self.hooks: Hooks = self.engine.hooks
         """Callbacks at a step's points (`ppdsl.runtime.engine.Hooks`)."""
@@ -274,6 +291,7 @@ class PipelineRunner:
         does not cover them), known after the first step."""
         self.steps_run = 0
         self._input_spec: Spec | None = None
+        self._eval_engine: Engine | None = None
         self._sync_tied_values()
         if self._tie_peers():
             self.hooks.after_passes.append(self.sync_tied_grads)
@@ -333,8 +351,13 @@ class PipelineRunner:
     def norm_parameters(self) -> list[nn.Parameter]:
         """The parameters whose gradients this rank counts in the global gradient
         norm: its own, less tied ones whose lowest owner sits on another rank (each
-        tied parameter is counted once across the pipeline)."""
-        skip = set()
+        tied parameter is counted once across the pipeline), and in shard mode
+        less the parameters FSDP keeps whole (0-dim ones) on every replica but the
+        first (the norm sums over the DP group, so each is counted once)."""
+        skip: set[int] = set()
+        dp = self.data_parallel
+        if dp is not None and dp.mode == "shard" and dist.get_rank(dp.group) != 0:
+            skip.update(id(p) for p in self.engine.params if not callable(getattr(p, "to_local", None)))
         for group in self.tied:
             owner = min(group)
             if self.plan.stage_device[owner] != self.rank:
@@ -385,6 +408,73 @@ class PipelineRunner:
         self.last_result = result
         return result.loss
 
+    def evaluate(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+        """A forward-only step (a validation loss): `inputs` and `targets` as for
+        `step`, cut into the schedule's m microbatches; every stage in eval mode
+        (BatchNorm reads its running statistics, dropout is off), no gradients,
+        the schedule's F passes in their order and no B, W or R
+        (`ppdsl.compiler.compile_forward`: proven deadlock-free at the first
+        call). Collective over the pipeline (and the DP group in shard mode,
+        which gathers each stage's weights). Returns the batch's mean loss on the
+        last stage's rank (with a mesh: this replica's share's), else None;
+        parameters, gradients, buffers and the training mode are left as they
+        were."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds a first stage: evaluate() needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: evaluate() needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None, target_mbs[0] if target_mbs else None)
+        engine = self._evaluation_engine()
+        modes = {s: module.training for s, module in self.stages.items()}
+        try:
+            for module in self.stages.values():
+                module.eval()
+            with torch.no_grad():
+                result = engine.step(input_mbs, target_mbs)
+        finally:
+            for s, module in self.stages.items():
+                module.train(modes[s])
+            dp = self.data_parallel
+            if dp is not None and dp.mode == "shard":  # FSDP gathered them at the forwards
+                for module in self.stages.values():
+                    module.reshard()  # type: ignore[operator]
+        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
+            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
+            dist.all_reduce(total, group=self.group)
+            result.loss = total if self.is_last else None
+        return result.loss
+
+    def _evaluation_engine(self) -> Engine:
+        """The engine of the forward-only programs (made at the first `evaluate`):
+        the same stages, no hooks, no recompute (nothing is kept for a backward)."""
+        if self._eval_engine is None:
+            from ppdsl.compiler import compile_forward
+            from ppdsl.diagnostics import CompileError, render_all
+
+            try:
+                programs = compile_forward(self.plan.forward_schedule()).programs()
+            except CompileError as exc:
+                raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
+            memory = self.plan.memory
+            forward_memory = MemoryModel(memory.activation, memory.weight_retained)
+            e = self.engine
+            self._eval_engine = Engine(
+                self.rank, programs[self.rank].ops, self.plan.stage_device,
+                self.plan.num_microbatches, forward_memory, self.stages, self.loss_fn, self.device,
+                group=self.group, timeout=e.timeout.total_seconds(), release=e.release,
+                autocast_dtype=e.autocast_dtype, lanes=self.plan.lanes,
+            )
+            assert self.specs is not None
+            self._eval_engine.set_specs(self.specs)
+        return self._eval_engine
+
     def _to_device(self, mbs: list[Any]) -> list[Any]:
         out = []
         for mb in mbs:
@@ -422,7 +512,9 @@ class PipelineRunner:
                     # the probe draws nothing from the RNGs the training uses (dropout):
                     # a resumed run continues the same stream as an uninterrupted one
                     devices = [self.device] if self.device.type == "cuda" else []
-                    with torch.random.fork_rng(devices=devices), \
+                    # nor changes the buffers (BatchNorm's statistics), which only
+                    # the training's forwards update
+                    with torch.random.fork_rng(devices=devices), kept_buffers(self.stages[s]), \
                             torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
                         if last:
@@ -518,17 +610,32 @@ class PipelineRunner:
 
     def _sync_tied_values(self) -> None:
         """The lowest owner's values go to the other owners (as DDP broadcasts)."""
+        timeout = self.engine.timeout
         for tag, param, ranks in self._tie_peers():
             with torch.no_grad():
                 if self.rank == ranks[0]:
-                    works: list[Any] = [dist.isend(param.detach().contiguous(), self._peer(r), group=self.group,
-                                        tag=tag) for r in ranks[1:]]
-                    for w in works:
-                        w.wait()
+                    sends, _ = self.transport.post(
+                        [(param.detach().contiguous(), self._peer(r), tag, r) for r in ranks[1:]], [])
+                    for pending in sends:
+                        pending.wait(timeout)
                 else:
-                    buf = torch.empty_like(param)
-                    dist.recv(buf, self._peer(ranks[0]), group=self.group, tag=tag)
-                    param.copy_(buf)
+                    _, recvs = self.transport.post(
+                        [], [(param.shape, param.dtype, self._peer(ranks[0]), tag, ranks[0])])
+                    param.copy_(recvs[0].wait(timeout))
+
+    def _swap(self, mine: torch.Tensor, ranks: Sequence[int], tag: int) -> dict[int, torch.Tensor]:
+        """Send `mine` to each pipeline rank in `ranks` and receive theirs, posted as
+        one batch, receives first: on NCCL an ungrouped send then receive with the
+        same peer deadlocks on both sides once the tensor outgrows its buffering
+        (a tied embedding's gradient). {rank: theirs}."""
+        sends, recvs = self.transport.post(
+            [(mine, self._peer(r), tag, r) for r in ranks],
+            [(mine.shape, mine.dtype, self._peer(r), tag, r) for r in ranks],
+        )
+        got = {r.what: r.wait(self.engine.timeout) for r in recvs}
+        for pending in sends:
+            pending.wait(self.engine.timeout)
+        return got
 
     def sync_tied_grads(self) -> None:
         """Sum each tied parameter's gradient over its owning ranks, in rank order
@@ -538,16 +645,7 @@ class PipelineRunner:
                 continue
             mine = param.grad if param.grad is not None else torch.zeros_like(param)
             mine = mine.contiguous()
-            works: list[Any] = []
-            bufs: dict[int, torch.Tensor] = {}
-            for r in ranks:
-                if r == self.rank:
-                    continue
-                works.append(dist.isend(mine, self._peer(r), group=self.group, tag=tag))
-                bufs[r] = torch.empty_like(mine)
-                works.append(dist.irecv(bufs[r], self._peer(r), group=self.group, tag=tag))
-            for w in works:
-                w.wait()
+            bufs = self._swap(mine, [r for r in ranks if r != self.rank], tag)
             total = None
             for r in ranks:
                 g = mine if r == self.rank else bufs[r]

@@ -13,6 +13,12 @@ The split's forward is the plain module's forward (`ppdsl.runtime.split`), so
 the profile times the forward of each run separately and reports both: their
 ratio is the split's cost in F, as (T_I + T_W) / T_B is its cost in the backward.
 
+On CUDA each pass is timed by CUDA events recorded around it on the current
+stream (the GPU's own time; the queue is drained before each pass), not by a
+CPU clock, which would time kernel launches only. `precision` "bf16" or "fp16"
+runs the forward (and loss) under autocast, as `ppdsl run --precision` does,
+and the report records it, with the TF32 settings, beside the times.
+
 `to_costs_pp` writes the measured costs (milliseconds) and memory (in units of
 the mean stage's M_B) as `cost` and `memory` statements of the language, for
 `--costs-from`.
@@ -20,6 +26,7 @@ the mean stage's M_B) as `cost` and `memory` statements of the language, for
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -41,6 +48,7 @@ from ppdsl.ir.schedule import PassKind
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.precision import autocast_dtype
 from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
 
 __all__ = [
@@ -141,6 +149,11 @@ class Profile:
     """What `cost reduce` stands for: an all-reduce (replicate) or a reduce-scatter (shard)."""
     collective_method: str = "not measured"
     """How the collectives were measured."""
+    precision: str = "fp32"
+    """fp32, or bf16/fp16: the forward and loss ran under autocast."""
+    tf32: str = "n/a"
+    """On CUDA, whether float32 matmuls and convolutions may use TF32 (they
+    change fp32 times several-fold): torch's settings when measured."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -183,6 +196,8 @@ class Profile:
             "warmup": self.warmup,
             "repeats": self.repeats,
             "clock": self.clock,
+            "precision": self.precision,
+            "tf32": self.tf32,
             "norms": self.norms,
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
@@ -200,10 +215,13 @@ class Profile:
             f" {'M_B':>11} {'M_W':>11} {'M_W/M_B':>7} {'F x':>6} {'I+W/B':>6}"
             f" {'bytes x':>7} {'send':>10} {'xfer':>7}"
         )
-        clock = "this thread's CPU time" if self.clock == "thread" else "wall time"
+        clock = {"thread": "this thread's CPU time", "cuda-events": "CUDA events"}.get(
+            self.clock, "wall time")
+        where = (f"{self.device} ({self.threads} thread{'s' if self.threads != 1 else ''})"
+                 if self.threads else f"{self.device} (TF32: {self.tf32})")
         lines = [
             f"{self.model}: {self.num_stages} stages, microbatch {self.microbatch_size}, "
-            f"{self.device} ({self.threads} thread{'s' if self.threads != 1 else ''}), "
+            f"{where}, {self.precision}, "
             f"median of {self.repeats} after {self.warmup} warm-up; times in ms ({clock}), "
             f"memory in bytes; layer norms' weight gradients in {self.norms.upper()}",
             head,
@@ -245,6 +263,44 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _Stopwatch:
+    """Marks in a run of passes: on CUDA events recorded on the current stream
+    (their intervals are the GPU's time, read once the run is synchronised),
+    elsewhere readings of `clock`."""
+
+    def __init__(self, device: torch.device, clock: Callable[[], float]) -> None:
+        self.cuda = device.type == "cuda"
+        self.clock = clock
+
+    def mark(self) -> Any:
+        """A point in the run."""
+        if not self.cuda:
+            return self.clock()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        """Seconds between two marks (on CUDA, after a synchronize)."""
+        if not self.cuda:
+            return float(end - start)
+        return float(start.elapsed_time(end)) / 1e3
+
+
+def _precision_context(device: torch.device, precision: str) -> Any:
+    dtype = autocast_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def tf32_settings() -> str:
+    """torch's TF32 switches, as the profile records them."""
+    return (f"matmul {'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}, "
+            f"cudnn {'on' if torch.backends.cudnn.allow_tf32 else 'off'}, "
+            f"float32 matmul precision {torch.get_float32_matmul_precision()}")
+
+
 def measure_stage(
     stage: torch.nn.Module,
     make_input: Callable[[], torch.Tensor],
@@ -257,6 +313,7 @@ def measure_stage(
     progress: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     norms: str = "b",
+    precision: str = "fp32",
 ) -> StageTiming:
     """Time and measure one stage. `make_input()` gives a fresh input (made to
     require grad when floating, as the runtime does for stages after the first);
@@ -265,8 +322,11 @@ def measure_stage(
     stage (None on the last, whose loss is a scalar). `clock` reads the time:
     wall time by default; ``time.thread_time`` counts only this thread's CPU time
     (on a CPU shared with other work, with torch on one thread). `norms` is
-    `split.backward_input`'s: when layer norms' weight gradients are computed."""
+    `split.backward_input`'s: when layer norms' weight gradients are computed.
+    `precision`: "bf16"/"fp16" run the forward and `finish` under autocast. On
+    CUDA the passes are timed by CUDA events (`clock` unused)."""
     params = list(stage.parameters())
+    watch = _Stopwatch(device, clock)
 
     def fresh() -> tuple[torch.Tensor, torch.Tensor | None]:
         x = make_input()
@@ -280,14 +340,16 @@ def measure_stage(
             p.grad = None
         x, wanted = fresh()
         _sync(device)
-        t0 = clock()
-        out = finish(stage(x))
+        t0 = watch.mark()
+        with _precision_context(device, precision):
+            out = finish(stage(x))
         _sync(device)
-        t1 = clock()
+        t1 = watch.mark()
         torch.autograd.backward(out, grad_output)
         del out  # the graph goes with the pass, as in the runtime (and in `split`)
+        t2 = watch.mark()
         _sync(device)
-        return t1 - t0, clock() - t1
+        return watch.seconds(t0, t1), watch.seconds(t1, t2)
 
     def split() -> tuple[float, float, float]:
         for p in params:
@@ -295,17 +357,19 @@ def measure_stage(
         x, wanted = fresh()
         stash = WStash()
         _sync(device)
-        t0 = clock()
-        out = finish(stage(x))
+        t0 = watch.mark()
+        with _precision_context(device, precision):
+            out = finish(stage(x))
         _sync(device)
-        t1 = clock()
+        t1 = watch.mark()
         backward_input(out, grad_output, wanted, stash, norms=norms)
         del out
         _sync(device)
-        t2 = clock()
+        t2 = watch.mark()
         stash.run()
+        t3 = watch.mark()
         _sync(device)
-        return t1 - t0, t2 - t1, clock() - t2
+        return watch.seconds(t0, t1), watch.seconds(t1, t2), watch.seconds(t2, t3)
 
     plain_f: list[float] = []
     plain_b: list[float] = []
@@ -338,9 +402,10 @@ def measure_stage(
             gc.enable()
     for p in params:
         p.grad = None
-    plain_bytes, _, _ = _memory(stage, fresh, finish, grad_output, split_backward=False)
+    plain_bytes, _, _ = _memory(stage, fresh, finish, grad_output, split_backward=False,
+                                precision=precision)
     f_bytes, w_bytes, g_bytes = _memory(stage, fresh, finish, grad_output, split_backward=True,
-                                        norms=norms)
+                                        norms=norms, precision=precision)
     if progress is not None:
         progress(1.0)
 
@@ -368,12 +433,15 @@ def _memory(
     *,
     split_backward: bool,
     norms: str = "b",
+    precision: str = "fp32",
 ) -> tuple[int, int, int]:
-    """(bytes after F, bytes after B, stash gradient bytes), by the runtime's meter."""
+    """(bytes after F, bytes after B, stash gradient bytes), by the runtime's meter
+    (under autocast the weights' low-precision copies are not activations: the
+    meter counts them apart)."""
     meter = MemoryMeter(stage.parameters())
     key = (0, 0)
     x, wanted = fresh()
-    with meter.saving(key):
+    with meter.saving(key), _precision_context(x.device, precision):
         out = finish(stage(x))
     meter.after(PassKind.F, key, Fraction(1))
     if not split_backward:
@@ -446,18 +514,28 @@ import json, statistics, sys, time
 from datetime import timedelta
 import torch
 import torch.distributed as dist
-sizes, repeats = json.loads(sys.argv[1])
-dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-world, rank = dist.get_world_size(), dist.get_rank()
+sizes, repeats, backend = json.loads(sys.argv[1])
+rank = int(__import__("os").environ["RANK"])
+device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+if backend == "nccl":
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=120), device_id=device)
+else:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+world = dist.get_world_size()
 found = []
 for size in sizes:
     rows = -(-max(size // 4, 1) // world)
-    whole, part = torch.ones(rows * world), torch.ones(rows)
+    whole, part = torch.ones(rows * world, device=device), torch.ones(rows, device=device)
     row = {}
     for name in ("all_reduce", "reduce_scatter", "all_gather"):
         times = []
         for rep in range(repeats + 2):
             dist.barrier()
+            if backend == "nccl":  # the GPU's time: CUDA events around the collective
+                torch.cuda.synchronize()
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
             t0 = time.perf_counter()
             if name == "all_reduce":
                 dist.all_reduce(whole)
@@ -465,8 +543,14 @@ for size in sizes:
                 dist.reduce_scatter_tensor(part, whole)
             else:
                 dist.all_gather_into_tensor(whole, part)
+            if backend == "nccl":
+                end.record()
+                torch.cuda.synchronize()
+                took = start.elapsed_time(end) / 1e3
+            else:
+                took = time.perf_counter() - t0
             if rep >= 2:
-                times.append(time.perf_counter() - t0)
+                times.append(took)
         row[name] = statistics.median(times) * 1e3
     found.append(row)
 dist.destroy_process_group()
@@ -475,10 +559,26 @@ if rank == 0:
 """
 
 
-def measure_collectives(sizes: list[int], dp: int, repeats: int = 5) -> tuple[list[dict[str, float]], str]:
+def measure_collectives(sizes: list[int], dp: int, repeats: int = 5,
+                        device: torch.device | None = None) -> tuple[list[dict[str, float]], str]:
     """Median ms of an all-reduce, a reduce-scatter and an all-gather of each of
-    `sizes` bytes (fp32) over `dp` gloo processes on this machine's loopback."""
-    found = _run_gloo(_COLLECTIVES, dp, [sizes, repeats], 300, f"the {dp}-process gloo collectives")
+    `sizes` bytes (fp32) over `dp` processes on this machine: NCCL on CUDA
+    tensors, timed by CUDA events, for a CUDA profile on a node with a GPU per
+    process; else gloo on loopback (said so: a CUDA run's NCCL collectives were
+    then not measured)."""
+    gpus = torch.cuda.device_count() if device is not None and device.type == "cuda" else 0
+    if gpus >= dp:
+        found = _run_gloo(_COLLECTIVES, dp, [sizes, repeats, "nccl"], 300,
+                          f"the {dp}-process NCCL collectives")
+        return found, f"NCCL collectives among {dp} processes, one GPU each, timed by CUDA events"
+    found = _run_gloo(_COLLECTIVES, dp, [sizes, repeats, "gloo"], 300,
+                      f"the {dp}-process gloo collectives")
+    if gpus:
+        return found, (
+            f"gloo collectives among {dp} processes on CPU tensors: this node has {gpus} "
+            f"GPU{'s' if gpus != 1 else ''} for {dp} processes, so NCCL's (a CUDA run's) "
+            "were NOT measured; these are an upper bound"
+        )
     return found, (
         f"gloo collectives among {dp} processes on this machine's loopback (what `ppdsl run "
         f"--dp {dp}` does on CPU; NCCL between GPUs is faster)"
@@ -585,6 +685,7 @@ def profile_model(
     norms: str = "b",
     dp: int = 1,
     dp_mode: str = "replicate",
+    precision: str = "fp32",
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -593,9 +694,12 @@ def profile_model(
     computes layer norms' weight gradients ("b" or "w", `split.backward_input`).
     `dp` > 1 also measures each stage's data-parallel collectives over `dp` gloo
     processes (`cost reduce`: all-reduce, or reduce-scatter with `dp_mode`
-    "shard"; `cost gather`: all-gather)."""
+    "shard"; `cost gather`: all-gather). `precision`: fp32, or bf16/fp16 under
+    autocast (as `ppdsl run --precision`)."""
     if norms not in ("b", "w"):
         raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
     thread_clock = device.type == "cpu" and torch.get_num_threads() == 1
     clock = time.thread_time if thread_clock else time.perf_counter
     model = build_model(spec, num_stages)
@@ -611,7 +715,7 @@ def profile_model(
         last = s == num_stages - 1
         stage_input = x
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _precision_context(device, precision):
                 out = stage(stage_input)
                 if last:
                     model.loss(out, targets)
@@ -645,6 +749,7 @@ def profile_model(
         timings.append(measure_stage(
             stage, make_input, finish, grad_output, device,
             warmup=warmup, repeats=repeats, progress=report, clock=clock, norms=norms,
+            precision=precision,
         ))
         uncovered.append(tuple(uncovered_parameters(stage, stage_input)))
         param_bytes.append(sum(p.numel() * p.element_size() for p in stage.parameters()))
@@ -662,7 +767,7 @@ def profile_model(
     if dp > 1:
         if progress is not None:
             progress("collectives", 1.0)
-        found, collective_method = measure_collectives(param_bytes, dp)
+        found, collective_method = measure_collectives(param_bytes, dp, device=device)
         collectives = list(found)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
@@ -674,8 +779,10 @@ def profile_model(
         warmup=warmup,
         repeats=repeats,
         transfer_method=method,
-        clock="thread" if thread_clock else "wall",
+        clock="cuda-events" if device.type == "cuda" else "thread" if thread_clock else "wall",
         norms=norms,
+        precision=precision,
+        tf32=tf32_settings() if device.type == "cuda" else "n/a",
         stages=tuple(
             StageProfile(s, timings[s], boundary[s], by_size.get(boundary[s]) if boundary[s] else None,
                          uncovered[s], param_bytes[s],

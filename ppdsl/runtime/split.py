@@ -108,9 +108,13 @@ class WStash:
         self.gradients.extend(gradients)
 
     def run(self) -> None:
-        """W: run the deferred work in order, then free everything."""
-        for fn in self.work:
-            fn()
+        """W: run the deferred work in order, then free everything. It runs under
+        ``torch.no_grad()`` whoever calls it: the stashed layer inputs come from
+        autograd's saved tensors and require grad, so with grad mode on each
+        weight gradient would get a ``grad_fn`` keeping the stash alive."""
+        with torch.no_grad():  # weight gradients are values, not graphs
+            for fn in self.work:
+                fn()
         self.work.clear()
         self.tensors.clear()
         self.gradients.clear()
@@ -292,6 +296,11 @@ class _Linears:
     distinct: bool
     """No parameter appears twice among their weights and biases (tied layers do):
     W may then accumulate them all in one go."""
+    cast: bool = False
+    """The weights (and biases) reach the layers through a cast (autocast's copy
+    in bf16/fp16): W computes their gradients in that precision, as autograd's
+    addmm backward does, and casts them to the parameters' dtype, as autograd's
+    cast backward does."""
 
 
 @dataclass(frozen=True)
@@ -469,17 +478,18 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
                 by_node[node] = []
                 kinds[node] = kind
             by_node[node].append((slot, transposed, cast, position[acc]))
-    linear: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+    linear: dict[tuple[int, bool, bool], list[tuple[int, int, int]]] = {}
     native: list[tuple[int, int, tuple[tuple[int, bool, bool, int], ...]]] = []
     for node, found in by_node.items():
         kind = kinds[node]
         slots = {slot: (transposed, cast, acc) for slot, transposed, cast, acc in found}
         weight = slots.get(2 if kind == _ADDMM else 1)
         bias = slots.get(0) if kind == _ADDMM else None
+        # nn.Linear's form, its weight and bias cast alike (autocast casts both, or neither)
         if (kind in (_ADDMM, _MM) and len(slots) == (2 if bias is not None else 1)
-                and weight is not None and weight[:2] == (True, False)
-                and (bias is None or bias[:2] == (False, False))):
-            linear.setdefault((kind, bias is not None), []).append(
+                and weight is not None and weight[0]
+                and (bias is None or bias[:2] == (False, weight[1]))):
+            linear.setdefault((kind, bias is not None, weight[1]), []).append(
                 (position[node], weight[2], bias[2] if bias is not None else -1)
             )
         else:
@@ -495,8 +505,9 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
             # positions of the parameters' accumulators: one per parameter
             len({m[1] for m in members} | {m[2] for m in members if with_bias})
             == len(members) * (2 if with_bias else 1),
+            cast,
         )
-        for (kind, with_bias), members in linear.items()
+        for (kind, with_bias, cast), members in linear.items()
     )
     return _Plan(groups, tuple(native), tuple(position[n] for n in user),
                  tuple(eager), _gather(norms), tuple(forced))
@@ -592,11 +603,13 @@ def _weight_grads(
 
 
 def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None) -> None:
+                         bias: torch.Tensor | None, cast: bool = False) -> None:
     """W for nn.Linear's addmm (alpha = beta = 1): dW = dy^T x, as autograd's
     addmm backward and its transpose compute it, and the bias's gradient dy
-    summed over the rows; into `.grad`."""
+    summed over the rows; into `.grad` (`cast`: in the parameters' dtype)."""
     g = dy.t().mm(x)
+    if cast:
+        g = g.to(weight.dtype)
     found = weight.grad
     if found is None:
         weight.grad = g
@@ -609,6 +622,8 @@ def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
         g = dy.sum_to_size(bias.shape)
         if g is dy:
             g = dy.clone()  # .grad must not alias the stashed output gradient
+    if cast:
+        g = g.to(bias.dtype)
     found = bias.grad
     if found is None:
         bias.grad = g
@@ -617,10 +632,12 @@ def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 
 
 def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
-                          weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> None:
+                          weights: list[torch.Tensor], biases: list[torch.Tensor] | None,
+                          cast: bool = False) -> None:
     """`_linear_weight_grads` for many layers at once: the same ops, called from C
     (``map``) rather than a Python loop, and the gradients accumulated in bulk."""
-    _accumulate_all(weights, list(map(torch.mm, map(torch.t, dys), xs)))
+    grads = list(map(torch.mm, map(torch.t, dys), xs))
+    _accumulate_all(weights, _in_dtypes(grads, weights) if cast else grads)
     if biases is None:
         return
     sums = list(map(torch.sum, dys, repeat(0)))
@@ -629,7 +646,12 @@ def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
             if sums[at].shape != bias.shape:
                 g = dy.sum_to_size(bias.shape)
                 sums[at] = dy.clone() if g is dy else g
-    _accumulate_all(biases, sums)
+    _accumulate_all(biases, _in_dtypes(sums, biases) if cast else sums)
+
+
+def _in_dtypes(grads: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient in its parameter's dtype (autocast's cast, undone)."""
+    return list(map(torch.Tensor.to, grads, map(attrgetter("dtype"), params)))
 
 
 def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
@@ -777,7 +799,7 @@ def backward_input(
             pairs_ab is None or pairs_ab.count((1, 1)) == group.count
         ):
             work.append(partial(_linears_weight_grads, dys, xs, weights,
-                                biases if group.biases is not None else None))
+                                biases if group.biases is not None else None, group.cast))
             tensors.extend(xs)
             gradients.extend(dys)  # type: ignore[arg-type]
             continue
@@ -786,11 +808,11 @@ def backward_input(
             if dy is None:
                 continue
             if ab == (1, 1):
-                work.append(partial(_linear_weight_grads, dy, x, weight, bias))
+                work.append(partial(_linear_weight_grads, dy, x, weight, bias, group.cast))
             else:
-                targets = [(2, True, False, weight)]
+                targets = [(2, True, group.cast, weight)]
                 if bias is not None:
-                    targets.append((0, False, False, bias))
+                    targets.append((0, False, group.cast, bias))
                 work.append(partial(_weight_grads, _ADDMM, (x, *ab), targets, dy))
             tensors.append(x)
             gradients.append(dy)
@@ -838,4 +860,22 @@ def uncovered_in(stage: nn.Module, outputs: Sequence[torch.Tensor]) -> list[str]
         return []
     order, plan = _plan_for(roots, True)
     eager = {id(order[at].variable) for at in plan.eager}
-    return [name for name, p in stage.named_parameters() if id(p) in eager]
+    compiled = _compiled_parameters(order)
+    return [name + (_COMPILED_HINT if id(p) in compiled else "")
+            for name, p in stage.named_parameters() if id(p) in eager]
+
+
+_COMPILED_HINT = (" (inside a torch.compile region, one autograd node the split cannot "
+                  "look into: keep the linears eager and compile what lies between them)")
+
+
+def _compiled_parameters(order: Sequence[Any]) -> set[int]:
+    """Ids of the parameters a torch.compile'd region takes directly (its backward
+    is one node, ``CompiledFunctionBackward``, whose inputs include them)."""
+    acc_type = _kinds().accumulate
+    found: set[int] = set()
+    for node in order:
+        if type(node).__name__.startswith("CompiledFunction"):
+            found.update(id(_VARIABLE(child)) for child, _ in node.next_functions
+                         if child is not None and type(child) is acc_type)
+    return found

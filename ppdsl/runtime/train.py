@@ -47,18 +47,15 @@ import torch.distributed as dist
 from ppdsl.backend.plan import Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
-from ppdsl.runtime.checkpoint import (
-    CheckpointError,
-    checkpoint_path,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from ppdsl.runtime import faults, progress
+from ppdsl.runtime.attempt import attempt_note, attempt_store
+from ppdsl.runtime.checkpoint import Checkpointer, CheckpointError, run_identity
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
+from ppdsl.runtime.memory import DevicePeak
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
@@ -71,7 +68,7 @@ from ppdsl.runtime.trace import (
     simulated_makespan,
     write_chrome_trace,
 )
-from ppdsl.runtime.watchdog import Watchdog, fail
+from ppdsl.runtime.watchdog import Watchdog, fail, group_timeout
 from ppdsl.semantics import format_ratio
 
 __all__ = ["main", "parse_options", "memory_table", "timing_summary"]
@@ -190,7 +187,7 @@ def main(
         return EXIT_INVALID
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    choice = choose_device(opts.device, local_ranks)
+    choice = choose_device(opts.device, local_ranks, share_gpu=opts.share_gpu)
     if choice.error is not None:
         if local_rank == 0:
             print(f"ppdsl: error: {choice.error}", file=sys.stderr, flush=True)
@@ -199,20 +196,25 @@ def main(
         print(choice.note, file=sys.stderr, flush=True)
     use_cuda = choice.kind == "cuda"
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # --share-gpu: rank r on GPU r mod count (else one GPU per local rank)
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
         keep_freed_memory()
     try:
-        if use_cuda:
+        store = attempt_store(rank, world, opts.timeout)
+        if use_cuda and not opts.share_gpu:
             dist.init_process_group(
-                "nccl", timeout=timedelta(seconds=opts.timeout), device_id=device
+                "nccl", timeout=timedelta(seconds=group_timeout(opts.timeout)), device_id=device,
+                store=store, rank=rank, world_size=world,
             )
         else:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
+            dist.init_process_group("gloo", timeout=timedelta(seconds=group_timeout(opts.timeout)),
+                                    store=store, rank=rank, world_size=world)
     except Exception as exc:  # a rank that never arrives, an unreachable MASTER_ADDR
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
@@ -250,6 +252,12 @@ def main(
     return code
 
 
+def _hf_checkpoint(directory: str, step: int) -> Path:
+    """Where `--save-model` writes the transformers checkpoint beside the run's
+    checkpoint after `step` steps."""
+    return Path(directory) / f"hf-step-{step:08d}"
+
+
 def _build_model(opts: argparse.Namespace, num_stages: int) -> Any:
     """The user's factory's model, or `--model hf:DIR` cut by `ppdsl.runtime.hf`."""
     if not is_hf_spec(opts.model):
@@ -265,13 +273,19 @@ def _startup_error(rank: int, error: str) -> int:
     return EXIT_INVALID
 
 
+def _bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes, in row-major order, whatever its shape (a 0-dim one too: torch
+    cannot view a 0-dim tensor as bytes), layout and dtype (bool, integers)."""
+    return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _digest(runner: PipelineRunner) -> str:
     """sha256 of this rank's parameters' bytes (a sharded one's shard), in name order
     (to compare runs)."""
     h = hashlib.sha256()
     for name, p in runner.named_parameters():
         h.update(name.encode())
-        h.update(local_tensor(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_bytes(local_tensor(p.detach())))
     return h.hexdigest()
 
 
@@ -282,8 +296,46 @@ def _whole_digest(runner: PipelineRunner) -> str:
     for name, p in runner.named_parameters():
         whole = p.full_tensor() if hasattr(p, "full_tensor") else p
         h.update(name.encode())
-        h.update(whole.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_bytes(whole.detach()))
     return h.hexdigest()
+
+
+def _buffers_digest(runner: PipelineRunner) -> str | None:
+    """sha256 of this rank's module buffers (BatchNorm's statistics), in name
+    order; None when its stages hold none."""
+    h = hashlib.sha256()
+    found = False
+    for s, module in sorted(runner.stages.items()):
+        for name, buf in module.named_buffers():
+            found = True
+            h.update(f"stage{s}.{name}".encode())
+            h.update(_bytes(buf.detach()))
+    return h.hexdigest() if found else None
+
+
+def _validate(
+    runner: PipelineRunner, model: Any, num_batches: int, batch_size: int, dp: int, replica: int,
+    share: slice, device: torch.device,
+) -> float:
+    """The validation loss: `num_batches` forward-only steps (`runner.evaluate`) on
+    the model's `eval_batch` data, each replica on its share; the mean over the
+    batches and the replicas, the same on every rank (collective)."""
+    total = 0.0
+    for index in range(num_batches):
+        inputs = targets = None
+        if runner.is_first or runner.is_last:
+            inputs, targets = model.eval_batch(index, batch_size)
+            if dp > 1:
+                inputs, targets = _share(inputs, share), _share(targets, share)
+        loss = runner.evaluate(inputs if runner.is_first else None,
+                               targets if runner.is_last else None)
+        if loss is not None:
+            total += float(loss)
+    stats = torch.full((dp,), float("-inf"), dtype=torch.float64, device=device)
+    if runner.is_last:
+        stats[replica] = total / num_batches
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return float(stats.mean())
 
 
 def _share(value: Any, rows: slice) -> Any:
@@ -293,15 +345,19 @@ def _share(value: Any, rows: slice) -> Any:
 
 
 def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> str:
-    """Whether the DP replicas of each pipeline rank ended with the same parameters."""
+    """Whether the DP replicas of each pipeline rank ended with the same parameters
+    (and buffers, where the stages hold any)."""
     lines = [""]
     for pp in range(num_ranks):
         mine = [r for r in ranks if r["pp_rank"] == pp]
         same = len({r["whole_parameters_sha256"] for r in mine}) == 1
+        buffers = {r.get("buffers_sha256") for r in mine}
         lines.append(
             f"pipeline rank {pp}: replicas on global ranks {', '.join(str(r['rank']) for r in mine)} "
             f"({mode}): parameters {'equal' if same else 'DIFFER'} "
             f"(sha256 {mine[0]['whole_parameters_sha256'][:12]})"
+            + ("" if buffers == {None} else
+               f", buffers {'equal' if len(buffers) == 1 else 'DIFFER'}")
         )
     return "\n".join(lines)
 
@@ -348,6 +404,12 @@ def _run(
                 + (f" on each of {dp} replicas" if dp > 1 else "")
                 + f"; use a multiple of {m * dp}"
             )
+        if opts.eval_every is not None and getattr(model, "eval_batch", None) is None:
+            raise ModelError(
+                f"--eval-every needs evaluation data, but --model {opts.model!r} has no "
+                "eval_batch(index, batch_size) -> (inputs, targets) (docs/runtime.md, the "
+                "model protocol)"
+            )
     except ModelError as exc:
         error = str(exc)
     except Exception as exc:
@@ -362,7 +424,8 @@ def _run(
         runner = PipelineRunner(
             schedule, model.stage, model.loss, device=device, precision=opts.precision,
             release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
-            timeout=opts.timeout, mesh=mesh, dp_mode=opts.dp_mode,
+            timeout=group_timeout(opts.timeout), mesh=mesh, dp_mode=opts.dp_mode,
+            share_gpu=opts.share_gpu,
         )
     except ModelError as exc:  # the same message on every rank
         return _startup_error(rank, str(exc))
@@ -375,16 +438,30 @@ def _run(
                             validation=opts.optimizer_validation)
     first_step = 0
     last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
-    if opts.resume:
-        found = latest_checkpoint(opts.checkpoint_dir)
-        if found is None:
-            return _startup_error(rank, f"--resume: no checkpoint in {opts.checkpoint_dir!r}")
+    checkpointer = None
+    if opts.checkpoint_dir:
+        checkpointer = Checkpointer(
+            opts.checkpoint_dir, runner, optimizer, stepper=stepper, scheduler=scheduler,
+            identity=run_identity(plan, runner, model=opts.model, world_size=world, dp=dp,
+                                  dp_mode=opts.dp_mode),
+            keep=opts.keep_checkpoints, asynchronous=not opts.sync_checkpoints,
+            on_event=lambda point, at: faults.reached(point, at),
+        )
         try:
-            first_step = int(load_checkpoint(found, runner, optimizer, stepper=stepper,
-                                             scheduler=scheduler)["step"])
+            resumed = checkpointer.resume(require=opts.resume)
         except CheckpointError as exc:
             return _startup_error(rank, str(exc))
-        _say(rank, f"ppdsl: resumed from {found} (after step {first_step})")
+        if resumed is not None:
+            first_step = resumed[0]
+            _say(rank, f"ppdsl: resumed from {resumed[1]} (after step {first_step})"
+                 + attempt_note())
+        else:
+            _say(rank, f"ppdsl: no checkpoint in {opts.checkpoint_dir} yet: starting at step 1"
+                 + attempt_note())
+    if first_step >= last_step:
+        _say(rank, f"ppdsl: the checkpoint is already at step {first_step} of {last_step}: "
+                   "nothing left to train")
+        return 0
     tokens_per_sample = getattr(model, "tokens_per_sample", None)
     _say(
         rank,
@@ -393,7 +470,8 @@ def _run(
         + f"{world} ranks, {plan.num_stages} stages, "
         f"{m} microbatches, batch {batch_size}"
         + (f" ({batch_size // dp} per replica)" if dp > 1 else "") + f", {device.type}"
-        + (" (gloo)" if device.type == "cpu" else " (nccl)")
+        + (" (gloo, shared GPU: transfers staged through host memory)" if opts.share_gpu
+           else " (gloo)" if device.type == "cpu" else " (nccl)")
         + f", {opts.optimizer}" + (f", {opts.precision}" if opts.precision != "fp32" else "")
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
            if opts.clip_grad_norm is not None else ""),
@@ -411,10 +489,11 @@ def _run(
     step_times: list[float] = []
     shares: list[float] = []
     losses: dict[int, float] = {}
+    evals: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
-    cuda_peak = None
+    device_peak = DevicePeak(device) if device.type == "cuda" else None
     meter = runner.engine.meter
-    last_saved = first_step if opts.resume else None
+    last_saved = first_step if first_step else None
     # The per-step line's numbers are all-reduced in the background and printed
     # one step late: a blocking collective per step would be a barrier, undoing
     # what post-validation saves.
@@ -436,10 +515,9 @@ def _run(
                    f"time {step_time * 1e3:8.1f} ms{rate}")
 
     for step in range(first_step, last_step):
-        if device.type == "cuda":
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
+        faults.set_step(step + 1)
         inputs = targets = None
+        progress.at(f"step {step + 1}: building its batch and starting")
         if runner.is_first or runner.is_last:  # data is built only where it is used
             inputs, targets = model.batch(step, batch_size)
         if step == first_step:
@@ -458,6 +536,8 @@ def _run(
         tracer.step = step
         tracer.timed = step > first_step or last_step - first_step == 1
         optimizer.zero_grad(set_to_none=True)
+        if device_peak is not None:  # every step from the same state: no gradients
+            device_peak.start()
         t0 = time.perf_counter()
         if dp > 1 and inputs is not None:
             inputs, targets = _share(inputs, share), _share(targets, share)
@@ -467,41 +547,61 @@ def _run(
                                measure_memory=step == first_step)
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
+        if device_peak is not None:  # the passes' peak, before the optimizer allocates
+            device_peak.stop()
         tracer.begin()
+        progress.at("the optimizer step")
+        faults.reached("optimizer")
         stepper.step()
         tracer.end("optimizer", "optimizer", {}, None)
         tracer.flush()
         scheduler.step()
+        # The step before's line is printed before its checkpoint can become visible:
+        # a run restarted from that checkpoint has printed every step it holds.
+        if pending is not None:
+            report(pending)
+            pending = None
+        if checkpointer is not None:
+            checkpointer.poll()
+        every = opts.checkpoint_every
+        if checkpointer is not None and every and (step + 1) % every == 0:
+            progress.at(f"saving the checkpoint of step {step + 1}")
+            checkpointer.save(step + 1)  # part of the step's time: what a save costs training
+            if opts.save_model:
+                model.save(_hf_checkpoint(opts.checkpoint_dir, step + 1), runner.stages)
+            last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
         if step > first_step or last_step - first_step == 1:
             shares.append(result.compute_time / max(step_time, 1e-12))
-        if device.type == "cuda":
-            cuda_peak = max(cuda_peak or 0, torch.cuda.max_memory_allocated(device) - base)
         peak_bytes = max(peak_bytes, meter.peak_bytes)
         peak_units = max(peak_units, meter.peak_units)
         stats = torch.full((dp + 1,), float("-inf"), device=device)
         if loss is not None:
             stats[replica] = float(loss)
         stats[dp] = step_time
-        if pending is not None:
-            report(pending)
         pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
-        every = opts.checkpoint_every
-        if opts.checkpoint_dir and every and (step + 1) % every == 0:
-            save_checkpoint(checkpoint_path(opts.checkpoint_dir, step + 1), runner, optimizer,
-                            step=step + 1, stepper=stepper, scheduler=scheduler)
-            if opts.save_model:
-                model.save(checkpoint_path(opts.checkpoint_dir, step + 1) / "hf", runner.stages)
-            last_saved = step + 1
+        if opts.eval_every and ((step + 1) % opts.eval_every == 0 or step + 1 == last_step):
+            stepper.resolve()  # a post-validated step is settled before its weights are used
+            assert pending is not None
+            report(pending)
+            pending = None
+            progress.at(f"evaluating after step {step + 1}")
+            evals[step] = _validate(runner, model, opts.eval_batches, batch_size, dp, replica, share,
+                                    device)
+            _say(rank, f"eval after step {step + 1}: loss {evals[step]:.4f} "
+                       f"({opts.eval_batches} batch{'es' if opts.eval_batches > 1 else ''} of "
+                       f"{batch_size}, forward only)")
+    progress.at("finishing: the last step's checks, the final checkpoint and the summary")
     stepper.resolve()  # the last step, if post-validated, is checked here
     if pending is not None:
         report(pending)
-    if opts.checkpoint_dir and last_saved != last_step:
-        save_checkpoint(checkpoint_path(opts.checkpoint_dir, last_step), runner, optimizer,
-                        step=last_step, stepper=stepper, scheduler=scheduler)
-        if opts.save_model:
-            model.save(checkpoint_path(opts.checkpoint_dir, last_step) / "hf", runner.stages)
+    if checkpointer is not None:
+        if last_saved != last_step:
+            checkpointer.save(last_step)
+            if opts.save_model:
+                model.save(_hf_checkpoint(opts.checkpoint_dir, last_step), runner.stages)
+        checkpointer.wait()
     if opts.save_model:
         model.save(opts.save_model, runner.stages)
         _say(rank, f"ppdsl: saved the trained model to {opts.save_model} (transformers "
@@ -529,7 +629,8 @@ def _run(
         "measured_peak": str(peak_units),
         "measured_peak_bytes": peak_bytes,
         "stash_gradient_bytes": meter.peak_gradient_bytes,
-        "cuda_peak_bytes": cuda_peak,
+        "weight_copy_bytes": meter.peak_weight_copy_bytes,
+        "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
         "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
@@ -537,8 +638,10 @@ def _run(
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
+        "eval_losses": {str(k + 1): v.hex() for k, v in sorted(evals.items())},
         "parameters_sha256": _digest(runner),
         "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
+        "buffers_sha256": _buffers_digest(runner),
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes

@@ -3,8 +3,12 @@
 
 A rank whose heartbeat stops for `timeout` seconds (killed, or frozen) or that
 reports a failure makes every other rank print a message naming it and exit
-non-zero. Transfers themselves also time out (the process group's timeout), so a
-rank stuck waiting on a live but wedged peer names that peer too.
+non-zero. With each beat a rank also publishes where it is (`progress`): when no
+rank has moved for `timeout` seconds while every one still beats (a wedged
+kernel, a peer that stops answering, which NCCL would only abort after its own
+timeout), every rank stops and the first to see it prints where each one stood. The
+process group's own timeout is longer (`group_timeout`), so this report comes
+first.
 """
 
 from __future__ import annotations
@@ -18,9 +22,20 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-__all__ = ["Watchdog", "fail"]
+from ppdsl.runtime import progress
+from ppdsl.runtime.attempt import attempt_prefix
 
-_PREFIX = "ppdsl/watchdog/"
+__all__ = ["Watchdog", "fail", "group_timeout"]
+
+
+def group_timeout(timeout: float) -> float:
+    """The process group's timeout for a watchdog of `timeout` seconds: long
+    enough that the watchdog names a hung peer before a transfer times out."""
+    return 2 * timeout + 10
+
+# Keys per torchrun attempt: the agent's store outlives a restart of the workers,
+# and a failure reported by the attempt before must not stop this one.
+_PREFIX = f"{attempt_prefix()}watchdog/"
 
 
 def _default_exit(message: str) -> None:
@@ -91,10 +106,18 @@ class Watchdog:
         others = [r for r in range(self.world_size) if r != self.rank]
         seen = {r: -1 for r in others}
         changed = {r: time.monotonic() for r in others}
+        moved = {r: (-1, time.monotonic()) for r in range(self.world_size)}
+        published = -1
         while not self._stop.wait(self.interval):
             try:
                 self.store.add(f"{_PREFIX}hb/{self.rank}", 1)
+                count, where = progress.position()
+                if count != published:
+                    self.store.set(f"{_PREFIX}at/{self.rank}", f"{count}|{where}")
+                    published = count
                 now = time.monotonic()
+                if self._stalled(moved, now):
+                    return
                 for r in others:
                     if self.store.check([f"{_PREFIX}done/{r}"]):
                         changed[r] = now
@@ -120,6 +143,33 @@ class Watchdog:
                     f"rank 0 died ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                 )
                 return
+
+    def _stalled(self, moved: dict[int, tuple[int, float]], now: float) -> bool:
+        """True (after reporting) when no rank still running has moved for
+        `timeout` seconds; `moved` holds each rank's last count and when it changed."""
+        positions = {}
+        for r in range(self.world_size):
+            if self.store.check([f"{_PREFIX}done/{r}"]):
+                moved[r] = (-1, now)
+                continue
+            if not self.store.check([f"{_PREFIX}at/{r}"]):
+                return False  # not started yet
+            text = self.store.get(f"{_PREFIX}at/{r}").decode(errors="replace")
+            count, _, where = text.partition("|")
+            if int(count) == 0:
+                return False  # still starting: start-up has its own timeouts
+            positions[r] = where
+            if int(count) != moved[r][0]:
+                moved[r] = (int(count), now)
+        if not positions or any(now - moved[r][1] <= self.timeout for r in positions):
+            return False
+        what = (f"no rank made progress for {self.timeout:g} s, though every one is alive "
+                "(a hang: a wedged kernel or a peer that stopped answering)")
+        if self.store.add(f"{_PREFIX}hang-reported", 1) == 1:  # the first to see it tells
+            what += "; where each rank stands:\n" + "\n".join(
+                f"  rank {r}: {positions[r]}" for r in sorted(positions))
+        self._report(what)
+        return True
 
     def _report(self, what: str) -> None:
         if self._stop.is_set():

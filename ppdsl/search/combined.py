@@ -12,12 +12,19 @@ make a run stop early, and the outcome says so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from ppdsl.ir.schedule import Pass
-from ppdsl.search.driver import DEFAULT_EVALUATIONS, SearchResult, evaluate_passes, search
+from ppdsl.search.driver import (
+    DEFAULT_EVALUATIONS,
+    SearchResult,
+    arrays_for,
+    evaluate_passes,
+    search,
+    with_recompute_passes,
+)
 from ppdsl.search.evaluate import Metrics
 from ppdsl.search.exact import ExactOptions, ExactProblem, ExactResult, solve
 from ppdsl.search.problem import SearchProblem
@@ -111,8 +118,10 @@ def find(
     *,
     progress: Callable[[str, float], None] | None = None,
     solver_progress: Callable[[Fraction | None, Fraction | None, float], None] | None = None,
+    seeds: Sequence[tuple[Sequence[Sequence[Pass]], str]] = (),
 ) -> Outcome:
-    """Heuristics, then (where `options` say) the exact engine from their best."""
+    """Heuristics, then (where `options` say) the exact engine from their best.
+    `seeds`: more candidate orders for the heuristics (`driver.search`)."""
     begin = time.monotonic()
     heuristic = search(
         problem,
@@ -121,11 +130,25 @@ def find(
         objective=options.objective,
         time_cap=options.time_cap,
         progress=progress,
+        seeds=seeds,
     )
     best = heuristic.best
     orders, metrics, method = best.orders(), best.metrics, best.method
     capped = heuristic.capped
     exact = None
+    recompute = problem.memory.recompute
+    if recompute:
+        # R put back before each B, measured as the compiler will (R may now start
+        # before the gradient arrives, so nothing ends later than searched); the
+        # exact model has no R, so no bound
+        orders = with_recompute_passes(orders, recompute)
+        real = arrays_for(problem, fused=False)
+        metrics = evaluate_passes(problem, real, orders)
+        method = f"{method}; stages {sorted(recompute)} recompute (R right before B)"
+        peak = tuple(Fraction(int(x), real.scale) for x in metrics.peak)
+        return Outcome(
+            orders, metrics, peak, method, heuristic, None, capped, time.monotonic() - begin
+        )
     ep = exact_problem(problem)
     effort = _effort(ep, options)
     if effort > 0:

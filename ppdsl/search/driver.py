@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -34,8 +34,15 @@ from ppdsl.search.blockspace import BlockShape, block_orders, enumerate_blocks, 
 from ppdsl.search.evaluate import Metrics, evaluate_orders
 from ppdsl.search.listsched import list_schedule
 from ppdsl.search.localsearch import polish
-from ppdsl.search.problem import SearchInputError, SearchProblem, smallest_budget
-from ppdsl.semantics import KINDS, delta_table, need_arrays
+from ppdsl.search.problem import (
+    SearchInputError,
+    SearchProblem,
+    recompute_headroom,
+    smallest_budget,
+)
+from ppdsl.semantics import KINDS, PassKind, delta_table, need_arrays
+
+_B, _R = PassKind.B.code, PassKind.R.code
 
 _NEEDS = need_arrays(with_optional=False)[:3]
 """The dependency arrays for list scheduling: the search places F, B, W and
@@ -47,6 +54,7 @@ __all__ = [
     "SearchResult",
     "search",
     "arrays_for",
+    "with_recompute_passes",
     "evaluate_passes",
     "DEFAULT_EVALUATIONS",
 ]
@@ -70,16 +78,48 @@ class Arrays:
     limit: int
 
 
-def arrays_for(problem: SearchProblem) -> Arrays:
+def arrays_for(problem: SearchProblem, fused: bool = True) -> Arrays:
+    """The kernels' arrays. A stage marked `recompute` is searched with its R
+    folded into its B (`fused`): B lasts T_R + T_B and changes memory by M_W −
+    M_I, F keeps M_I, and the budget shrinks by `recompute_headroom` so that the
+    orders with R put back right before each B (`with_recompute_passes`) fit;
+    `fused=False`: the real table (R its own pass), to measure those orders."""
     pl, mm, c = problem.placement, problem.memory, problem.costs
     d = pl.num_devices
     dev_stages = np.array([pl.chunks(dev) for dev in range(d)], dtype=np.int64)
     stage_device = np.array(pl.stage_device, dtype=np.int64)
     dur = np.array(c.durations, dtype=np.float64)
-    mem, scale = delta_table(mm.activation, mm.weight_retained, also=(problem.budget,))
-    return Arrays(
-        dev_stages, stage_device, dur, float(c.comm), mem, scale, int(problem.budget * scale)
+    headroom = recompute_headroom(mm)
+    mem, scale = delta_table(
+        mm.activation, mm.weight_retained, also=(problem.budget, headroom),
+        kept_input=mm.kept_input,
     )
+    limit = int(problem.budget * scale)
+    if fused and mm.recompute:
+        mem, dur = mem.copy(), dur.copy()
+        for s in mm.recompute:
+            mem[_B, s] += mem[_R, s]
+            dur[_B, s] += dur[_R, s]
+        limit -= int(headroom * scale)
+    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale, limit)
+
+
+def with_recompute_passes(
+    orders: Sequence[Sequence[Pass]], recompute: frozenset[int]
+) -> tuple[tuple[Pass, ...], ...]:
+    """The search's orders (R folded into B) with each recomputed stage's R(j, s)
+    put back right before its B(j, s)."""
+    if not recompute:
+        return tuple(tuple(o) for o in orders)
+    out = []
+    for order in orders:
+        row: list[Pass] = []
+        for p in order:
+            if p.kind is PassKind.B and p.stage in recompute:
+                row.append(Pass(PassKind.R, p.microbatch, p.stage))
+            row.append(p)
+        out.append(tuple(row))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -396,18 +436,23 @@ def search(
     objective: str = "bubble",
     time_cap: float | None = None,
     progress: Callable[[str, float], None] | None = None,
+    seeds: Sequence[tuple[Sequence[Sequence[Pass]], str]] = (),
 ) -> SearchResult:
     """Find the orders with the smallest bubble (`objective="makespan"`: the
     smallest makespan) within `problem.budget`. The blocks and the grid always
     run; `evaluations` more go half to the randomised refinement, half to the
     local search, drawn from `seed`: the same arguments give the same orders on
     every machine. `time_cap` (seconds) stops them early and marks the result
-    `capped`. Raises SearchInputError, naming the smallest budget any tried
-    schedule needs, when nothing fits."""
+    `capped`. `seeds` are more candidates, (orders, how they were found),
+    weighed beside the blocks (a frontier hands each budget the best orders of
+    the budget below it). Raises SearchInputError, naming the smallest budget
+    any tried schedule needs, when nothing fits."""
     begin = time.monotonic()
     deadline = None if time_cap is None else begin + time_cap
     run = _Search(problem, progress, objective, deadline)
     run.blocks()
+    for orders, method in seeds:
+        run.consider(*flat_arrays(orders), True, method)
     scored = run.grid()
     run.refine(scored, evaluations // 2, seed)
     run.polish(evaluations - evaluations // 2, seed)

@@ -21,7 +21,7 @@ from ppdsl.ir.schedule import Costs, Pass
 from ppdsl.search.problem import SearchProblem
 from ppdsl.semantics import PassKind, format_number
 
-__all__ = ["emit_pp", "compress"]
+__all__ = ["emit_pp", "compress", "cost_statements", "memory_statements"]
 
 _MAX_GROUP = 8
 
@@ -95,7 +95,9 @@ def _branches(bodies: list[tuple[ast.OrderStmt, ...]]) -> tuple[ast.OrderStmt, .
     return rest
 
 
-def _costs(costs: Costs) -> list[ast.Stmt]:
+def cost_statements(costs: Costs) -> list[ast.Stmt]:
+    """`cost F`, `cost B`, `cost W` (per stage where the stages differ), `cost comm`,
+    and the data-parallel collectives declared (`cost reduce`)."""
     stmts: list[ast.Stmt] = []
     for kind in (PassKind.F, PassKind.B, PassKind.W):
         values = costs.per_stage(kind)
@@ -103,16 +105,43 @@ def _costs(costs: Costs) -> list[ast.Stmt]:
         value = ast.per_stage(values)
         stmts.append(ast.Cost(kind.value, index, value, ast.GENERATED, ast.GENERATED))
     stmts.append(ast.Cost("comm", None, ast.number(costs.comm), ast.GENERATED, ast.GENERATED))
+    for name, values in costs.declared_collectives().items():
+        index = "s" if len(set(values)) > 1 else None
+        stmts.append(ast.Cost(name, index, ast.per_stage(values), ast.GENERATED, ast.GENERATED))
     return stmts
 
 
-def _memory(activation: Sequence[Fraction], retained: Sequence[Fraction]) -> list[ast.Stmt]:
+def memory_statements(activation: Sequence[Fraction], retained: Sequence[Fraction]) -> list[ast.Stmt]:
     """`memory M_B` and `memory M_W`, per stage where the stages differ."""
     stmts: list[ast.Stmt] = []
     for name, values in (("M_B", activation), ("M_W", retained)):
         index = "s" if len(set(values)) > 1 else None
         stmts.append(ast.Memory(name, index, ast.per_stage(tuple(values)), ast.GENERATED, ast.GENERATED))
     return stmts
+
+
+def _recompute_statements(problem: SearchProblem) -> list[ast.Stmt]:
+    """`recompute[s] = s == 0 ? 1 : ...` for the recomputed stages (none: nothing)."""
+    stages = problem.memory.recompute
+    if not stages:
+        return []
+    if len(stages) == problem.num_stages:
+        return [ast.Recompute(None, None, ast.GENERATED)]
+    marks = tuple(int(s in stages) for s in range(problem.num_stages))
+    return [ast.Recompute("s", ast.per_stage(marks), ast.GENERATED)]
+
+
+def _kept_input_statements(problem: SearchProblem) -> list[ast.Stmt]:
+    """`memory M_I`: what a recomputed stage's F keeps (stages that do not
+    recompute take the recomputed ones' first value; the language reads it only
+    where `recompute` holds)."""
+    kept = problem.memory.kept_input
+    if not problem.memory.recompute:
+        return []
+    first = next(k for k in kept if k is not None)
+    values = tuple(first if k is None else k for k in kept)
+    index = "s" if len(set(values)) > 1 else None
+    return [ast.Memory("M_I", index, ast.per_stage(values), ast.GENERATED, ast.GENERATED)]
 
 
 def _round_up(x: float, digits: int) -> str:
@@ -167,8 +196,10 @@ def emit_pp(
         ast.Param("m", ast.number(problem.num_microbatches), g),
         ast.place(pl.stage_device, pl.num_devices),
         ast.Backward("split", g, g),
-        *_costs(problem.costs),
-        *_memory(problem.memory.activation, problem.memory.weight_retained),
+        *_recompute_statements(problem),
+        *cost_statements(problem.costs),
+        *memory_statements(problem.memory.activation, problem.memory.weight_retained),
+        *_kept_input_statements(problem),
         ast.OrderDecl(_branches(bodies), g),
         ast.expect("peak_memory", "<=", ast.number(problem.budget)),
         ast.expect("bubble", "<=", ast.number(Fraction(_round_up(bubble, 4)))),

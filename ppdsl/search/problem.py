@@ -12,7 +12,7 @@ compare bytes across placements.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from ppdsl import semantics
@@ -29,6 +29,9 @@ __all__ = [
     "smallest_budget",
     "measured_memory",
     "measured_unit",
+    "chunk_costs",
+    "with_recompute",
+    "recompute_headroom",
 ]
 
 
@@ -94,13 +97,17 @@ def parse_placement(text: str, num_devices: int) -> Placement:
     return _named(name, num_devices)
 
 
-_COST_KEYS = {"F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm"}
+_COST_KEYS = {
+    "F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm",
+    "reduce": "reduce",
+}
 
 
 def parse_costs(text: str | None, num_stages: int) -> Costs:
     """`F=18.5,B=18.1,W=9.3,comm=0.6`; a per-stage cost is a colon list with one
     value per stage (`F=1:1:2:2`). Unnamed kinds and comm cost their defaults
-    (`semantics.DEFAULT_DURATION`: 1; comm 0)."""
+    (`semantics.DEFAULT_DURATION`: 1; comm 0). `reduce=` is a stage's
+    data-parallel gradient reduction (`cost reduce[s]`, 0 unless given)."""
     values: dict[str, tuple[float, ...] | float] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -109,7 +116,8 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
         key = key.strip()
         if not eq or key not in _COST_KEYS:
             raise SearchInputError(
-                f"--costs {item.strip()!r}: expected F=, B=, W= or comm= (e.g. F=3,B=4,W=2,comm=0)"
+                f"--costs {item.strip()!r}: expected F=, B=, W=, comm= or reduce= "
+                "(e.g. F=3,B=4,W=2,comm=0)"
             )
         try:
             numbers = tuple(float(Fraction(x.strip())) for x in value.split(":"))
@@ -129,13 +137,15 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
                 f"--costs {key}= lists {len(numbers)} values; this placement has "
                 f"{num_stages} stages"
             )
-        if any(x <= 0 for x in numbers):
+        if key != "reduce" and any(x <= 0 for x in numbers):
             raise SearchInputError(f"--costs {key}=: a pass must take some time (> 0)")
         values[key] = numbers
     comm = values.pop("comm", float(semantics.DEFAULT_COMM))
     assert isinstance(comm, float)
+    reduce = values.pop("reduce", None)
     given = {PassKind(k): v for k, v in values.items() if isinstance(v, tuple)}
-    return Costs.by_kind(given, comm, num_stages)
+    costs = Costs.by_kind(given, comm, num_stages)
+    return costs.with_collectives({"reduce": reduce}) if isinstance(reduce, tuple) else costs
 
 
 def one_f_one_b_memory(num_devices: int) -> Fraction:
@@ -184,7 +194,7 @@ def build_problem(
     microbatches: int,
     placement: str,
     costs: str | None,
-    memory: str,
+    memory: str | None,
     weight_fraction: str = "1/2",
     measured: tuple[Costs, MemoryModel] | None = None,
 ) -> SearchProblem:
@@ -192,7 +202,8 @@ def build_problem(
     a SearchInputError that says what to do. `measured` (`--costs-from`) gives
     the costs and the per-stage memory model instead of `costs` and
     `weight_fraction`; its memory is rescaled to 1F1B-stage units (the model's
-    whole activation is d of them), see `measured_memory`."""
+    whole activation is d of them), see `measured_memory`. `memory` None: the
+    smallest feasible budget (a frontier sets its own)."""
     if devices < 1:
         raise SearchInputError(f"--devices {devices}: need at least 1 device")
     if microbatches < 1:
@@ -215,8 +226,10 @@ def build_problem(
                 f"the measured costs are for {len(mm.activation)} stages; --placement "
                 f"{placement} with {devices} devices has {pl.num_stages}"
             )
-    budget = parse_budget(memory, devices)
     floor = smallest_budget(pl, mm)
+    if memory is None:
+        return SearchProblem(devices, microbatches, pl, pass_costs, mm, floor, wf)
+    budget = parse_budget(memory, devices)
     if budget < floor:
         raise SearchInputError(
             f"--memory {memory} is {format_number(budget)} M_B per device, below the smallest feasible "
@@ -246,3 +259,42 @@ def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
     )
 
 
+
+
+def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
+    """`costs` of one 1F1B stage (1/d of the model) as those of one chunk of a
+    placement with `chunks_per_device` chunks per device: every pass and a
+    stage's gradient reduction take 1/v of their time; a transfer costs the same
+    (a frontier compares placements so)."""
+    if chunks_per_device == 1:
+        return costs
+    v = chunks_per_device
+    return replace(
+        costs,
+        durations=tuple(tuple(x / v for x in row) for row in costs.durations),
+        collectives=tuple(tuple(x / v for x in row) for row in costs.collectives),
+    )
+
+
+def with_recompute(problem: SearchProblem, stages: frozenset[int], kept: Fraction) -> SearchProblem:
+    """`problem` with `stages` recomputed (docs/language.md, `recompute`): their F
+    keeps `kept` · M_B (the input, M_I) and an R (costing T_F, the language's
+    default `cost R`) restores the rest before the backward."""
+    mm = problem.memory
+    kept_input = tuple(
+        kept * mm.activation[s] if s in stages else None for s in range(problem.num_stages)
+    )
+    memory = MemoryModel(mm.activation, mm.weight_retained, kept_input if stages else ())
+    return replace(problem, memory=memory)
+
+
+def recompute_headroom(memory: MemoryModel) -> Fraction:
+    """What a recomputed stage's R holds above its B's net change: the search
+    times R and B as one pass (R right before B, as Megatron recomputes), whose
+    net delta is M_W − M_I, while the level between them is M_B − M_I above the
+    level before; so the real peak is at most the fused one plus the largest
+    M_B − M_W of a recomputed stage."""
+    return max(
+        (memory.activation[s] - memory.weight_retained[s] for s in memory.recompute),
+        default=Fraction(0),
+    )

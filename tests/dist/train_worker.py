@@ -11,13 +11,18 @@ compares with a single-process run of the same model on the same batches:
   global norm and skips that step;
 - fp16 / bf16: autocast, fp16's loss scale and its one found-inf decision;
 - tied: a parameter shared between stages (tied embedding and head);
-- structured: dicts and tuples of tensors between stages.
+- structured: dicts and tuples of tensors between stages;
+- transfer: a case run with the NCCL-style ordered transport or the shared-GPU
+  staged one (on CPU tensors over gloo), optionally under a stand-in for an
+  NCCL behaviour (tests/dist/standins.py): sends that block until the peer's
+  receive is posted, or sends whose completion is delayed.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/dist/train_worker.py CASES.json OUTDIR
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -38,6 +43,7 @@ from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.optim import OptimizerStep  # noqa: E402
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner, tie_parameters  # noqa: E402
 from ppdsl.runtime.structure import call_stage  # noqa: E402
+from tests.dist.standins import delayed_sends, rendezvous_sends  # noqa: E402
 
 DEVICE = torch.device("cpu")
 MODELS = {
@@ -130,7 +136,9 @@ def train_case(case: dict, rank: int, world: int) -> dict:
     model = _model(case, plan.num_stages)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE,
                             precision=case.get("precision", "fp32"),
-                            tied=getattr(model, "tied", ()), note=lambda text: None)
+                            tied=getattr(model, "tied", ()), note=lambda text: None,
+                            share_gpu=case.get("transfer") == "staged",
+                            transfer_mode=case.get("transfer"))
     optimizer = _optimizer(case, runner.parameters())
     stepper = OptimizerStep(runner, optimizer, max_norm=case.get("max_norm"),
                             validation=case.get("validation", "sync"))
@@ -156,6 +164,7 @@ def train_case(case: dict, rank: int, world: int) -> dict:
             first = {(s, n): None if p.grad is None else p.grad.clone()
                      for s, st in runner.stages.items() for n, p in st.named_parameters()}
         losses.append(float(loss) if loss is not None else None)
+        STEP_ENDS.append(PASSES[0])
         stepper.step()
         stepper.resolve()  # the outcome is the same either way; resolve to read it
         if runner.scaler is not None:
@@ -227,6 +236,22 @@ def bridge_case(case: dict, rank: int, world: int) -> dict:
 
 
 KINDS = {"train": train_case, "bridge": bridge_case}
+SEND_WAITS: list[int] = []
+"""Under the delayed-sends stand-in: the passes run when each send was waited for."""
+PASSES = [0]
+STEP_ENDS: list[int] = []
+"""The passes run at the end of each step (in every case: cumulative)."""
+
+
+def _standin(case: dict) -> Any:
+    SEND_WAITS.clear()
+    STEP_ENDS.clear()
+    PASSES[0] = 0
+    if case.get("standin") == "rendezvous":
+        return rendezvous_sends()
+    if case.get("standin") == "delayed":
+        return delayed_sends(SEND_WAITS, PASSES)
+    return contextlib.nullcontext()
 
 
 def main() -> int:
@@ -237,7 +262,10 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         try:
-            result = KINDS[case["kind"]](case, rank, world)
+            with _standin(case):
+                result = KINDS[case["kind"]](case, rank, world)
+            if case.get("standin") == "delayed":
+                result.update(send_waits=list(SEND_WAITS), step_ends=list(STEP_ENDS))
         except Exception as exc:
             result = {"case": case["id"], "rank": rank, "error": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()}

@@ -5,6 +5,13 @@ model on the same batch, parameter error after several optimizer steps, and
 measured vs predicted peak activation memory.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/dist/worker.py CASES.json OUTDIR
+
+PPDSL_TEST_BACKEND: gloo (default, CPU), nccl (a GPU per rank), or shared (the
+ranks share GPU 0 in a gloo group, transfers staged through host memory, as
+`--share-gpu`; CPU tensors when there is no GPU). On CUDA a case with
+"cuda_peak" also measures one more step's CUDA peak from a baseline holding the
+gradients (allocated by the steps before), against the compiler's prediction in
+bytes (its units times the rank's measured M_B per stage).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import pickle
 import sys
 import traceback
 from datetime import timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -24,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
+from ppdsl.runtime.memory import DevicePeak  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
 
 DEVICE = torch.device("cpu")
+SHARE_GPU = False
 MODEL = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":"
 LR = 0.05  # SGD: the parameter check stays linear in the gradients (Adam's first step is
 # sign-like and would amplify rounding in near-zero gradients)
@@ -81,11 +91,11 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     plan = plan_from_schedule(schedule, programs, timeline)
     m, num_stages = plan.num_microbatches, plan.num_model_stages  # model stages
     batch_size = case.get("batch_per_mb", 2) * m
-    model = build_model(MODEL + case.get("factory", "stages"), num_stages)
+    model = build_model(case.get("model") or MODEL + case.get("factory", "stages"), num_stages)
     compiled = CompiledPipeline(plan, {r: p.ops for r, p in enumerate(programs)}, plan.fingerprint)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, timeout=60,
                             release=case.get("release", "b"), group=group,
-                            note=lambda text: None)
+                            note=lambda text: None, share_gpu=SHARE_GPU)
     optimizer = torch.optim.SGD(runner.parameters(), lr=LR)
     steps = case.get("steps", 3)
     out: dict = {"case": case["id"], "rank": rank, "stages": sorted(runner.stages),
@@ -148,6 +158,16 @@ def run_case(case: dict, rank: int, world: int) -> dict:
                                                 ref_params[plan.model_stage(s)][n].to(p.device)))
     out["param_rel_err"] = param_err
     out["steps"] = steps
+    if case.get("cuda_peak"):
+        unit = sum(engine.stage_bytes().values()) / max(len(engine.stage_bytes()), 1)
+        out["predicted_peak_bytes"] = float(Fraction(out["predicted_peak_real_mw"])) * unit
+        if DEVICE.type == "cuda":
+            optimizer.zero_grad(set_to_none=False)  # the gradients stay in the baseline
+            peak = DevicePeak(DEVICE)
+            peak.start()
+            runner.step(*data(steps))
+            peak.stop()
+            out["cuda_peak_bytes"] = peak.bytes
     return out
 
 
@@ -156,10 +176,16 @@ def main() -> int:
     outdir = Path(sys.argv[2])
     torch.set_num_threads(1)
     global DEVICE
+    global SHARE_GPU
     backend = os.environ.get("PPDSL_TEST_BACKEND", "gloo")
     if backend == "nccl":
         DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(DEVICE)
+    if backend == "shared":
+        SHARE_GPU, backend = True, "gloo"
+        if torch.cuda.is_available():
+            DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(DEVICE)
     dist.init_process_group(backend, timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:

@@ -11,6 +11,8 @@ assume this, so the driver stops here when it fails.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ppdsl import semantics
@@ -54,7 +56,7 @@ def _list_passes(passes: list[Pass]) -> str:
     return listed if len(passes) == 1 else f"{listed} ({len(passes)} passes)"
 
 
-def _span_of(microbatches) -> str:
+def _span_of(microbatches: Iterable[int]) -> str:
     """`0..9` for the consecutive microbatches of a lane (its first and last)."""
     listed = [int(j) for j in microbatches]
     if len(listed) < 2:
