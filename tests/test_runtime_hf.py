@@ -127,6 +127,7 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+@pytest.mark.slow
 def test_bad_hf_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A folder without config, an architecture without a pipeline plan, fewer
     layers than stages, a bad cut and bad token files (odd size, too short, ids
@@ -191,6 +192,7 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     assert _relative_error(tmp_path / "ck" / "step-00000002" / "hf", reference) > 1e-4
 
 
+@pytest.mark.slow
 def test_cut_checked_against_the_whole_model(tmp_path: Path) -> None:
     """Gemma, Mistral (sliding window shorter than the sequence) and Qwen3 build:
     their stages compute the whole model's logits (checked at build); stages that
