@@ -121,6 +121,11 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
                   "token id 500 (at position 2) is outside the model's vocabulary of 128"),
         "float": (run + [f"hf:{llama}", "--data", str(root / "float.npy")],
                   "holds float32 values; token ids must be integers"),
+        "eval-no-data": (run + [f"hf:{llama}", "--eval-every", "2"],
+                         "--eval-every with --model hf:DIR needs --eval-data FILE"),
+        "eval-vocab": (run + [f"hf:{llama}", "--eval-every", "2", "--eval-data",
+                              str(root / "big.bin")],
+                       "token id 500 (at position 2) is outside the model's vocabulary of 128"),
         "not-hf": (["examples/1f1b.pp", "-D", "d=2", "--model",
                     "examples/models/tiny_gpt.py:stages", "--data", str(root / "short.bin")],
                    "--data is for --model hf:DIR"),
@@ -162,7 +167,9 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     d=2) prints the cut, trains, and OUT loads with from_pretrained and equals
     the non-pipelined model trained on the documented batches (1e-4); each rank's
     measured peak equals the prediction; with --checkpoint-dir each checkpoint
-    holds the model too, the last one equal to OUT (docs/runtime.md)."""
+    holds the model too, the last one equal to OUT; `--eval-every --eval-data`
+    reports the held-out loss of the trained model, equal to the non-pipelined
+    model's on the documented evaluation batch (docs/runtime.md)."""
     import json
     import subprocess
     import sys
@@ -170,13 +177,16 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     folder = hf_models.write(tmp_path, "qwen2")
     ids = np.random.default_rng(5).integers(0, hf_models.VOCAB, size=300).astype(np.int64)
     np.save(tmp_path / "tokens.npy", ids)
+    held_out = np.random.default_rng(6).integers(0, hf_models.VOCAB, size=200).astype(np.int64)
+    np.save(tmp_path / "eval.npy", held_out)
     out, report = tmp_path / "trained", tmp_path / "json"
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", "examples/zb_v.pp", "-D", "d=2", "-D", f"m={M}",
          "--model", f"hf:{folder}", "--data", str(tmp_path / "tokens.npy"), "--seq-len", str(SEQ),
          "--batch-size", str(BATCH), "--steps", str(STEPS), "--optimizer", "sgd", "--lr", str(LR),
          "--momentum", "0.9", "--save-model", str(out), "--json", str(report),
-         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2"],
+         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+         "--eval-every", str(STEPS), "--eval-data", str(tmp_path / "eval.npy")],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cut (first decoder layer of each stage): 0,1,2,3" in proc.stdout, proc.stdout
@@ -190,6 +200,16 @@ def test_ppdsl_run_trains_and_saves_a_checkpoint(tmp_path: Path) -> None:
     final = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert _relative_error(tmp_path / "ck" / "step-00000003" / "hf", final.state_dict()) == 0.0
     assert _relative_error(tmp_path / "ck" / "step-00000002" / "hf", reference) > 1e-4
+    # the validation loss after the last step: the trained model on evaluation batch 0
+    final.eval()
+    with torch.no_grad():
+        inputs, targets = _documented_batch(held_out, 0)
+        logits = final(input_ids=inputs).logits
+        want = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       targets.reshape(-1)))
+    last = json.loads((report / "rank1.json").read_text())["eval_losses"][str(STEPS)]
+    assert abs(float.fromhex(last) - want) <= 1e-5 * abs(want), (last, want)
+    assert f"eval after step {STEPS}: loss" in proc.stdout
 
 
 @pytest.mark.slow

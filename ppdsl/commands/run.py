@@ -218,7 +218,8 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     from ppdsl.runtime.model import ModelError
 
     options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
-                        data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal")
+                        data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal",
+                        eval_data=args.eval_data)
     directory = args.model[len("hf:"):]
     try:
         cut = preflight(directory, num_stages, options)

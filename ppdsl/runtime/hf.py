@@ -85,6 +85,10 @@ class HFOptions:
     """Element type of a raw `.bin` token file (`--data-dtype`)."""
     cut: str | Sequence[int] = "equal"
     """`equal`, or the first decoder layer of each stage (`--cut 0,5,11`)."""
+    eval_data: str | None = None
+    """A token file of held-out data (`--eval-data`, same format and dtype as
+    `data`): evaluation batch k takes its sequences by the training batches' rule;
+    None: no evaluation data (`--eval-every` is then refused)."""
 
 
 @dataclass(frozen=True)
@@ -431,11 +435,12 @@ def preflight(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
-    if options.data is not None:
-        try:
-            open_tokens(options.data, options.seq_len, _vocab_size(raw), options.data_dtype)
-        except DataError as exc:
-            raise ModelError(str(exc)) from exc
+    for path in (options.data, options.eval_data):
+        if path is not None:
+            try:
+                open_tokens(path, options.seq_len, _vocab_size(raw), options.data_dtype)
+            except DataError as exc:
+                raise ModelError(str(exc)) from exc
     return cut
 
 
@@ -449,12 +454,14 @@ def pipeline_model(directory: str | Path, num_stages: int,
     where = f"--model {PREFIX}{directory}"
     raw = read_config(directory)
     vocab = _vocab_size(raw)
-    data = None
-    if options.data is not None:
-        try:
+    data = held_out = None
+    try:
+        if options.data is not None:
             data = open_tokens(options.data, options.seq_len, vocab, options.data_dtype)
-        except DataError as exc:
-            raise ModelError(str(exc)) from exc
+        if options.eval_data is not None:
+            held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
+    except DataError as exc:
+        raise ModelError(str(exc)) from exc
     model = load_causal_lm(directory, options.seed)
     anatomy = anatomy_of(model, where)
     num_layers = len(model.get_submodule(anatomy.layers))
@@ -486,10 +493,17 @@ def pipeline_model(directory: str | Path, num_stages: int,
             whole = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=g)
         return whole[:, :-1].contiguous(), whole[:, 1:].contiguous()
 
+    def eval_batch(index: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert held_out is not None
+        whole = torch.from_numpy(batch_tokens(held_out, index, batch_size, seq_len))
+        return whole[:, :-1].contiguous(), whole[:, 1:].contiguous()
+
     tied = _tied_head(model, anatomy)
     ties = ({0: tied[0], num_stages - 1: tied[1]},) if tied and num_stages > 1 else ()
     return HFPipelineModel(num_stages=num_stages, stage=stage, loss=_loss, batch=batch,
-                           tokens_per_sample=seq_len, tied=ties, cut=starts, hf_model=model)
+                           tokens_per_sample=seq_len, tied=ties,
+                           eval_batch=eval_batch if held_out is not None else None,
+                           cut=starts, hf_model=model)
 
 
 def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,

@@ -80,6 +80,10 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "nanoGPT writes); step k uses sequences k*B .. (k+1)*B-1 of L+1 consecutive "
                 "tokens from the file's start, wrapping at its end (default: synthetic tokens "
                 "from --seed)"}, None),
+    ("--eval-data", "eval_data", {
+        "metavar": "FILE",
+        "help": "with --model hf:DIR: held-out token ids for --eval-every (same format as "
+                "--data; evaluation batch k takes sequences by the same rule)"}, None),
     ("--data-dtype", "data_dtype", {
         "choices": ["uint16", "uint32"],
         "help": "element type of a raw .bin token file (default uint16)"}, "uint16"),
@@ -179,10 +183,14 @@ def check_training_options(args: argparse.Namespace) -> str | None:
     if given("eval_batches") is not None and given("eval_batches") < 1:
         return f"--eval-batches must be at least 1, not {given('eval_batches')}"
     model = given("model") or ""
-    for dest, flag in (("data", "--data"), ("seq_len", "--seq-len"), ("cut", "--cut"),
+    for dest, flag in (("data", "--data"), ("eval_data", "--eval-data"),
+                       ("seq_len", "--seq-len"), ("cut", "--cut"),
                        ("save_model", "--save-model")):
         if given(dest) is not None and given(dest) != _DEFAULTS[dest] and not model.startswith("hf:"):
             return f"{flag} is for --model hf:DIR (a transformers checkpoint folder)"
+    if given("eval_every") is not None and model.startswith("hf:") and not given("eval_data"):
+        return ("--eval-every with --model hf:DIR needs --eval-data FILE (held-out token ids, "
+                "the same format as --data)")
     if given("seq_len") is not None and given("seq_len") < 1:
         return f"--seq-len must be at least 1, not {given('seq_len')}"
     if given("resume") and not given("checkpoint_dir"):

@@ -257,7 +257,7 @@ def _build_model(opts: argparse.Namespace, num_stages: int) -> Any:
     if not is_hf_spec(opts.model):
         return build_model(opts.model, num_stages)
     options = HFOptions(seq_len=opts.seq_len, seed=opts.seed, data=opts.data,
-                        data_dtype=opts.data_dtype, cut=opts.cut)
+                        data_dtype=opts.data_dtype, cut=opts.cut, eval_data=opts.eval_data)
     return pipeline_model(opts.model[len(PREFIX):], num_stages, options)
 
 
