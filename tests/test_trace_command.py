@@ -97,3 +97,57 @@ def test_bad_trace_is_a_usage_error(tmp_path: Path, content: str | None, message
         path.write_text(content)
     code, _, err = check_trace(path)
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+ONE_RANK = """schedule two_stages_one_rank {
+    param d = 1
+    param m = 3
+    place [0, 0]
+    backward split
+    order {
+        for j in 0..m { F(j, 0); F(j, 1) }
+        for j in 0..m { B(j, 1); W(j, 1); B(j, 0); W(j, 0) }
+    }
+}
+"""
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A one-rank gloo group in this process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_engine_that_reorders_passes_fails_the_check(one_rank, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The engine's own trace of a step conforms; an engine whose ops have two
+    passes swapped (W2 of stage 1 after B2 of stage 0, still runnable) records a
+    trace the check rejects, naming where the order differs."""
+    import torch
+
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+    from ppdsl.runtime.trace import Tracer, chrome_trace, write_chrome_trace
+
+    schedule = tmp_path / "s.pp"
+    schedule.write_text(ONE_RANK)
+    for swapped in (False, True):
+        runner = PipelineRunner(load_schedule(schedule), lambda s: torch.nn.Linear(4, 4),
+                                torch.nn.functional.mse_loss, device="cpu", note=lambda _: None)
+        engine = runner.engine
+        if swapped:
+            ops = list(engine.ops)
+            ops[-3], ops[-2] = ops[-2], ops[-3]
+            engine.ops = tuple(ops)
+        engine.tracer = tracer = Tracer(0, torch.device("cpu"))
+        tracer.start()
+        runner.step(torch.randn(6, 4), torch.randn(6, 4))
+        path = tmp_path / f"trace{int(swapped)}.json"
+        write_chrome_trace(path, chrome_trace([tracer.events], ["rank 0"], {"file": str(schedule)}))
+        code, _, err = check_trace(path)
+        assert code == int(swapped), err
+    assert "rank 0, step 0: pass 16 of the step was B2 (stage 0), the proven order runs " \
+           "W2 (stage 1) there" in err, err
