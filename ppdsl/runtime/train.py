@@ -56,7 +56,7 @@ from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.memory import DevicePeak
-from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.model import LossError, ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner
@@ -545,6 +545,8 @@ def _run(
             loss = runner.step(inputs if runner.is_first else None,
                                targets if runner.is_last else None,
                                measure_memory=step == first_step)
+        except LossError as exc:  # on the last stage's rank alone: it stops the others
+            fail(watchdog, rank, str(exc))
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
         if device_peak is not None:  # the passes' peak, before the optimizer allocates
