@@ -39,6 +39,29 @@ def test_programs_own_trace_conforms_and_is_reported(tmp_path: Path, compiled) -
     assert "   0  F            4        1.000" in text
     assert "exchange  optimizer" in text and "passes held longest" in text
     assert "no prediction in ms" in text
+    # rank 0: 12 passes of 1 ms, 5 exchanges of 0.1 ms, an optimizer step of 0.5 ms
+    assert "   0    13.000    12.000      0.500      0.500      0.000      0.000" in text
+
+
+def test_time_outside_passes_by_cause() -> None:
+    """Gaps no slice covers are `other`, each slice's time goes to its cause, and
+    the step is the slowest rank's window (docs/runtime.md, "Where the time goes")."""
+    from ppdsl.analysis.trace_check import steps_of
+    from ppdsl.analysis.trace_timeline import compare_timeline
+
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"})
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    for e in trace["traceEvents"]:  # rank 1's step 1 starts 2 ms late: a gap before its F0
+        if e["pid"] == 1 and e["args"]["step"] == 1:
+            e["ts"] += 2000.0
+    trace["traceEvents"].append({"name": "data", "cat": "data", "ph": "X", "pid": 1, "tid": 0,
+                                 "ts": 13200.0, "dur": 300.0, "args": {"step": 1}})
+    report = compare_timeline(steps_of(trace), compiled.schedule, costs_in_ms=False)
+    assert report.steps == (1,)
+    assert report.outside_ms[1] == pytest.approx(
+        {"exchange": 0.7, "optimizer": 0.5, "data": 0.3, "other": 1.7})
+    assert report.step_ms[1] == pytest.approx(15.2) and report.measured_step_ms == pytest.approx(15.2)
+    assert report.predicted_step_ms is None
 
 
 def test_swapped_passes_fail_with_located_message(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]

@@ -103,7 +103,9 @@ def compare_timeline(
             by_rank_kind.setdefault((s.rank, e["cat"]), []).append(ms)
     timeline = simulate(schedule)
     kinds = []
-    for (rank, kind), values in sorted(by_rank_kind.items()):
+    kind_order = {k.value: i for i, k in enumerate(PassKind)}
+    for (rank, kind), values in sorted(by_rank_kind.items(),
+                                       key=lambda x: (x[0][0], kind_order[x[0][1]])):
         order = schedule.orders[rank % num_ranks]
         simulated = [timeline.end[rank % num_ranks][k] - timeline.start[rank % num_ranks][k]
                      for k, p in enumerate(order) if p.kind.value == kind]
