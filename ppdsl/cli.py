@@ -29,6 +29,7 @@ _COMMANDS = [
     ("compile", "compile"),
     ("run", "run"),
     ("profile", "profile"),
+    ("trace", "trace"),
     ("search", "search"),
     ("plan", "plan"),
     ("bound", "bound"),

@@ -19,6 +19,7 @@ from ppdsl.compiler import compile_file
 from ppdsl.costs_file import load_costs_file
 from ppdsl.ir.schedule import Costs, MemoryModel, PassKind
 from ppdsl.runtime.trace import Tracer, chrome_trace, median_costs, simulated_makespan
+from tests.trace_conformance import assert_trace_conforms
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPY = str(ROOT / "examples" / "models" / "sleepy.py") + ":stages"
@@ -70,7 +71,9 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
     rank and step, exactly the rank's passes in the compiled order, each lasting at
     least its sleep; the summary's prediction is the schedule's closed-form
     makespan under the costs file (125 ms, 115 ms), and the measured step time is
-    at least it and well below running the ranks one after another."""
+    at least it and well below running the ranks one after another; `ppdsl trace`
+    finds the trace conforming to the rank programs and reports it beside the
+    same prediction."""
     costs = tmp_path / "sleepy.pp"
     costs.write_text(
         "schedule sleepy {\n    let profiled_stages = 2\n    cost F = 10\n    cost B = 10\n"
@@ -104,6 +107,13 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
             for e in passes:
                 sleep = SLEEP["B"] + SLEEP["W"] if e["cat"] == "BW" else SLEEP[e["cat"]]
                 assert e["dur"] >= sleep * 1e3 and e["ts"] >= 0, e
+    assert_trace_conforms(trace_path)
+    report = subprocess.run([sys.executable, "-m", "ppdsl", "trace", str(trace_path)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert report.returncode == 0, report.stderr
+    for rank in (0, 1):  # the profile's F = 10 ms beside the measured median
+        assert f"   {rank}  F            4" in report.stdout and "10.000" in report.stdout
+    assert f"predicted {CLOSED_FORM_MS[stem]:.3f} ms under the schedule's costs" in report.stdout
     result = json.loads((json_dir / "rank0.json").read_text())
     assert result["predicted_step_time_ms"] == pytest.approx(CLOSED_FORM_MS[stem])
     ratio = result["median_step_time_ms"] / result["predicted_step_time_ms"]

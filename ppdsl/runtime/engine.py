@@ -60,6 +60,7 @@ from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime import faults, progress
 from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.memory import MemoryMeter
+from ppdsl.runtime.model import LossError
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.trace import Tracer
@@ -428,6 +429,22 @@ class Engine:
         with rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
             self._run_stage(mb, s, value, inputs, send=False)
 
+    def _loss(self, mb: int, s: int, out: Any) -> torch.Tensor:
+        """The user's loss of microbatch `mb` (once per microbatch and step, R aside:
+        recomputing the last stage computes its loss again); LossError when it fails
+        or returns no scalar tensor."""
+        assert self._targets is not None, "the last stage's rank was given no targets"
+        try:
+            loss = self.loss_fn(out, self._targets[mb])
+        except Exception as exc:
+            raise LossError(f"loss(output, target) of stage {s}, microbatch {mb}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shown = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise LossError(f"loss(output, target) must return a scalar tensor, not {shown} "
+                            f"(stage {s}, microbatch {mb})")
+        return loss
+
     def _run_stage(
         self, mb: int, s: int, value: Any, inputs: list[torch.Tensor], *, send: bool
     ) -> None:
@@ -438,8 +455,7 @@ class Engine:
             with self.autocast():
                 out = call_stage(self.stages[s], value)
                 if last:
-                    assert self._targets is not None, "the last stage's rank was given no targets"
-                    loss = self.loss_fn(out, self._targets[mb])
+                    loss = self._loss(mb, s, out)
             if last:
                 if send:
                     self._losses.append(loss.detach().float() / self.num_microbatches)

@@ -38,6 +38,11 @@ class ModelError(Exception):
     """The user's model does not follow the protocol (reported before training)."""
 
 
+class LossError(ModelError):
+    """The user's loss failed, or returned no scalar tensor, on the rank that
+    calls it (during a step: that rank stops every other)."""
+
+
 @dataclass
 class PipelineModel:
     """A model cut into stages, with its loss and its data."""

@@ -390,7 +390,7 @@ class PipelineRunner:
                 raise ValueError(f"rank {self.rank} holds the last stage: step() needs the targets")
             target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
         if self.specs is None:
-            self._probe(input_mbs[0] if input_mbs else None, target_mbs[0] if target_mbs else None)
+            self._probe(input_mbs[0] if input_mbs else None)
         elif input_mbs is not None:
             spec = flatten(input_mbs[0], "the inputs")[1]
             if spec != self._input_spec:
@@ -430,7 +430,7 @@ class PipelineRunner:
                 raise ValueError(f"rank {self.rank} holds the last stage: evaluate() needs the targets")
             target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
         if self.specs is None:
-            self._probe(input_mbs[0] if input_mbs else None, target_mbs[0] if target_mbs else None)
+            self._probe(input_mbs[0] if input_mbs else None)
         engine = self._evaluation_engine()
         modes = {s: module.training for s, module in self.stages.items()}
         try:
@@ -482,7 +482,7 @@ class PipelineRunner:
             out.append(unflatten(spec, [t.to(self.device, non_blocking=True) for t in leaves]))
         return out
 
-    def _probe(self, first_input: Any, first_target: Any) -> None:
+    def _probe(self, first_input: Any) -> None:
         """Run microbatch 0 through every stage once, stage by stage, on the rank
         holding it, each later stage on zeros of the previous one's output; every
         rank learns each stage's output structure (or the first error, the same on
@@ -497,7 +497,7 @@ class PipelineRunner:
             payload: list[Any] = [None]
             if owner == self.rank:
                 prev = specs.get(s - 1)
-                first, last = self.plan.is_lane_first(s), self.plan.is_lane_last(s)
+                first = self.plan.is_lane_first(s)
                 try:
                     if first:
                         value = first_input
@@ -514,17 +514,14 @@ class PipelineRunner:
                     devices = [self.device] if self.device.type == "cuda" else []
                     # nor changes the buffers (BatchNorm's statistics), which only
                     # the training's forwards update
+                    # nor calls the user's loss: it is called once per microbatch
+                    # per step, by the engine (a loss that logs or accumulates
+                    # metrics sees only the training's microbatches)
                     with torch.random.fork_rng(devices=devices), kept_buffers(self.stages[s]), \
                             torch.set_grad_enabled(split), engine.autocast():
                         out = call_stage(self.stages[s], value)
-                        if last:
-                            loss = self.loss_fn(out, first_target)
-                            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                                raise TypeError("loss(output, target) must return a scalar tensor")
                     leaves, spec = flatten(out, f"stage {s}'s output")
-                    uncovered = uncovered_in(
-                        self.stages[s], [loss] if last else leaves
-                    ) if split else []
+                    uncovered = uncovered_in(self.stages[s], leaves) if split else []
                     payload = [(spec, None, uncovered)]
                 except Exception as exc:  # the user's model: report, don't crash
                     if not first and prev is not None:

@@ -56,7 +56,7 @@ from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.memory import DevicePeak
-from ppdsl.runtime.model import ModelError, build_model
+from ppdsl.runtime.model import LossError, ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner
@@ -516,8 +516,12 @@ def _run(
         faults.set_step(step + 1)
         inputs = targets = None
         progress.at(f"step {step + 1}: building its batch and starting")
+        tracer.step = step
+        tracer.timed = step > first_step or last_step - first_step == 1
         if runner.is_first or runner.is_last:  # data is built only where it is used
+            tracer.begin()
             inputs, targets = model.batch(step, batch_size)
+            tracer.end("data", "data", {}, None)
         if step == first_step:
             error = None
             if inputs is not None:
@@ -531,8 +535,6 @@ def _run(
                 return _startup_error(rank, error)
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
-        tracer.step = step
-        tracer.timed = step > first_step or last_step - first_step == 1
         optimizer.zero_grad(set_to_none=True)
         if device_peak is not None:  # every step from the same state: no gradients
             device_peak.start()
@@ -543,6 +545,8 @@ def _run(
             loss = runner.step(inputs if runner.is_first else None,
                                targets if runner.is_last else None,
                                measure_memory=step == first_step)
+        except LossError as exc:  # on the last stage's rank alone: it stops the others
+            fail(watchdog, rank, str(exc))
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
         if device_peak is not None:  # the passes' peak, before the optimizer allocates
@@ -656,7 +660,8 @@ def _run(
             write_chrome_trace(opts.trace, chrome_trace(events, stages, {
                 "schedule": plan.name, "file": plan.file, "device": device.type,
                 "time": "CUDA events" if device.type == "cuda" else "perf_counter",
-                "steps": opts.steps,
+                "steps": opts.steps, "params": plan.params, "num_ranks": num_ranks, "dp": dp,
+                "costs": plan.costs, "costs_from": plan.costs_from, "fingerprint": plan.fingerprint,
             }))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)

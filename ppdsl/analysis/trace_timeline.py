@@ -1,0 +1,239 @@
+"""A measured trace (`ppdsl run --trace`) beside the simulated timeline: per
+rank and pass kind, measured against predicted durations; the step's time
+outside passes, by the cause the trace records; and the passes whose start
+slipped most against the simulation, with what held them.
+
+Steps are compared as the run's summary compares them: the first step (memory
+meter on, caches cold) is left out unless it is the only one. A step's time on
+a rank runs from the start of its first slice (its data batch, on the ranks
+that load data) to the end of its last (the optimizer step).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppdsl.analysis.simulate import simulate
+from ppdsl.analysis.trace_check import TraceStep
+from ppdsl.ir.schedule import Costs, Schedule
+from ppdsl.semantics import PassKind
+
+__all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "format_timeline"]
+
+OUTSIDE_CAUSES = ("exchange", "optimizer", "data", "other")
+"""What a step holds besides passes, as the trace records it: the exchanges
+(posting sends and waiting on receives), the optimizer step (with its
+gradient-norm all-reduce when clipping), building the batch, and the rest
+(the engine's work between passes; the loss is inside the last stage's F)."""
+
+
+@dataclass(frozen=True)
+class KindTimes:
+    """One rank's passes of one kind, over the compared steps."""
+
+    rank: int
+    kind: str
+    count: int
+    """Passes of this kind per step."""
+    measured_ms: float
+    """The median measured duration."""
+    predicted_ms: float | None
+    """The mean simulated duration under the schedule's costs (None when they
+    are not in ms: no `--costs-from`)."""
+
+
+@dataclass(frozen=True)
+class Slip:
+    """A pass whose start slipped against the simulation under the run's own
+    median pass times: `held_ms` more time between it and the rank's previous
+    pass than simulated."""
+
+    rank: int
+    step: int
+    name: str
+    held_ms: float
+    cause: str
+
+
+@dataclass(frozen=True)
+class TimelineReport:
+    """What `compare_timeline` finds."""
+
+    steps: tuple[int, ...]
+    """The steps compared."""
+    kinds: tuple[KindTimes, ...]
+    step_ms: dict[int, float]
+    """Per rank, the median step time."""
+    passes_ms: dict[int, float]
+    """Per rank, the median time in passes per step."""
+    outside_ms: dict[int, dict[str, float]]
+    """Per rank, per cause (`OUTSIDE_CAUSES`), the median time per step."""
+    measured_step_ms: float
+    """The median over steps of the longest rank's step."""
+    predicted_step_ms: float | None
+    """The simulated makespan under the schedule's costs (None: not in ms)."""
+    resimulated_step_ms: float
+    """The simulated makespan under the run's own median pass times."""
+    slips: tuple[Slip, ...]
+    """The largest slips, largest first."""
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def compare_timeline(
+    steps: Sequence[TraceStep], schedule: Schedule, costs_in_ms: bool, top: int = 5
+) -> TimelineReport:
+    """The report of `steps` (one rank's step each, `steps_of`) against `schedule`
+    (the compiled schedule, its costs in ms when `costs_in_ms`); `top` slips."""
+    num_ranks = schedule.placement.num_devices
+    all_steps = sorted({s.step for s in steps})
+    compared = tuple(all_steps[1:] if len(all_steps) > 1 else all_steps)
+    mine = [s for s in steps if s.step in compared]
+    durations: dict[tuple[str, int], list[float]] = {}
+    by_rank_kind: dict[tuple[int, str], list[float]] = {}
+    for s in mine:
+        for e in s.passes:
+            ms = float(e["dur"]) / 1e3
+            durations.setdefault((e["cat"], int(e["args"]["stage"])), []).append(ms)
+            by_rank_kind.setdefault((s.rank, e["cat"]), []).append(ms)
+    timeline = simulate(schedule)
+    kinds = []
+    kind_order = {k.value: i for i, k in enumerate(PassKind)}
+    for (rank, kind), values in sorted(by_rank_kind.items(),
+                                       key=lambda x: (x[0][0], kind_order[x[0][1]])):
+        order = schedule.orders[rank % num_ranks]
+        simulated = [timeline.end[rank % num_ranks][k] - timeline.start[rank % num_ranks][k]
+                     for k, p in enumerate(order) if p.kind.value == kind]
+        kinds.append(KindTimes(
+            rank, kind, len(simulated), _median(values),
+            sum(simulated) / len(simulated) if costs_in_ms and simulated else None,
+        ))
+    step_ms: dict[int, list[float]] = {}
+    passes_ms: dict[int, list[float]] = {}
+    outside: dict[int, dict[str, list[float]]] = {}
+    longest: dict[int, float] = {}
+    for s in mine:
+        window = (max(e["ts"] + e["dur"] for e in s.events) - min(e["ts"] for e in s.events)) / 1e3
+        in_passes = sum(e["dur"] for e in s.passes) / 1e3
+        by_cause = {c: sum(e["dur"] for e in s.events if e["cat"] == c) / 1e3
+                    for c in OUTSIDE_CAUSES[:-1]}
+        by_cause["other"] = window - in_passes - sum(by_cause.values())
+        step_ms.setdefault(s.rank, []).append(window)
+        passes_ms.setdefault(s.rank, []).append(in_passes)
+        for cause, ms in by_cause.items():
+            outside.setdefault(s.rank, {}).setdefault(cause, []).append(ms)
+        longest[s.step] = max(longest.get(s.step, 0.0), window)
+    own = _own_costs(schedule, durations, costs_in_ms)
+    resimulated = simulate(own)
+    return TimelineReport(
+        steps=compared,
+        kinds=tuple(kinds),
+        step_ms={r: _median(v) for r, v in sorted(step_ms.items())},
+        passes_ms={r: _median(v) for r, v in sorted(passes_ms.items())},
+        outside_ms={r: {c: _median(v[c]) for c in OUTSIDE_CAUSES}
+                    for r, v in sorted(outside.items())},
+        measured_step_ms=_median(list(longest.values())),
+        predicted_step_ms=float(timeline.makespan) if costs_in_ms else None,
+        resimulated_step_ms=float(resimulated.makespan),
+        slips=tuple(_slips(mine, own, resimulated.start, resimulated.end, top)),
+    )
+
+
+def _own_costs(
+    schedule: Schedule, durations: dict[tuple[str, int], list[float]], costs_in_ms: bool
+) -> Schedule:
+    """`schedule` under the run's median pass times (a kind not run keeps the
+    schedule's cost; transfers cost what the schedule says when it is in ms)."""
+    costs = schedule.costs
+    per_kind = {
+        kind: [_median(durations[(kind.value, s)]) if durations.get((kind.value, s))
+               else costs.per_stage(kind)[s] for s in range(schedule.num_stages)]
+        for kind in PassKind
+    }
+    comm = costs.comm if costs_in_ms else 0.0
+    return replace(schedule, costs=Costs.by_kind(per_kind, comm, overlap=costs.overlap))
+
+
+def _slips(
+    steps: Sequence[TraceStep],
+    schedule: Schedule,
+    start: tuple[tuple[float, ...], ...],
+    end: tuple[tuple[float, ...], ...],
+    top: int,
+) -> list[Slip]:
+    """Per pass, the measured gap since the rank's previous pass (since the step's
+    first pass on any rank, for a rank's first) less the simulated one."""
+    num_ranks = schedule.placement.num_devices
+    origin: dict[int, float] = {}
+    for s in steps:
+        if s.passes:
+            first = min(e["ts"] for e in s.passes)
+            origin[s.step] = min(origin.get(s.step, first), first)
+    found: list[Slip] = []
+    for s in steps:
+        device = s.rank % num_ranks
+        passes = s.passes
+        if len(passes) != len(schedule.orders[device]):
+            continue  # a trace that does not conform has no simulated twin
+        previous_end, simulated_previous_end = origin[s.step], 0.0
+        for k, e in enumerate(passes):
+            gap = (e["ts"] - previous_end) / 1e3
+            held = gap - (start[device][k] - simulated_previous_end)
+            between = [x for x in s.exchanges if previous_end <= x["ts"] < e["ts"]]
+            found.append(Slip(s.rank, s.step, e["name"], held, _cause(between, gap)))
+            previous_end, simulated_previous_end = e["ts"] + e["dur"], end[device][k]
+    found.sort(key=lambda x: (-x.held_ms, x.step, x.rank))
+    return found[:top]
+
+
+def _cause(exchanges: list[dict[str, Any]], gap_ms: float) -> str:
+    waited = sum(x["dur"] for x in exchanges) / 1e3
+    recvs = [t for x in exchanges for t in x["args"].get("recvs", [])]
+    sends = [t for x in exchanges for t in x["args"].get("sends", [])]
+    if recvs:
+        return (f"waited {waited:.2f} ms on recv {', '.join(recvs)}"
+                + (f" (with send {', '.join(sends)})" if sends else ""))
+    if sends:
+        return f"spent {waited:.2f} ms sending {', '.join(sends)}"
+    return f"{gap_ms:.2f} ms of engine work between passes, no transfer"
+
+
+def format_timeline(report: TimelineReport) -> str:
+    """The report as text tables."""
+    lines = [f"steps compared: {', '.join(str(s) for s in report.steps)} "
+             "(the first step is left out when there are more)", "",
+             "rank  kind  per step  measured ms  predicted ms  measured/predicted"]
+    for k in report.kinds:
+        predicted = f"{k.predicted_ms:12.3f}" if k.predicted_ms is not None else f"{'-':>12}"
+        ratio = (f"{k.measured_ms / k.predicted_ms:18.2f}" if k.predicted_ms else f"{'-':>18}")
+        lines.append(f"{k.rank:4d}  {k.kind:<4}  {k.count:8d}  {k.measured_ms:11.3f}  "
+                     f"{predicted}  {ratio}")
+    lines += ["", "time per step (median ms): in passes and outside them, by cause",
+              "rank      step    passes  " + "  ".join(f"{c:>9}" for c in OUTSIDE_CAUSES)]
+    for rank, step in report.step_ms.items():
+        causes = "  ".join(f"{report.outside_ms[rank][c]:9.3f}" for c in OUTSIDE_CAUSES)
+        lines.append(f"{rank:4d}  {step:8.3f}  {report.passes_ms[rank]:8.3f}  {causes}")
+    lines.append("")
+    lines.append(f"step: measured {report.measured_step_ms:.3f} ms (median of the longest "
+                 "rank's)")
+    if report.predicted_step_ms is not None:
+        lines.append(f"      predicted {report.predicted_step_ms:.3f} ms under the schedule's "
+                     f"costs: measured/predicted "
+                     f"{report.measured_step_ms / report.predicted_step_ms:.2f}")
+    else:
+        lines.append("      no prediction in ms: the costs are the file's own units "
+                     "(give --costs-from, or run with it)")
+    lines.append(f"      {report.resimulated_step_ms:.3f} ms simulated under the run's own "
+                 "median pass times: measured/that "
+                 f"{report.measured_step_ms / max(report.resimulated_step_ms, 1e-12):.2f}")
+    if report.slips:
+        lines += ["", "passes held longest against the simulation (own pass times):"]
+        for s in report.slips:
+            lines.append(f"  rank {s.rank}, step {s.step}, {s.name}: +{s.held_ms:.3f} ms; "
+                         f"{s.cause}")
+    return "\n".join(lines) + "\n"
