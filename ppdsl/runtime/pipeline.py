@@ -32,6 +32,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import MemoryModel
 from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
-from ppdsl.runtime.engine import Engine, Hooks
+from ppdsl.runtime.engine import Engine, Hooks, StepResult
+from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError
 from ppdsl.runtime.precision import LossScaler, autocast_dtype
 from ppdsl.runtime.split import uncovered_in
@@ -56,6 +58,7 @@ from ppdsl.runtime.structure import (
     split_microbatches,
     unflatten,
 )
+from ppdsl.runtime.trace import Tracer
 from ppdsl.runtime.transport import Transport, backend_for
 
 __all__ = [
@@ -290,6 +293,8 @@ class PipelineRunner:
         """Per stage of this rank: parameters whose gradient B computes (the split
         does not cover them), known after the first step."""
         self.steps_run = 0
+        self.last_result: StepResult | None = None
+        """The last `step()`'s result (loss, elapsed and compute seconds), or None."""
         self._input_spec: Spec | None = None
         self._eval_engine: Engine | None = None
         self._sync_tied_values()
@@ -368,6 +373,37 @@ class PipelineRunner:
             if ranks[0] != self.rank:  # a copy counted on its lowest rank
                 skip.add(id(param))
         return [p for p in self.engine.params if id(p) not in skip]
+
+    # -- what a training loop reads ------------------------------------------------
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Where this rank's passes are recorded (`ppdsl.runtime.trace.Tracer`), or
+        None (the default: nothing recorded)."""
+        return self.engine.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        self.engine.tracer = tracer
+
+    @property
+    def meter(self) -> MemoryMeter:
+        """The memory meter of this rank's passes (peaks in bytes and in the
+        compiler's units; it runs in steps given `measure_memory=True`)."""
+        return self.engine.meter
+
+    def measured_mw_ratio(self) -> dict[int, Fraction]:
+        """Per stage of this rank: the measured M_W/M_B (what a microbatch still
+        holds from its B to its W), once a step has been measured."""
+        return self.engine.measured_mw_ratio()
+
+    def measured_mi_ratio(self) -> dict[int, Fraction]:
+        """Per recomputed stage of this rank: the measured M_I/M_B (what F keeps)."""
+        return self.engine.measured_mi_ratio()
+
+    def stage_bytes(self) -> dict[int, int]:
+        """Per stage of this rank: the bytes one microbatch's activation holds."""
+        return self.engine.stage_bytes()
 
     # -- one step ----------------------------------------------------------------
 

@@ -481,7 +481,7 @@ def _run(
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
     share = slice(replica * (batch_size // dp), (replica + 1) * (batch_size // dp))
-    runner.engine.tracer = tracer
+    runner.tracer = tracer
     dist.barrier()  # the ranks' trace epochs line up here
     tracer.start()
     step_times: list[float] = []
@@ -490,7 +490,7 @@ def _run(
     evals: dict[int, float] = {}
     peak_bytes, peak_units = 0, Fraction(0)
     device_peak = DevicePeak(device) if device.type == "cuda" else None
-    meter = runner.engine.meter
+    meter = runner.meter
     last_saved = first_step if first_step else None
     # The per-step line's numbers are all-reduced in the background and printed
     # one step late: a blocking collective per step would be a barrier, undoing
@@ -572,6 +572,7 @@ def _run(
             last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
+        assert result is not None  # a step has run
         if step > first_step or last_step - first_step == 1:
             shares.append(result.compute_time / max(step_time, 1e-12))
         peak_bytes = max(peak_bytes, meter.peak_bytes)
@@ -613,15 +614,14 @@ def _run(
                    "(inf/NaN gradients)"
                    + (f"; post-validation rolled back {rolled}" if opts.optimizer_validation == "post"
                       else ""))
-    engine = runner.engine
-    ratios = engine.measured_mw_ratio()
-    kept_ratios = engine.measured_mi_ratio()
+    ratios = runner.measured_mw_ratio()
+    kept_ratios = runner.measured_mi_ratio()
     real_memory = _with_real_mw(plan.memory, ratios, kept_ratios)
     mine = {
         "rank": rank,
         "pp_rank": pp_rank,
         "replica": replica,
-        "stages": sorted(engine.stages),
+        "stages": sorted(runner.stages),
         "predicted_peak": str(plan.predicted_peak(pp_rank)),
         "predicted_peak_real_mw": str(plan.predicted_peak(pp_rank, real_memory)),
         "measured_peak": str(peak_units),
@@ -629,7 +629,7 @@ def _run(
         "stash_gradient_bytes": meter.peak_gradient_bytes,
         "weight_copy_bytes": meter.peak_weight_copy_bytes,
         "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
-        "stage_bytes": {str(s): b for s, b in engine.stage_bytes().items()},
+        "stage_bytes": {str(s): b for s, b in runner.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
         "predicted_busy_share": plan.predicted_busy_share[pp_rank] if plan.predicted_busy_share else None,
