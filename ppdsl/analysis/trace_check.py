@@ -6,7 +6,8 @@ transfer the programs do not contain).
 
 A trace is Chrome trace JSON: one "X" slice per pass (`cat` the pass kind,
 `name` kind and microbatch, `args.stage`), per exchange (`cat` "exchange",
-`args.sends` and `args.recvs` the transfers as `Transfer` prints them), and
+`args.sends` and `args.recvs` the transfers as `Transfer` prints them; a slice
+named "wait" is a receive waited for just before the pass that takes it), and
 per optimizer step and data batch; `pid` is the rank, `args.step` the step.
 With data parallelism, rank r runs the program of pipeline rank r % num_ranks.
 """
@@ -41,8 +42,14 @@ class TraceStep:
 
     @property
     def exchanges(self) -> list[dict[str, Any]]:
-        """The exchange slices."""
+        """The exchange slices: posting an exchange's transfers, and waiting for a
+        receive just before the pass that takes it."""
         return [e for e in self.events if e.get("cat") == "exchange"]
+
+    @property
+    def posts(self) -> list[dict[str, Any]]:
+        """The slices that post an exchange of the program (named "exchange")."""
+        return [e for e in self.exchanges if e.get("name") != "wait"]
 
 
 def steps_of(trace: dict[str, Any]) -> list[TraceStep]:
@@ -131,8 +138,11 @@ def _check_exchanges(at: str, step: TraceStep, program: RankProgram) -> list[str
     known_sends = {t for sends, _ in proven for t in sends}
     known_recvs = {t for _, recvs in proven for t in recvs}
     ran = [(sorted(e["args"].get("sends", [])), sorted(e["args"].get("recvs", [])))
-           for e in step.exchanges]
-    for sends, recvs in ran:
+           for e in step.posts]
+    waited: list[tuple[list[str], list[str]]] = [
+        ([], sorted(e["args"].get("recvs", []))) for e in step.exchanges
+        if e.get("name") == "wait"]
+    for sends, recvs in ran + waited:
         for t in sends:
             if t not in known_sends:
                 findings.append(f"{at}: sent {t}, a transfer the rank's program does not send")

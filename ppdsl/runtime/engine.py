@@ -337,9 +337,10 @@ class Engine:
                 if tracer is None:
                     self._receive(arriving)
                 else:
+                    waited_for = self._arriving[arriving][0]
                     tracer.begin()
                     self._receive(arriving)
-                    tracer.end("wait", "exchange", {"recvs": [str(arriving)]}, None)
+                    tracer.end("wait", "exchange", {"recvs": [str(waited_for)]}, None)
             if tracer is not None:
                 tracer.begin()
             if cuda:  # the GPU's time, read at the step's end
