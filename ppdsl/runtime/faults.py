@@ -20,13 +20,15 @@ from __future__ import annotations
 import os
 import signal
 
+from ppdsl.runtime.attempt import restart_count
+
 __all__ = ["POINTS", "set_step", "reached"]
 
 POINTS = ("forward", "exchange", "optimizer", "save", "saved")
 
 
 def _parse(text: str | None) -> tuple[str, int, int] | None:
-    if not text or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if not text or restart_count() != 0:
         return None
     point, step, rank = text.split(":")
     if point not in POINTS:
