@@ -6,13 +6,9 @@ output; without it a missing golden file fails loudly.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden"
-EXAMPLES = ROOT / "examples"
+from tests.paths import GOLDEN
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from ppdsl.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 ZB_H1 = str(ROOT / "examples" / "zb_h1.pp")
 ONE_F_ONE_B = str(ROOT / "examples" / "1f1b.pp")
 

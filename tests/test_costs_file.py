@@ -14,7 +14,7 @@ from ppdsl.compiler import compile_file
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 ZB_H1 = str(ROOT / "examples" / "zb_h1.pp")
 ONE_F_ONE_B = str(ROOT / "examples" / "1f1b.pp")
 

@@ -9,15 +9,6 @@ import io
 from pathlib import Path
 
 import pytest
-from factories import (
-    ZB_H1,
-    breadth_first_orders,
-    make_schedule,
-    one_f_one_b_orders,
-    parse_rows,
-    placement,
-    schedules,
-)
 from hypothesis import given, settings
 
 from ppdsl.analysis.checks import check_schedule, deadlock
@@ -32,6 +23,15 @@ from ppdsl.interchange import (
 )
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower
+from tests.factories import (
+    ZB_H1,
+    breadth_first_orders,
+    make_schedule,
+    one_f_one_b_orders,
+    parse_rows,
+    placement,
+    schedules,
+)
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 

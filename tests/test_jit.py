@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from factories import schedules
 from hypothesis import given, settings
 
 from ppdsl import jit
@@ -17,8 +16,9 @@ from ppdsl.analysis.simulate import simulate
 from ppdsl.ir.flat import flatten
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
+from tests.factories import schedules
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _results(s):

@@ -9,7 +9,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from factories import BW, B, F, W
 
 from ppdsl import semantics
 from ppdsl.compiler import compile_source
@@ -22,6 +21,7 @@ from ppdsl.semantics import (
     PassKind,
     TransferKind,
 )
+from tests.factories import BW, B, F, W
 
 
 def test_needs_are_the_papers():

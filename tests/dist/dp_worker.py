@@ -1,6 +1,6 @@
 """Runs every data-parallel x pipeline case (world 4 = dp 2 x pp 2) in ONE process
 group and writes, per case and rank, what it found as JSON
-(tests/test_data_parallel.py asserts on it). Each case builds the ("dp", "pp")
+(tests/runtime/test_data_parallel.py asserts on it). Each case builds the ("dp", "pp")
 mesh, trains 3 SGD-momentum steps through `PipelineRunner(mesh=..., dp_mode=...)`
 with each replica given its half of the global batch, and compares the
 parameters with a single-process, non-pipelined run on the whole batch; the

@@ -2,7 +2,7 @@
 warm-up/cool-down step as a Python event loop over Pass objects and dicts, the
 compaction's first fit recomputing a device's prefix sums per pass, the
 repetition sorted as Fraction tuples), kept as the oracle of the array version
-(tests/test_blocks_arrays.py)."""
+(tests/frontend/test_blocks_arrays.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The plain lowering before issue 13 (Python objects per pass), kept as the oracle of the array lowering (tests/test_lowering_arrays.py)."""
+"""The plain lowering before issue 13 (Python objects per pass), kept as the oracle of the array lowering (tests/lowering/test_lower.py)."""
 
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The timed simulation in plain Python, written from the definition
 (ppdsl/analysis/simulate.py's module docstring), kept as the oracle of the numba
-executor's `simulate` (tests/test_simulate.py, tests/test_properties.py, the
+executor's `simulate` (tests/analysis/test_simulate.py, tests/system/test_properties.py, the
 simulate bench)."""
 
 from __future__ import annotations

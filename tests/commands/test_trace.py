@@ -1,0 +1,176 @@
+"""`ppdsl trace TRACE.json`: a run's trace beside the simulation, and its
+conformance to the proven rank programs (docs/runtime.md, "Where the time goes")."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from ppdsl.cli import main
+from ppdsl.compiler import compile_file
+from tests.trace_conformance import check_trace, trace_of_programs, write_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+ZB_H1 = str(ROOT / "examples" / "zb_h1.pp")
+
+
+@pytest.fixture(scope="module")
+def compiled():  # type: ignore[no-untyped-def]
+    return compile_file(ZB_H1, {"d": "2", "m": "4"})
+
+
+def _passes(trace: dict, rank: int, step: int) -> list[int]:
+    return [i for i, e in enumerate(trace["traceEvents"])
+            if e["pid"] == rank and e["args"]["step"] == step and e["cat"] in ("F", "B", "W")]
+
+
+def test_programs_own_trace_conforms_and_is_reported(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """A trace that runs each rank program op by op conforms, and the report lays
+    out per-rank, per-kind measured durations, time outside passes and slips."""
+    path = write_trace(tmp_path / "t.json", trace_of_programs(compiled, 3, ZB_H1))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["trace", str(path)]) == 0
+    text = out.getvalue()
+    assert "conforms to the rank programs of zb_h1 (2 ranks, 3 steps" in text
+    assert "   0  F            4        1.000" in text
+    assert "exchange  optimizer" in text and "passes held longest" in text
+    assert "no prediction in ms" in text
+    # rank 0: 12 passes of 1 ms, 5 exchanges of 0.1 ms, an optimizer step of 0.5 ms
+    assert "   0    13.000    12.000      0.500      0.500      0.000      0.000" in text
+
+
+def test_time_outside_passes_by_cause() -> None:
+    """Gaps no slice covers are `other`, each slice's time goes to its cause, and
+    the step is the slowest rank's window (docs/runtime.md, "Where the time goes")."""
+    from ppdsl.analysis.trace_check import steps_of
+    from ppdsl.analysis.trace_timeline import compare_timeline
+
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"})
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    for e in trace["traceEvents"]:  # rank 1's step 1 starts 2 ms late: a gap before its F0
+        if e["pid"] == 1 and e["args"]["step"] == 1:
+            e["ts"] += 2000.0
+    trace["traceEvents"].append({"name": "data", "cat": "data", "ph": "X", "pid": 1, "tid": 0,
+                                 "ts": 13200.0, "dur": 300.0, "args": {"step": 1}})
+    report = compare_timeline(steps_of(trace), compiled.schedule, costs_in_ms=False)
+    assert report.steps == (1,)
+    assert report.outside_ms[1] == pytest.approx(
+        {"exchange": 0.7, "optimizer": 0.5, "data": 0.3, "other": 1.7})
+    assert report.step_ms[1] == pytest.approx(15.2) and report.measured_step_ms == pytest.approx(15.2)
+    assert report.predicted_step_ms is None
+
+
+def test_swapped_passes_fail_with_located_message(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """Two passes of one rank run in the other order: exit 1, naming the trace,
+    rank, step and where the order differs."""
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    a, b = _passes(trace, 1, 1)[2:4]
+    events = trace["traceEvents"]
+    events[a]["ts"], events[b]["ts"] = events[b]["ts"], events[a]["ts"]
+    code, _, err = check_trace(write_trace(tmp_path / "t.json", trace))
+    assert code == 1
+    assert f"{tmp_path / 't.json'}: rank 1, step 1: pass 3 of the step was" in err, err
+    assert "the proven order runs" in err
+
+
+def test_dropped_or_repeated_pass_fails(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """A pass that did not run, or ran twice, is a violation (exit 1)."""
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    dropped = trace["traceEvents"].pop(_passes(trace, 0, 0)[1])
+    code, _, err = check_trace(write_trace(tmp_path / "t.json", trace))
+    assert code == 1 and f"rank 0, step 0: pass {dropped['name']} (stage 0) of the program did not run" in err
+    trace["traceEvents"].append(dict(dropped, args=dict(dropped["args"], step=1)))
+    code, _, err = check_trace(write_trace(tmp_path / "t.json", trace))
+    assert code == 1 and f"rank 0, step 1: pass {dropped['name']} (stage 0) ran 2 times" in err
+
+
+def test_unproven_transfer_fails(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """An exchange that waits on a transfer the program does not receive fails."""
+    trace = trace_of_programs(compiled, 1, ZB_H1)
+    exchange = next(e for e in trace["traceEvents"] if e["pid"] == 0 and e["cat"] == "exchange")
+    exchange["args"]["recvs"] = ["grad(mb 9, stage 1->0, rank 1->0)"]
+    code, _, err = check_trace(write_trace(tmp_path / "t.json", trace))
+    assert code == 1
+    assert "rank 0, step 0: waited on grad(mb 9, stage 1->0, rank 1->0), a transfer" in err
+
+
+def test_against_another_schedule_fails(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """Checked against 1F1B, ZB-H1's trace does not conform; against itself with
+    -D it does."""
+    path = write_trace(tmp_path / "t.json", trace_of_programs(compiled, 1, ZB_H1))
+    code, _, err = check_trace(path, "--against", str(ROOT / "examples" / "1f1b.pp"),
+                               "-D", "d=2", "-D", "m=4")
+    assert code == 1 and "not in the rank's program" in err
+    assert check_trace(path, "--against", ZB_H1, "-D", "d=2", "-D", "m=4")[0] == 0
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read the trace"),
+    ("{", "is not JSON"),
+    ('{"traceEvents": []}', "is no ppdsl trace"),
+])
+def test_bad_trace_is_a_usage_error(tmp_path: Path, content: str | None, message: str) -> None:
+    """A missing, malformed or foreign trace: exit 2 with one message, no traceback."""
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = check_trace(path)
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+ONE_RANK = """schedule two_stages_one_rank {
+    param d = 1
+    param m = 3
+    place [0, 0]
+    backward split
+    order {
+        for j in 0..m { F(j, 0); F(j, 1) }
+        for j in 0..m { B(j, 1); W(j, 1); B(j, 0); W(j, 0) }
+    }
+}
+"""
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A one-rank gloo group in this process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_engine_that_reorders_passes_fails_the_check(one_rank, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The engine's own trace of a step conforms; an engine whose ops have two
+    passes swapped (W2 of stage 1 after B2 of stage 0, still runnable) records a
+    trace the check rejects, naming where the order differs."""
+    import torch
+
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+    from ppdsl.runtime.trace import Tracer, chrome_trace, write_chrome_trace
+
+    schedule = tmp_path / "s.pp"
+    schedule.write_text(ONE_RANK)
+    for swapped in (False, True):
+        runner = PipelineRunner(load_schedule(schedule), lambda s: torch.nn.Linear(4, 4),
+                                torch.nn.functional.mse_loss, device="cpu", note=lambda _: None)
+        engine = runner.engine
+        if swapped:
+            ops = list(engine.ops)
+            ops[-3], ops[-2] = ops[-2], ops[-3]
+            engine.ops = tuple(ops)
+        engine.tracer = tracer = Tracer(0, torch.device("cpu"))
+        tracer.start()
+        runner.step(torch.randn(6, 4), torch.randn(6, 4))
+        path = tmp_path / f"trace{int(swapped)}.json"
+        write_chrome_trace(path, chrome_trace([tracer.events], ["rank 0"], {"file": str(schedule)}))
+        code, _, err = check_trace(path)
+        assert code == int(swapped), err
+    assert "rank 0, step 0: pass 16 of the step was B2 (stage 0), the proven order runs " \
+           "W2 (stage 1) there" in err, err

@@ -1,0 +1,212 @@
+"""A killed job restarts by itself and loses nothing (docs/runtime.md,
+"Checkpoints and restarts"): `ppdsl run --max-restarts 1 --checkpoint-dir D
+--checkpoint-every 1` with a rank SIGKILLed at five points ends bit for bit where
+an uninterrupted run ends; interrupted saves are never resumed from; a
+checkpoint of another run set-up is refused, naming what differs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py")
+LOGGED = str(ROOT / "tests" / "dist" / "restart_model.py") + ":logged"
+STEPS = 4
+_STEP_LINE = re.compile(r"^step\s+(\d+)/\d+\s+loss (\S+)", re.M)
+
+
+def _run(tmp: Path, name: str, *extra: str, fault: str | None = None,
+         schedule: str = "examples/zb_h1.pp", model: str = LOGGED,
+         ) -> tuple[subprocess.CompletedProcess, Path]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PPDSL_TEST_BATCH_LOG=str(tmp / f"{name}.batches"))
+    env.pop("PPDSL_FAULT", None)
+    if fault is not None:
+        env["PPDSL_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppdsl", "run", schedule, "-D", "d=2", "-D", "m=4",
+         "--model", model, "--steps", str(STEPS), "--optimizer", "adamw",
+         "--lr-schedule", "warmup-cosine", "--warmup-steps", "1",
+         "--checkpoint-dir", str(tmp / name), "--checkpoint-every", "1", "--keep-checkpoints", "2",
+         "--json", str(tmp / f"{name}.json"), "--timeout", "30", *extra],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )
+    return proc, tmp / name
+
+
+def _checkpoint_tensors(path: Path) -> dict[str, object]:
+    """Everything a checkpoint holds (weights, optimizer state, each process's
+    record), read back through torch's own converter."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = path.parent.parent / f"{path.parent.name}-{path.name}.pt"
+    dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, bytes):  # a process's record: pickled, compared by what it holds
+        return isinstance(b, bytes) and _same(pickle.loads(a), pickle.loads(b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    tmp = tmp_path_factory.mktemp("whole")
+    proc, ckpt = _run(tmp, "whole")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, ckpt
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "fault",
+    ["forward:3:1", "exchange:2:0", "optimizer:3:1", "save:2:1", "saved:2:0"],
+    ids=["in-forward", "mid-exchange", "in-optimizer-step", "during-save", "after-save"],
+)
+def test_killed_rank_restarts_and_ends_bit_identical(
+    tmp_path: Path, uninterrupted: tuple[str, Path], fault: str
+) -> None:
+    """A rank SIGKILLed at `fault` (point:step:rank) under --max-restarts 1: the
+    job restarts, resumes from the newest complete checkpoint and ends with
+    parameters, optimizer state, LR schedule and RNGs bit-identical to an
+    uninterrupted run; every step's printed loss equals the uninterrupted one, and
+    the restarted attempt trains exactly the steps after its checkpoint."""
+    whole_out, whole_ckpt = uninterrupted
+    proc, ckpt = _run(tmp_path, "killed", "--max-restarts", "1", fault=fault)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "restart 1 of at most 1" in proc.stdout, text
+    assert "killed by SIGKILL" in proc.stderr, text
+    resumed = re.search(r"resumed from \S+ \(after step (\d+)\)", proc.stdout)
+    restart_from = int(resumed.group(1)) if resumed else 0
+    # every step printed, each time with the uninterrupted run's loss
+    expected = dict(_STEP_LINE.findall(whole_out))
+    printed = _STEP_LINE.findall(proc.stdout)
+    assert {s for s, _ in printed} == set(expected), printed
+    assert all(loss == expected[s] for s, loss in printed), (printed, expected)
+    # the restarted attempt built the batches of the steps after its checkpoint, once each
+    for rank in (0, 1):
+        calls = (tmp_path / f"killed.batches.{rank}").read_text().split("\n")
+        again = [int(line.split()[1]) for line in calls if line.startswith("1 ")]
+        assert again == list(range(restart_from, STEPS)), (rank, calls)
+    # the newest two kept (--keep-checkpoints 2), nothing partial left; the same final
+    # checkpoint, byte for byte in every tensor and record
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{STEPS - 1:08d}", f"step-{STEPS:08d}"]
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in whole_ckpt.iterdir())
+    final = f"step-{STEPS:08d}"
+    assert _same(_checkpoint_tensors(whole_ckpt / final), _checkpoint_tensors(ckpt / final))
+    whole = [json.loads((whole_ckpt.parent / "whole.json" / f"rank{r}.json").read_text())
+             for r in (0, 1)]
+    mine = [json.loads((tmp_path / "killed.json" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for a, b in zip(whole, mine, strict=True):
+        assert a["parameters_sha256"] == b["parameters_sha256"]
+        assert {k: v for k, v in a["losses"].items() if int(k) > restart_from} == b["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_checkpoint_of_another_run_setup_is_refused(tmp_path: Path) -> None:
+    """Resuming from a checkpoint that another schedule, model, stage placement or
+    world size saved stops at start-up (exit 1, no traceback) with a message
+    naming each difference; the same set-up resumes from it."""
+    saved, ckpt = _run(tmp_path, "ckpt", "--steps", "1", model=f"{TINY}:stages",
+                       schedule="examples/1f1b.pp")
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    # one run that differs in all four ways: each difference is named on its own line
+    proc, _ = _run(tmp_path, "ckpt", "--steps", "2", "--dp", "2",
+                   schedule="examples/interleaved_1f1b.pp", model=f"{TINY}:stages_long")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot resume from" in proc.stderr, proc.stderr
+    for message in (
+        "  - schedule: saved by 'one_f_one_b' (examples/1f1b.pp), this run is "
+        "'interleaved_1f1b' (examples/interleaved_1f1b.pp)\n",
+        "  - stage placement: stage -> rank [0, 1] in the checkpoint, [0, 1, 0, 1] in this run\n",
+        "  - world size: 2 ranks (1 data-parallel replicas) in the checkpoint, 4 ranks "
+        "(2 replicas) in this run; resuming with another --dp is not supported\n",
+        f"  - model: '{TINY}:stages' in the checkpoint, '{TINY}:stages_long' in this run\n",
+        "  - model parameters: stage 0's parameter '0.positions.weight' is float32 [16, 32] "
+        "in the checkpoint, float32 [128, 32] in this run\n",
+    ):
+        assert message in proc.stderr, (message, proc.stderr)
+    again, _ = _run(tmp_path, "ckpt", "--steps", "2", "--resume", model=f"{TINY}:stages",
+                    schedule="examples/1f1b.pp")
+    assert again.returncode == 0 and "(after step 1)" in again.stdout, again.stdout + again.stderr
+
+
+def test_identity_differences_name_dp_mode_and_fingerprint() -> None:
+    """The set-up comparison names a changed --dp-mode and a schedule compiled
+    differently under the same name, and finds nothing when all agree."""
+    from ppdsl.runtime.checkpoint import identity_differences
+
+    base = {"schedule": "zb_h1", "schedule_file": "zb_h1.pp", "fingerprint": "a" * 64,
+            "placement": [0, 1], "world_size": 4, "dp": 2, "dp_mode": "replicate",
+            "model": "m.py:f", "parameters": {"0": [["w", [2, 2], "float32"]]}}
+    assert identity_differences(base, dict(base)) == []
+    other = dict(base, dp_mode="shard", fingerprint="b" * 64)
+    found = identity_differences(base, other)
+    assert found == [
+        "schedule 'zb_h1' compiled differently (fingerprint aaaaaaaaaaaa in the checkpoint, "
+        "bbbbbbbbbbbb now: other -D values or costs?)",
+        "--dp-mode: replicate in the checkpoint, shard in this run",
+    ]
+
+
+def test_partial_and_old_checkpoints() -> None:
+    """A directory still named .partial-* (a save interrupted) or without torch's
+    .metadata is never the newest checkpoint."""
+    import tempfile
+
+    from ppdsl.runtime.checkpoint import latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, complete in (("step-00000002", True), (".partial-step-00000003", True),
+                               ("step-00000004", False)):
+            (root / name).mkdir()
+            if complete:
+                (root / name / ".metadata").write_bytes(b"")
+        assert latest_checkpoint(root) == root / "step-00000002"
+
+
+@pytest.mark.distributed
+def test_live_but_wedged_rank_is_reported_where_it_stands(tmp_path: Path) -> None:
+    """A rank whose forward never returns while its process (and heartbeat) lives:
+    within --timeout every rank stops (exit 1, no traceback), the first to see it
+    printing where each rank stood: the wedged one computing its forward, the
+    other waiting to receive its gradient."""
+    import time
+
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppdsl", "run", "examples/1f1b.pp", "-D", "d=2", "-D", "m=4",
+         "--model", str(ROOT / "tests" / "dist" / "restart_model.py") + ":wedged",
+         "--steps", "3", "--timeout", "10"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "no rank made progress for 10 s, though every one is alive" in err, err
+    assert re.search(r"^  rank 1: computing F\(mb \d, stage 1\)$", err, re.M), err
+    assert re.search(r"^  rank 0: waiting to receive grad\(mb \d, stage 1->0, rank 1->0\)$",
+                     err, re.M), err
+    assert "Traceback" not in err, err
+    assert elapsed < 60, elapsed

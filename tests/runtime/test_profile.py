@@ -1,0 +1,189 @@
+"""`ppdsl profile` and ppdsl/runtime/profile.py: per-stage costs and memory measured
+as the runtime runs the passes, written as a costs file the compiler reads; the
+loop profile -> search --costs-from -> check --costs-from closed on tiny_gpt.
+(Speed targets are benchmarks: `python -m bench split`.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ppdsl.cli import main
+from ppdsl.costs_file import evaluate_costs, load_costs_file
+from ppdsl.runtime.profile import (
+    Profile,
+    StageProfile,
+    StageTiming,
+    measure_collectives,
+    measure_stage,
+    measure_transfer,
+    to_costs_pp,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
+
+
+def _ppdsl(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "ppdsl", *argv], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_measure_stage_measures_both_runs() -> None:
+    """Every time is positive; the split's forward keeps exactly the plain forward's
+    bytes; what B keeps (M_W) is between 0 and M_B."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8))
+    x = torch.randn(64, 16)
+    t = measure_stage(net, lambda: x, lambda y: y, torch.ones(64, 8), torch.device("cpu"),
+                      warmup=1, repeats=3)
+    assert min(t.forward_ms, t.input_ms, t.weight_ms, t.plain_forward_ms, t.fused_ms) > 0
+    assert t.activation_bytes == t.plain_activation_bytes > 0
+    assert 0 < t.weight_bytes < t.activation_bytes
+    assert t.gradient_bytes > 0
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_transfer_is_measured_between_two_gloo_processes() -> None:
+    """On CPU the transfer time comes from two real gloo processes (one per size)."""
+    times, method = measure_transfer([4096, 1 << 20], torch.device("cpu"), repeats=3)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert "gloo" in method
+
+
+def _profile(stages: int = 2) -> Profile:
+    timing = StageTiming(1.25, 2.5, 1.125, 1.2, 3.5, 1000, 1000, 500, 800)
+    return Profile(
+        "m.py:f", stages, 2, "cpu", 1, 1, 3, "test",
+        tuple(StageProfile(s, timing, 400 if s < stages - 1 else 0, 0.5 if s < stages - 1 else None, ())
+              for s in range(stages)),
+    )
+
+
+def test_costs_file_round_trips(tmp_path: Path) -> None:
+    """What `-o` writes is a costs file the compiler reads back: the same costs (ms),
+    memory in units of the mean stage's M_B, and the stage count."""
+    path = tmp_path / "costs.pp"
+    path.write_text(to_costs_pp(_profile()))
+    costs = load_costs_file(path)
+    assert costs.num_stages == 2
+    c, m = evaluate_costs(costs, 2, "parallel")
+    assert c.forward == (1.25, 1.25) and c.backward_input == (2.5, 2.5)
+    assert c.backward_weight == (1.125, 1.125) and c.fused_backward == (3.5, 3.5) and c.comm == 0.5
+    assert m.activation == (1, 1) and m.weight_retained == (0.5, 0.5)
+
+
+def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
+    """`--dp`: each stage's all-reduce, reduce-scatter and all-gather are timed
+    among real gloo processes; the costs file states `cost reduce[s]` and `cost
+    gather[s]`, which the compiler reads back per stage."""
+    rows, method = measure_collectives([4096, 1 << 16], 2, repeats=1)
+    assert len(rows) == 2 and "gloo" in method
+    assert all(r[k] > 0 for r in rows for k in ("all_reduce", "reduce_scatter", "all_gather"))
+    base = _profile()
+    stages = tuple(replace(st, param_bytes=4096, reduce_ms=0.25 * (st.stage + 1), gather_ms=0.5)
+                   for st in base.stages)
+    path = tmp_path / "costs.pp"
+    path.write_text(to_costs_pp(replace(base, stages=stages, dp=2, collective_method=method)))
+    assert "cost reduce[s] = s == 0 ? 0.25 : 0.5" in path.read_text()
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.collective("reduce", 1) == 0.5 and c.collective("gather", 0) == 0.5
+
+
+def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """Impossible arguments are exit 2; a bad --model is exit 1 naming it."""
+    assert main(["profile", "--model", TINY, "--stages", "0"]) == 2
+    assert main(["profile", "--model", TINY, "--stages", "1", "--dp", "0"]) == 2
+    if not torch.cuda.is_available():
+        assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+    assert main(["profile", "--model", "nowhere.py:f", "--stages", "1"]) == 2  # a missing file
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_profile_of_a_failing_model_is_invalid_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """A model whose stages do not chain is exit 1 with the stage and the error."""
+    code = main(["profile", "--model", str(ROOT / "tests" / "dist" / "bad_models.py") + ":shape_mismatch",
+                 "--stages", "2", "--no-transfer", "--warmup", "0", "--repeats", "1"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "stage 1" in err and "Traceback" not in err
+
+
+def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--norms w` defers the layer norms' weight gradients too: W then also keeps
+    their inputs, mean and rstd (a larger M_W), and the report says which; on CPU
+    with one thread the passes are timed in thread CPU time."""
+    found = {}
+    for norms in ("b", "w"):
+        code = main(["profile", "--model", TINY, "--stages", "2", "--json", "--no-transfer",
+                     "--warmup", "0", "--repeats", "1", "--norms", norms])
+        assert code == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["norms"] == norms and report["clock"] == "thread"
+        found[norms] = [s["weight_bytes"] for s in report["stages"]]
+    assert all(0 < b < w for b, w in zip(found["b"], found["w"], strict=True)), found
+
+
+def test_precision_option_profiles_under_autocast(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--precision bf16` runs the forward and loss under autocast, as `ppdsl run
+    --precision bf16` trains, and the report says so: the stages' M_B (bf16
+    activations, the weight copies counted apart) is below fp32's; TF32 is
+    recorded (n/a on CPU)."""
+    found = {}
+    for precision in ("fp32", "bf16"):
+        code = main(["profile", "--model", TINY, "--stages", "2", "--json", "--no-transfer",
+                     "--warmup", "0", "--repeats", "1", "--precision", precision])
+        assert code == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["precision"] == precision and report["tf32"] == "n/a"
+        found[precision] = report["stages"]
+    for fp32, bf16 in zip(found["fp32"], found["bf16"], strict=True):
+        assert 0 < bf16["activation_bytes"] < fp32["activation_bytes"], (fp32, bf16)
+
+
+def test_collectives_of_a_cuda_run_without_a_gpu_each_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA profile's `--dp 2` on a one-GPU node cannot run NCCL (a GPU per
+    process): the gloo numbers it falls back to say NCCL's were not measured."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rows, method = measure_collectives([4096], 2, repeats=1, device=torch.device("cuda", 0))
+    assert len(rows) == 1 and "NOT measured" in method and "gloo" in method
+
+
+@pytest.mark.slow
+def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
+    """The zero-bubble paper's loop on tiny_gpt: `ppdsl profile --json -o` reports
+    T_W > 0 and M_W > 0 for every stage and split forward bytes equal to the plain
+    stage's; `search --costs-from` finds a schedule under the measured costs; `check
+    --costs-from` accepts it and ZB-H1."""
+    costs = tmp_path / "costs.pp"
+    run = _ppdsl("profile", "--model", TINY, "--stages", "2", "--json", "-o", str(costs),
+                 "--warmup", "1", "--repeats", "3", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["num_stages"] == 2 and len(report["stages"]) == 2
+    for stage in report["stages"]:
+        assert stage["weight_ms"] > 0 and stage["weight_bytes"] > 0, stage
+        assert stage["input_ms"] > 0 and stage["fused_ms"] > 0 and stage["forward_ms"] > 0
+        assert stage["bytes_ratio"] == 1.0, stage
+        assert 0 < stage["mw_over_mb"] < 1
+    assert report["stages"][0]["transfer_ms"] > 0 and report["stages"][1]["transfer_ms"] is None
+    assert "gloo" in report["transfer_method"]
+    assert "let profiled_stages = 2" in costs.read_text()
+    found = tmp_path / "found.pp"
+    run = _ppdsl("search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
+                 "--costs-from", str(costs), "-o", str(found), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    for target in (str(found), str(ROOT / "examples" / "zb_h1.pp")):
+        run = _ppdsl("check", target, "-D", "d=2", "--costs-from", str(costs), cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        assert "ok: schedule" in run.stdout

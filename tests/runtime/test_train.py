@@ -1,0 +1,175 @@
+"""`ppdsl run` and the generated programs as a user runs them (real torchrun or
+rank processes on gloo): the training options, checkpoints that resume bit for
+bit, data built only on the ranks that use it, throughput in the model's units,
+and a clean exit (the heartbeat thread joined before the process group goes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dist import harness
+from tests.dist.orders import python_schedules
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py")
+TEST_MODELS = str(ROOT / "tests" / "dist" / "models.py")
+
+
+def _ppdsl(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ppdsl", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--clip-grad-norm", "0"], "--clip-grad-norm must be positive"),
+        (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+        (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is SGD's"),
+        (["--optimizer", "lion"], "invalid choice: 'lion'"),
+        (["--precision", "fp8"], "invalid choice: 'fp8'"),
+    ],
+    ids=["resume", "clip", "every", "momentum", "optimizer", "precision"],
+)
+def test_training_options_usage_errors(args: list[str], message: str) -> None:
+    """A training option out of its limits is a usage error (exit 2) saying what is
+    wrong, before torchrun starts."""
+    proc = _ppdsl("run", "examples/1f1b.pp", "-D", "d=2", "--model", f"{TINY}:stages", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _launch_dir(tmp: Path, name: str, d: int, m: int) -> Path:
+    from ppdsl.backend.codegen import generate, write
+    from ppdsl.lowering.lower import lower
+
+    out = tmp / f"{name}-d{d}"
+    if not out.exists():
+        schedule = next(s for s in python_schedules(d, m) if s.name == name)
+        write(generate(schedule, lower(schedule)), out)
+    return out
+
+
+def _rank_json(path: Path, world: int) -> list[dict]:
+    return [json.loads((path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_resume_continues_bit_identically(tmp_path: Path) -> None:
+    """A run stopped after step 3 and resumed from its checkpoint ends bit for bit
+    where the uninterrupted 6-step run ends: same per-step losses after the resume
+    and the same parameter bytes on every rank. The run uses what a checkpoint
+    must carry: dropout (RNG), AdamW (its moments) with weight decay, a warm-up +
+    cosine LR schedule (its position), post-validated clipping (no step left
+    pending) and the data position (the step)."""
+    out = _launch_dir(tmp_path, "zb_h1_like", 2, 4)
+    common = [str(out / "launch.py"), "--model", f"{TINY}:stages_dropout", "--steps", "6",
+              "--optimizer", "adamw", "--weight-decay", "0.1", "--lr-schedule", "warmup-cosine",
+              "--warmup-steps", "2", "--clip-grad-norm", "0.5", "--optimizer-validation", "post",
+              "--timeout", "60"]
+    runs = {
+        "whole": ["--checkpoint-dir", str(tmp_path / "a"), "--json", str(tmp_path / "ja")],
+        "first": ["--checkpoint-dir", str(tmp_path / "b"), "--stop-after", "3"],
+        "rest": ["--checkpoint-dir", str(tmp_path / "b"), "--resume", "--json", str(tmp_path / "jb")],
+    }
+    texts = {}
+    for key, extra in runs.items():
+        results = harness.run(common + extra, 2, timeout=180)
+        texts[key] = "\n".join(r.stdout + r.stderr for r in results)
+        assert all(r.returncode == 0 for r in results), texts[key]
+    assert (tmp_path / "b" / "step-00000003" / ".metadata").is_file()
+    assert "resumed from" in texts["rest"] and "after step 3" in texts["rest"]
+    whole, rest = _rank_json(tmp_path / "ja", 2), _rank_json(tmp_path / "jb", 2)
+    for a, b in zip(whole, rest, strict=True):
+        assert a["parameters_sha256"] == b["parameters_sha256"], (a["rank"], a["losses"], b["losses"])
+        assert {k: v for k, v in a["losses"].items() if int(k) > 3} == b["losses"]
+        assert any(o["clipped"] for o in a["optimizer_steps"]), a["optimizer_steps"]
+    # the uninterrupted run differs from one that did not restore the RNG: dropout is live
+    assert whole[0]["losses"]["4"] != whole[0]["losses"]["3"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_data_built_only_where_used_and_throughput_units(tmp_path: Path) -> None:
+    """At d=3 only the ranks holding the first or the last stage call batch(),
+    once per step (rank 1 never); a model that does not say its inputs are tokens
+    gets samples/s and no tokens/s; the options reach the ranks (SGD with
+    momentum, warm-up + cosine, clipping, bf16) and the run trains."""
+    log = tmp_path / "batch"
+    env = dict(os.environ, PPDSL_TEST_BATCH_LOG=str(log), OMP_NUM_THREADS="1")
+    proc = _ppdsl("run", "examples/1f1b.pp", "-D", "d=3", "--model", f"{TEST_MODELS}:counted",
+                  "--steps", "3", "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.01",
+                  "--lr-schedule", "warmup-cosine", "--warmup-steps", "1", "--clip-grad-norm", "1",
+                  "--precision", "bf16", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = {r: (Path(f"{log}.{r}").read_text().split() if Path(f"{log}.{r}").exists() else [])
+             for r in range(3)}
+    assert calls == {0: ["0", "1", "2"], 1: [], 2: ["0", "1", "2"]}, calls
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 3 and all("samples/s" in s and "tokens/s" not in s for s in steps), steps
+    assert "sgd, bf16, clip 1 (sync)" in proc.stdout
+    assert "optimizer: 3 steps" in proc.stdout
+
+
+_EXIT_RACE = """
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from ppdsl.runtime.watchdog import Watchdog
+port = int(sys.argv[1])
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
+                       wait_for_workers=False)
+# 400 ranks to watch and no pause: the heartbeat thread is inside a store call
+# nearly all the time, so it is there when the process exits unless done() joins it
+watchdog = Watchdog(0, 400, 60.0, interval=0.0)
+watchdog.start()
+time.sleep(0.3)
+watchdog.done()
+print("alive", watchdog._thread.is_alive(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_clean_exit_joins_the_heartbeat_thread() -> None:
+    """Exit right after the watchdog's done(), with its thread kept inside store
+    calls: before the fix every run aborted ("terminate called without an active
+    exception", exit 134); now the thread is joined and every run exits 0."""
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", _EXIT_RACE, str(harness.free_port())],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert proc.returncode == 0, proc.stderr
+        assert "terminate called" not in proc.stderr
+        assert "alive False" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_example_train_loop_under_torchrun(tmp_path: Path) -> None:
+    """examples/train_loop.py, a user's own loop (DataLoader on the data ranks only,
+    AdamW, a LambdaLR, post-validated clipping, a checkpoint), runs under torchrun
+    with 2 CPU ranks: the loss falls and the checkpoint is written."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(harness.free_port()),
+         str(ROOT / "examples" / "train_loop.py"), "--steps", "10",
+         "--checkpoint-dir", str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    losses = [float(line.split("loss")[1].split()[0]) for line in proc.stdout.splitlines()
+              if "step " in line and "loss" in line]
+    assert len(losses) == 10 and losses[-1] < losses[0], proc.stdout
+    assert (tmp_path / "ckpt" / "step-00000010" / ".metadata").is_file()
+    assert "Traceback" not in proc.stderr

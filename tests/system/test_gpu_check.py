@@ -1,0 +1,27 @@
+"""`make gpu-check` (bench/gpu_check.py) without CUDA: a part that needs a GPU is
+a row that names the skip, and the table shows every row with the device it ran
+on (README, On a GPU). The whole command's CPU run takes minutes and is not part
+of the suite; its parts' machinery (the shared-GPU transfers, the profile) is
+tested in tests/runtime/test_pipeline_training.py and tests/runtime/test_profile.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu_check import Row, nccl_one_rank, table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour")
+def test_parts_that_need_cuda_name_their_skip(tmp_path: Path) -> None:
+    """Without CUDA the d=1 NCCL part starts nothing and says why; the table
+    lists it beside the others, under the device line."""
+    (row,) = nccl_one_rank(False, tmp_path)
+    assert row.status == "skipped: no CUDA" and row.part == "d"
+    text = table([Row("a", "gpu-marked tests", "11 skipped", "all pass", "skipped: no CUDA"), row],
+                 "no CUDA (torch x)", 1.0)
+    lines = text.splitlines()
+    assert lines[0].startswith("gpu-check on no CUDA (torch x)")
+    assert len(lines) == 3 and lines[2].startswith("d") and lines[2].endswith("skipped: no CUDA")

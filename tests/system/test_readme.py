@@ -1,0 +1,94 @@
+"""The README and the tutorial are what a new user tries first: the README's
+schedule compiles as printed, every `ppdsl` and `torchrun` command line in the
+README runs (in order, in a fresh folder that holds the examples) and exits 0,
+and every command of docs/tutorial.md exits as the tutorial says (0, or 1 where
+it is marked `# exit 1`), its tutorial files matching what the text shows."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppdsl.compiler import compile_source
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```\n(.*?)```", README, flags=re.S)
+
+
+def _command_lines(blocks: list[str] = BLOCKS) -> list[str]:
+    lines = []
+    for block in blocks:
+        for line in block.splitlines():
+            if line.startswith(("ppdsl ", "torchrun ")):
+                lines.append(line)
+    return lines
+
+
+def test_readme_schedule_compiles_as_printed():
+    """The `.pp` text shown in the README is a valid schedule whose expects hold."""
+    (source,) = [b for b in BLOCKS if b.startswith("# ZB-H1")]
+    compiled = compile_source(source, "README.md")
+    assert compiled.schedule.name == "zb_h1" and compiled.warnings == ()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_readme_commands_run(tmp_path: Path) -> None:
+    """Every command line of the README, run as written, exits 0."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    commands = _command_lines()
+    assert len(commands) >= 8, commands
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:  # the hf extra is not installed: its line cannot run
+        commands = [c for c in commands if " hf:" not in c]
+    for line in commands:
+        argv = shlex.split(line.split("  #", 1)[0])
+        if argv[0] == "torchrun":  # on loopback, on a port of its own
+            from tests.dist.harness import free_port
+
+            argv = [sys.executable, "-m", "torch.distributed.run", "--master-addr",
+                    "127.0.0.1", "--master-port", str(free_port()), *argv[1:]]
+        else:
+            argv = [sys.executable, "-m", "ppdsl", *argv[1:]]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (line, proc.stderr[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tutorial_commands_run(tmp_path: Path) -> None:
+    """Every command of the tutorial, run from a copy of the repository's examples
+    and tutorial files, exits 0 (1 where marked), and the schedules it shows in
+    full are the files' own."""
+    text = (ROOT / "docs" / "tutorial.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", text, flags=re.S)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "tutorial").symlink_to(ROOT / "docs" / "tutorial")
+    step1 = next(b for b in blocks if b.startswith("schedule step1"))
+    assert step1 in (ROOT / "docs" / "tutorial" / "step1_1f1b.pp").read_text()
+    commands = _command_lines(blocks)
+    assert len(commands) >= 10, commands
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for line in commands:
+        expected = 1 if "# exit 1" in line else 0
+        argv = [sys.executable, "-m", "ppdsl", *shlex.split(line.split("  #", 1)[0])[1:]]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == expected, (line, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (line, proc.stderr[-2000:])
+        if argv[3] in ("compare", "show", "export"):  # the output the text shows is current
+            shown = [ln.rstrip() for ln in proc.stdout.splitlines()
+                     if ln.startswith(("step", "zb_v", "schedule ", "rank ", "0F0", "1F0"))]
+            assert shown and all(ln in text for ln in shown), (line, shown)
