@@ -58,15 +58,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from itertools import repeat
 from operator import attrgetter, is_, is_not, itemgetter
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.autograd.graph import GradientEdge
+
+from ppdsl.runtime import autograd_access as access
+from ppdsl.runtime.autograd_access import ADDMM, CONVOLUTION, EMBEDDING, LAYER_NORM, MM
 
 __all__ = [
     "WStash",
@@ -169,51 +170,15 @@ def defer(
 
 # --- the graph's split-able nodes ----------------------------------------------------
 
-# Native node kinds, by the number B and W know them by.
-_ADDMM, _MM, _LAYER_NORM, _EMBEDDING, _CONVOLUTION = range(5)
-# For each kind, the input slots that may lead to a parameter W can compute.
-_PARAM_SLOTS = {_ADDMM: (0, 2), _MM: (1,), _LAYER_NORM: (1, 2), _EMBEDDING: (0,), _CONVOLUTION: (1, 2)}
-
-
-@dataclass(frozen=True)
-class _Kinds:
-    """Autograd node classes, found by building each op once (their Python names
-    are torch internals; their identity is what matters)."""
-
-    native: dict[type, int]
-    transpose: type
-    to_copy: type
-    accumulate: type
-    embedding: type
-
-
-@cache
-def _kinds() -> _Kinds:
-    with torch.enable_grad():
-        w = torch.zeros(2, 2, requires_grad=True)
-        x = torch.zeros(1, 2, requires_grad=True)
-        addmm = torch.addmm(torch.zeros(2, requires_grad=True), x, w.t()).grad_fn
-        mm = x.mm(w.t()).grad_fn
-        view = w.view(4).grad_fn
-        assert addmm is not None and mm is not None and view is not None
-        layer_norm = F.layer_norm(x, (2,), w[0], w[1]).grad_fn
-        embedding = F.embedding(torch.zeros(1, dtype=torch.long), w).grad_fn
-        convolution = F.conv1d(x.view(1, 1, 2), w.view(2, 1, 2)).grad_fn
-        native = {
-            type(addmm): _ADDMM, type(mm): _MM, type(layer_norm): _LAYER_NORM,
-            type(embedding): _EMBEDDING, type(convolution): _CONVOLUTION,
-        }
-        return _Kinds(
-            native, type(addmm.next_functions[2][0]), type(w.to(torch.float64).grad_fn),
-            type(view.next_functions[0][0]), type(embedding),
-        )
+# For each native kind, the input slots that may lead to a parameter W can compute.
+_PARAM_SLOTS = {ADDMM: (0, 2), MM: (1,), LAYER_NORM: (1, 2), EMBEDDING: (0,), CONVOLUTION: (1, 2)}
 
 
 _PLAIN, _USER = -1, -2
 _ROLES: dict[type, int] = {}
 
 
-def _roles(k: _Kinds) -> dict[type, int]:
+def _roles(k: access.NodeClasses) -> dict[type, int]:
     """Node class -> role: a native kind (>= 0), a split-aware Function, or plain."""
     if not _ROLES:
         _ROLES.update(k.native)
@@ -221,8 +186,7 @@ def _roles(k: _Kinds) -> dict[type, int]:
 
 
 def _role_of(t: type) -> int:
-    split = getattr(getattr(t, "_forward_cls", None), "_ppdsl_split_aware", False)
-    return _USER if split else _PLAIN
+    return _USER if access.is_split_aware(t) else _PLAIN
 
 
 # --- walking the graph, once per graph shape ---------------------------------------
@@ -237,7 +201,7 @@ def _walk(roots: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     node identity (same classes, same edges, the same nodes shared), so what
     `_analyse` found for one holds for the other, position for position. Costs
     what touching every node once costs."""
-    k = _kinds()
+    k = access.node_classes()
     acc_type, emb_type = k.accumulate, k.embedding
     order = list(dict.fromkeys(roots))
     index: dict[Any, int] = {node: at for at, node in enumerate(order)}
@@ -250,7 +214,7 @@ def _walk(roots: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         if t is acc_type:
             continue
         if t is emb_type:
-            emit(bool(node._saved_sparse))
+            emit(bool(access.embedding_is_sparse(node)))
         for child, _ in node.next_functions:
             at = find(child)
             if at is None:
@@ -360,7 +324,7 @@ def _plan_for(roots: Sequence[Any], defer_norms: bool) -> tuple[list[Any], _Plan
 
 
 def _claim_slots(
-    node: Any, kind: int, k: _Kinds, claimed: dict[Any, set[tuple[int, int]]], uses: list,
+    node: Any, kind: int, k: access.NodeClasses, claimed: dict[Any, set[tuple[int, int]]], uses: list,
 ) -> None:
     """Claim, edge by edge, the paths from a native node's parameter slots to the
     parameters (through at most one transpose and one cast) where W has the
@@ -376,7 +340,7 @@ def _claim_slots(
             continue
         ct = type(child)
         if ct is acc_type:  # the common case: the parameter itself (a bias, a norm's weight)
-            if kind == _EMBEDDING and node._saved_sparse:
+            if kind == EMBEDDING and access.embedding_is_sparse(node):
                 continue
             claimed.setdefault(child, set()).add((id(node), slot))
             uses.append((node, kind, slot, False, False, child))
@@ -394,8 +358,8 @@ def _claim_slots(
             child = child.next_functions[0][0]
             ct = type(child)
             path.append((child, (id(parent), 0)))
-        if ct is not acc_type or (transposed and (kind not in (_ADDMM, _MM) or slot == 0)) or (
-            kind == _EMBEDDING and node._saved_sparse
+        if ct is not acc_type or (transposed and (kind not in (ADDMM, MM) or slot == 0)) or (
+            kind == EMBEDDING and access.embedding_is_sparse(node)
         ):
             continue  # not a formula W has: no claim
         for target, edge in path:
@@ -409,7 +373,7 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
     way, is claimed by a path from a native node's parameter slot (or by a
     split-aware Function). Unless `defer_norms`, a parameter that a layer norm
     uses gets its gradient in B."""
-    k = _kinds()
+    k = access.node_classes()
     acc_type = k.accumulate
     adapters = {k.transpose, k.to_copy}
     leafish = adapters | {acc_type}
@@ -450,10 +414,10 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
     in_b: dict[Any, bool] = {}  # layer norms' parameters B computes: {accumulator: only norms use it}
     if not defer_norms:
         for _node, kind, _slot, _t, _c, acc in uses:
-            if kind == _LAYER_NORM:
+            if kind == LAYER_NORM:
                 in_b[acc] = True
         for _node, kind, _slot, _t, _c, acc in uses:
-            if kind != _LAYER_NORM and acc in in_b:
+            if kind != LAYER_NORM and acc in in_b:
                 in_b[acc] = False
     eager: list[int] = []
     norms: list[int] = []
@@ -483,10 +447,10 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
     for node, found in by_node.items():
         kind = kinds[node]
         slots = {slot: (transposed, cast, acc) for slot, transposed, cast, acc in found}
-        weight = slots.get(2 if kind == _ADDMM else 1)
-        bias = slots.get(0) if kind == _ADDMM else None
+        weight = slots.get(2 if kind == ADDMM else 1)
+        bias = slots.get(0) if kind == ADDMM else None
         # nn.Linear's form, its weight and bias cast alike (autocast casts both, or neither)
-        if (kind in (_ADDMM, _MM) and len(slots) == (2 if bias is not None else 1)
+        if (kind in (ADDMM, MM) and len(slots) == (2 if bias is not None else 1)
                 and weight is not None and weight[0]
                 and (bias is None or bias[:2] == (False, weight[1]))):
             linear.setdefault((kind, bias is not None, weight[1]), []).append(
@@ -500,8 +464,8 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
             _gather([m[0] for m in members]),
             _gather([m[1] for m in members]),
             _gather([m[2] for m in members]) if with_bias else None,
-            attrgetter("_saved_mat1" if kind == _ADDMM else "_saved_self"),
-            attrgetter("_saved_alpha", "_saved_beta") if kind == _ADDMM else None,
+            access.linear_input[kind],
+            access.addmm_scalars if kind == ADDMM else None,
             # positions of the parameters' accumulators: one per parameter
             len({m[1] for m in members} | {m[2] for m in members if with_bias})
             == len(members) * (2 if with_bias else 1),
@@ -516,50 +480,12 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
 # --- W ---------------------------------------------------------------------------------
 
 
-def _padding_idx(value: int) -> int:
-    # The saved padding index is an int64 read back unsigned: -1 comes back as 2**64 - 1.
-    return value - 2**64 if value >= 2**63 else value
-
-
-def _saved(node: Any, kind: int, slots: tuple[tuple[int, bool, bool, int], ...]) -> tuple[Any, ...]:
-    """What W needs from the node, read now (B frees it)."""
-    if kind == _ADDMM:
-        weight = any(slot == 2 for slot, *_ in slots)
-        return (node._saved_mat1 if weight else None, node._saved_alpha, node._saved_beta)
-    if kind == _MM:
-        return (node._saved_self, 1, 1)
-    if kind == _LAYER_NORM:
-        return (node._saved_input, node._saved_normalized_shape, node._saved_result1,
-                node._saved_result2, node._saved_weight, node._saved_bias)
-    if kind == _EMBEDDING:
-        return (node._saved_indices, node._saved_weight_sym_argsize_0,
-                _padding_idx(node._saved_padding_idx), node._saved_scale_grad_by_freq)
-    return (node._saved_input, node._saved_weight, node._saved_bias_sym_sizes_opt,
-            node._saved_stride, node._saved_padding, node._saved_dilation,
-            node._saved_transposed, node._saved_output_padding, node._saved_groups)
-
-
-def _activations(kind: int, saved: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
-    """The activations among `saved` (what the meter counts as M_W)."""
-    if kind in (_ADDMM, _MM):
-        return (saved[0],) if saved[0] is not None else ()
-    if kind == _LAYER_NORM:
-        return (saved[0], saved[2], saved[3])
-    return (saved[0],)
-
-
-# The native backward ops by their overload: a direct call, not the packet's lookup.
-_LAYER_NORM_BACKWARD = torch.ops.aten.native_layer_norm_backward.default
-_EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
-_CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
-
-
 def _weight_grads(
-    kind: int, saved: tuple[Any, ...], slots: list[tuple[int, bool, bool, torch.Tensor]],
+    kind: int, saved: Any, slots: list[tuple[int, bool, bool, torch.Tensor]],
     dy: torch.Tensor,
 ) -> None:
     """W for one native node: the weight half of its backward, into `.grad`."""
-    if kind in (_ADDMM, _MM):
+    if kind in (ADDMM, MM):
         x, alpha, beta = saved
         for slot, transposed, cast, param in slots:
             if slot == 0:  # addmm's `self`, e.g. nn.Linear's bias (broadcast over rows)
@@ -581,22 +507,16 @@ def _weight_grads(
             else:
                 found_grad.add_(g)
         return
-    if kind == _LAYER_NORM:
-        x, shape, mean, rstd, weight, bias = saved
+    if kind == LAYER_NORM:
         mask = [False, any(s[0] == 1 for s in slots), any(s[0] == 2 for s in slots)]
-        found = _LAYER_NORM_BACKWARD(dy, x, shape, mean, rstd, weight, bias, mask)
-    elif kind == _EMBEDDING:
-        indices, rows, padding, by_freq = saved
-        g = _EMBEDDING_BACKWARD(dy, indices, rows, padding, by_freq)
-        found = (None, g)
+        found = access.layer_norm_backward(dy, saved, mask)
+    elif kind == EMBEDDING:
+        found = (None, access.embedding_backward(dy, saved))
     else:
-        x, weight, bias_sizes, stride, padding_, dilation, transposed_, out_pad, groups = saved
         mask = [False, any(s[0] == 1 for s in slots), any(s[0] == 2 for s in slots)]
-        found = _CONVOLUTION_BACKWARD(
-            dy, x, weight, bias_sizes, stride, padding_, dilation, transposed_, out_pad, groups, mask
-        )
+        found = access.convolution_backward(dy, saved, mask)
     for slot, _transposed, _cast, param in slots:
-        g = found[slot] if kind != _EMBEDDING else found[1]
+        g = found[slot] if kind != EMBEDDING else found[1]
         if g.shape != param.shape:  # a broadcast `self` reduced, as autograd's sum_to does
             g = g.sum_to_size(param.shape)
         accumulate_grad(param, g)
@@ -662,7 +582,7 @@ def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> No
     if all(map(is_, found, repeat(None))):
         deque(map(setattr, params, repeat("grad"), grads), maxlen=0)
     elif all(map(is_not, found, repeat(None))):
-        torch._foreach_add_(found, grads)
+        access.foreach_add_(found, grads)
     else:
         for param, had, grad in zip(params, found, grads, strict=True):
             if had is None:
@@ -684,44 +604,6 @@ def _accumulate_copy(param: torch.Tensor, grad: torch.Tensor) -> None:
 
 
 # --- B ---------------------------------------------------------------------------------
-
-
-def _edge(node: Any) -> GradientEdge:
-    """The gradient arriving at `node` (its only input), as a capture for `_grad`."""
-    return tuple.__new__(GradientEdge, (node, 0))  # GradientEdge(node, 0), minus a Python call
-
-
-# The autograd engine's entry point, as torch.autograd.grad calls it.
-_ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
-
-
-def _grad(outputs: list[torch.Tensor], grads: list[torch.Tensor | None], inputs: list[Any],
-          retain_graph: bool) -> tuple[torch.Tensor | None, ...]:
-    """``torch.autograd.grad(outputs, inputs, grads, allow_unused=True)``. For plain
-    tensors and gradients of their shapes (the runtime's case) it calls the engine
-    as `grad` does, without `grad`'s argument checks in Python (about 6 us a call,
-    measured on CPU); anything else goes through `grad` itself, checks and all."""
-    if _ENGINE is not None:
-        given: list[torch.Tensor] = []
-        for out, grad in zip(outputs, grads, strict=True):
-            if type(out) is not torch.Tensor:
-                break
-            if grad is None:
-                if out.numel() != 1 or not out.is_floating_point():
-                    break
-                given.append(torch.ones_like(out, memory_format=torch.preserve_format))
-            elif (type(grad) is torch.Tensor and grad.shape == out.shape
-                  and grad.is_complex() == out.is_complex()):
-                given.append(grad)
-            else:
-                break
-        else:
-            return _ENGINE.run_backward(  # type: ignore[no-any-return]
-                tuple(outputs), tuple(given), retain_graph, False, tuple(inputs), True, False
-            )
-    return torch.autograd.grad(
-        outputs, inputs, grads, retain_graph=retain_graph, allow_unused=True
-    )
 
 
 def backward_input(
@@ -772,7 +654,8 @@ def backward_input(
     scalars = [list(map(group.scalars_of, nodes)) if group.scalars_of is not None else None
                for group, nodes in linear]
     native = [order[at] for at, _, _ in plan.native]
-    saved = [_saved(node, kind, slots) for node, (_, kind, slots) in zip(native, plan.native, strict=True)]
+    saved = [access.read_saved(node, kind, any(slot == 2 for slot, *_ in slots))
+             for node, (_, kind, slots) in zip(native, plan.native, strict=True)]
     for at in plan.user:
         setattr(order[at], _STASH_ATTR, stash)
     eager = [order[at].variable for at in plan.forced + plan.eager]
@@ -782,9 +665,9 @@ def backward_input(
     in_b = list(map(_VARIABLE, plan.norms(order)))
     edges: list[Any] = []
     for _, nodes in linear:
-        edges.extend(map(_edge, nodes))
-    edges.extend(map(_edge, native))
-    found = _grad([out for out, _ in pairs], [grad for _, grad in pairs],
+        edges.extend(map(access.gradient_edge, nodes))
+    edges.extend(map(access.gradient_edge, native))
+    found = access.engine_grad([out for out, _ in pairs], [grad for _, grad in pairs],
                   wanted + edges + in_b + eager, retain_graph)
     at = len(wanted)
     work, tensors, gradients = stash.work, stash.tensors, stash.gradients
@@ -813,7 +696,7 @@ def backward_input(
                 targets = [(2, True, group.cast, weight)]
                 if bias is not None:
                     targets.append((0, False, group.cast, bias))
-                work.append(partial(_weight_grads, _ADDMM, (x, *ab), targets, dy))
+                work.append(partial(_weight_grads, ADDMM, access.AddmmSaved(x, *ab), targets, dy))
             tensors.append(x)
             gradients.append(dy)
     for (_, kind, slots), kept, dy in zip(plan.native, saved, found[at : at + len(native)],
@@ -821,7 +704,7 @@ def backward_input(
         if dy is not None:
             found_targets = [(slot, tr, cast, order[acc].variable) for slot, tr, cast, acc in slots]
             work.append(partial(_weight_grads, kind, kept, found_targets, dy))
-            tensors.extend(_activations(kind, kept))
+            tensors.extend(kept.activations())
             gradients.append(dy)
     at += len(native)
     norm_grads = found[at : at + len(in_b)]  # fresh from the norms' backward (or their sum)
@@ -872,10 +755,10 @@ _COMPILED_HINT = (" (inside a torch.compile region, one autograd node the split 
 def _compiled_parameters(order: Sequence[Any]) -> set[int]:
     """Ids of the parameters a torch.compile'd region takes directly (its backward
     is one node, ``CompiledFunctionBackward``, whose inputs include them)."""
-    acc_type = _kinds().accumulate
+    acc_type = access.node_classes().accumulate
     found: set[int] = set()
     for node in order:
-        if type(node).__name__.startswith("CompiledFunction"):
+        if access.is_compiled_region(type(node)):
             found.update(id(_VARIABLE(child)) for child, _ in node.next_functions
                          if child is not None and type(child) is acc_type)
     return found
