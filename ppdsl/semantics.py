@@ -30,6 +30,9 @@
   gradient reduction may start (after its last pass that writes weight
   gradients, `reduction_point`) and when its gathered weights are first needed
   (`gather_point`); they cost `cost reduce[s]` / `cost gather[s]`, 0 unless given.
+- The whole training step (`STEP_COSTS`, `step_time`): per-pass engine
+  overhead, each stage's optimizer step and the gradient-norm all-reduce, 0
+  unless given (then the step is the makespan).
 - Number formatting for every message, table and printed file.
 
 Adding a pass kind means adding it here: `PassKind` (and `_TORCH_LETTER`),
@@ -94,6 +97,9 @@ __all__ = [
     "DEFAULT_COMM",
     "COLLECTIVES",
     "DEFAULT_COLLECTIVE",
+    "STEP_COSTS",
+    "DEFAULT_STEP_COST",
+    "step_time",
     "WRITES_WEIGHT_GRADIENTS",
     "reduction_point",
     "reduction_points",
@@ -583,6 +589,28 @@ gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
 Declared per stage like pass costs (`cost reduce[s] = ...`)."""
 DEFAULT_COLLECTIVE = 0
 """A collective costs nothing unless the file says `cost reduce` / `cost gather`."""
+STEP_COSTS = ("overhead", "optimizer", "norm")
+"""What a training step spends besides passes and transfers, as `ppdsl profile`
+measures it (milliseconds; 0 unless given): `overhead[s]`, the runtime's own
+work around each pass of stage s (posting its exchanges, hooks, bookkeeping),
+which holds the device like the pass itself; `optimizer[s]`, the optimizer
+step of stage s's parameters (a device's sums its stages'); `norm`, the
+gradient-norm all-reduce every pipeline rank joins after its last pass and
+before its optimizer step (`step_time`)."""
+DEFAULT_STEP_COST = 0
+"""A step cost (`STEP_COSTS`) is 0 unless the file gives it."""
+
+
+def step_time(
+    span_end: Sequence[float], optimizer: Sequence[float], norm: float
+) -> float:
+    """The whole training step, from the devices' last pass ends (`span_end`,
+    per device) and each device's optimizer step (`optimizer`, per device): the
+    norm all-reduce starts when the last device's passes end (every rank waits
+    in it), then each device steps its optimizer; the step ends with the
+    slowest. With no step costs it is the makespan."""
+    sync = max(span_end, default=0.0) + norm
+    return sync + max(optimizer, default=0.0)
 WRITES_WEIGHT_GRADIENTS = frozenset({PassKind.B, PassKind.W, PassKind.BW})
 """The pass kinds that add to a stage's weight gradients: W and BW,
 and B for the parameters a split does not defer to W."""

@@ -87,6 +87,9 @@ def test_stage_count_mismatch_is_located(tmp_path: Path) -> None:
         ("    let profiled_stages = 1.5\n", 2, "positive whole number"),
         ("    cost X = 1\n", 2, "unknown cost 'X'"),
         ("    memory M_B = -1\n", 2, "must be a number >= 0"),
+        ("    cost norm[s] = s\n", 2, "'norm' (the step's gradient-norm all-reduce) is one value"),
+        ("    cost optimizer[s] = s - 1\n", 2, "must be a number >= 0"),
+        ("    cost optimiser = 1\n", 2, "did you mean 'optimizer'"),
     ],
 )
 def test_bad_costs_file_is_located(
@@ -158,3 +161,47 @@ def test_search_takes_costs_from(capsys: pytest.CaptureFixture[str], tmp_path: P
     code, _, err = _run(capsys, "search", "-d", "2", "-m", "4", "--memory", "2p",
                         "--costs-from", str(path), "--costs", "F=1")
     assert code == 2 and "drop --costs" in err
+
+
+STEP_COSTS = COSTS.replace("}\n", """\
+    cost overhead[s] = s == 0 ? 0.5 : 0.25
+    cost optimizer[s] = s == 0 ? 3 : 2
+    cost norm = 0.75
+}
+""")
+
+
+def test_step_costs_time_the_whole_step(tmp_path: Path) -> None:
+    """`cost overhead/optimizer/norm` (docs/language.md, costs of the whole step): every
+    pass holds its device for its cost plus its stage's overhead, and the step is the
+    makespan, then the norm all-reduce and the slowest device's optimizer step."""
+    plain = compile_file(ONE_F_ONE_B, {"d": "2"}, costs=load_costs_file(_costs(tmp_path)))
+    path = tmp_path / "step.pp"
+    path.write_text(STEP_COSTS)
+    whole = compile_file(ONE_F_ONE_B, {"d": "2"}, costs=load_costs_file(path))
+    c = whole.schedule.costs
+    assert c.overhead == (0.5, 0.25) and c.optimizer == (3.0, 2.0) and c.norm == 0.75
+    # each of device 0's 2m passes runs 0.5 longer, device 1's 0.25: the makespan grows
+    m = whole.schedule.num_microbatches
+    assert whole.timeline.busy[0] == plain.timeline.busy[0] + 2 * m * 0.5
+    assert whole.timeline.busy[1] == plain.timeline.busy[1] + 2 * m * 0.25
+    assert whole.timeline.makespan > plain.timeline.makespan
+    assert whole.timeline.step_time == whole.timeline.makespan + 0.75 + 3.0
+    # without step costs, the step is the makespan and the plan says nothing new
+    assert plain.timeline.step_time == plain.timeline.makespan
+    assert not plain.schedule.costs.models_step
+
+
+def test_stats_prints_the_step_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ppdsl stats --costs-from` with step costs prints the simulated step time
+    (and `--json` its `step_time`); without them neither appears."""
+    path = tmp_path / "step.pp"
+    path.write_text(STEP_COSTS)
+    code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=2", "--costs-from", str(path))
+    assert code == 0 and "step time" in out
+    code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=2", "--costs-from",
+                        str(_costs(tmp_path)))
+    assert code == 0 and "step time" not in out
+    code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=2", "--json", "--costs-from",
+                        str(path))
+    assert code == 0 and '"step_time"' in out

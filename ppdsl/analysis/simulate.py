@@ -4,7 +4,10 @@ Each device runs its passes in its order. A pass starts as soon as its device
 is free and every pass it depends on has ended, plus `costs.comm` when that
 pass ran on another device (a transfer; none between two stages on one
 device). Nothing else waits: this is the "squeeze" of the controllable-memory
-paper, which re-times a fixed order as early as possible.
+paper, which re-times a fixed order as early as possible. A pass holds its
+device for its cost plus its stage's `overhead` (the runtime's work around a
+pass); the whole step (`Timeline.step_time`) adds the gradient-norm all-reduce
+and the optimizer step after the last pass (`semantics.step_time`).
 
 `simulate` runs a numba kernel over flat arrays; `simulate_reference`
 (tests/oracles/simulate.py) is plain Python written from the definition (a
@@ -74,6 +77,10 @@ class Timeline:
     memory_over_time: tuple[tuple[tuple[float, float], ...], ...] | None = None
     """Per device, (time, memory) after every change: an F allocates at its
     start, a B/W/BW frees at its end. None unless asked for."""
+    step_time: float = 0.0
+    """The whole training step (`semantics.step_time`): the makespan, then the
+    gradient-norm all-reduce and the slowest device's optimizer step; the
+    makespan when the costs declare no step cost."""
 
 
 def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
@@ -85,7 +92,7 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
         raise SimulationError(
             f"cannot simulate: {missing} needed passes are missing (run the checks first)"
         )
-    table = np.array(schedule.costs.durations, dtype=np.float64)
+    table = np.array(schedule.costs.duration_table(), dtype=np.float64)
     # the passes of an overlapped pair take rows of their own: scaled by `overlap`
     table = np.concatenate([table, table * schedule.costs.overlap])
     start, end, position, _ = run_flat(flat, table, schedule.costs.comm)
@@ -152,6 +159,14 @@ def _timeline(
     total = num_devices * makespan
     idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
     profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
+    costs = schedule.costs
+    step = makespan
+    if costs.models_step:
+        optimizer = [0.0] * num_devices
+        if costs.optimizer:
+            for stage, device in enumerate(schedule.placement.stage_device):
+                optimizer[device] += costs.optimizer[stage]
+        step = semantics.step_time(span_end, optimizer, costs.norm)
     return Timeline(
         start=start,
         end=end,
@@ -164,6 +179,7 @@ def _timeline(
         idle_fraction=idle_fraction,
         peak_memory=peak_memory(schedule),
         memory_over_time=profile,
+        step_time=step,
     )
 
 

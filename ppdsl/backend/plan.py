@@ -114,6 +114,9 @@ class Plan:
     costs_from: str | None = None
     """The `--costs-from` file the costs came from (milliseconds, as `ppdsl profile`
     writes them), or None for the schedule's own costs (its units)."""
+    predicted_step_time: float | None = None
+    """The simulated whole step (`Timeline.step_time`) when the costs declare
+    step costs (`semantics.STEP_COSTS`), else None (the step is the makespan)."""
     lanes: int = 1
     """The placement's pipelines (2 under DualPipe): stage s is a copy of model
     stage `model_stage(s)`; microbatch j goes through lane `microbatch_lane(j)`."""
@@ -195,6 +198,8 @@ class Plan:
             },
             "costs": self.costs,
             "predicted_makespan": self.predicted_makespan,
+            **({"predicted_step_time": self.predicted_step_time}
+               if self.predicted_step_time is not None else {}),
             "costs_from": self.costs_from,
             "predicted_peak_memory": [str(x) for x in self.predicted_peaks()],
             "predicted_busy_share": list(self.predicted_busy_share)
@@ -225,6 +230,7 @@ class Plan:
             predicted_busy_share=tuple(busy) if busy is not None else None,
             costs=data.get("costs"),
             predicted_makespan=data.get("predicted_makespan"),
+            predicted_step_time=data.get("predicted_step_time"),
             costs_from=data.get("costs_from"),
             lanes=int(data.get("lanes", 1)),
         )
@@ -279,8 +285,13 @@ def plan_from_schedule(
         fingerprint=fingerprint(schedule, programs),
         predicted_busy_share=busy,
         costs={**{k.value: list(c.per_stage(k)) for k in KINDS}, "comm": c.comm,
-               **{n: list(row) for n, row in c.declared_collectives().items()}},
+               **{n: list(row) for n, row in c.declared_collectives().items()},
+               **({"overhead": list(c.overhead)} if any(c.overhead) else {}),
+               **({"optimizer": list(c.optimizer)} if any(c.optimizer) else {}),
+               **({"norm": c.norm} if c.norm else {})},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
+        predicted_step_time=(float(timeline.step_time)
+                             if timeline is not None and c.models_step else None),
         costs_from=costs_from,
         lanes=schedule.placement.lanes,
     )

@@ -52,7 +52,8 @@ __all__ = [
 
 METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
-_COST_NAMES = tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES + ("comm",)
+_COST_NAMES = (tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES
+               + semantics.STEP_COSTS + ("comm",))
 _MEMORY_NAMES = ("M_B", "M_W", "M_I")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -85,6 +86,9 @@ class Declarations:
     """The cost of one transfer between devices."""
     collectives: dict[str, list[Num]] = field(default_factory=dict)
     """Per data-parallel collective (reduce, gather) given, its cost on each stage."""
+    step: dict[str, list[Num]] = field(default_factory=dict)
+    """Per step cost given (`semantics.STEP_COSTS`: overhead, optimizer, norm), its
+    value on each stage (norm: one value)."""
     explicit: set[str] = field(default_factory=set)
     """The cost and memory names the file gave (the others follow defaults)."""
     memory: dict[str, list[Num]] = field(default_factory=dict)
@@ -123,7 +127,12 @@ class Declarations:
             {k: [float(x) for x in values] for k, values in self.costs.items()},
             float(self.comm),
             overlap=float(self.overlap),
-        ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()})
+        ).with_collectives({n: [float(x) for x in v] for n, v in self.collectives.items()}
+        ).with_step_costs(
+            [float(x) for x in self.step.get("overhead", ())],
+            [float(x) for x in self.step.get("optimizer", ())],
+            float(self.step["norm"][0]) if "norm" in self.step else 0.0,
+        )
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it (with M_I of the stages
@@ -338,7 +347,9 @@ def _per_stage_values(
 
 
 def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
-    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x` or `cost overlap = r`."""
+    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x`, `cost overlap = r`,
+    or a step cost: `cost overhead[s] = f(s)`, `cost optimizer[s] = f(s)`,
+    `cost norm = x`."""
     if stmt.name not in _COST_NAMES:
         listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
         hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
@@ -349,6 +360,14 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
     elif stmt.name in semantics.COLLECTIVES:
         state.collectives[stmt.name] = _per_stage_values(stmt, state, "a cost")
+    elif stmt.name == "norm":
+        if stmt.index is not None:
+            raise ElaborationError(
+                "'norm' (the step's gradient-norm all-reduce) is one value, not per stage",
+                stmt.span)
+        state.step["norm"] = _per_stage_values(stmt, state, "a cost")[:1]
+    elif stmt.name in semantics.STEP_COSTS:
+        state.step[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "overlap":
         if stmt.index is not None:
             raise ElaborationError("'overlap' is one factor, not per stage", stmt.span)

@@ -253,6 +253,34 @@ class Costs:
     """Per `semantics.COLLECTIVES` name (reduce, gather), its cost on each stage;
     empty: none declared (all 0)."""
 
+    overhead: tuple[float, ...] = ()
+    """Per stage, the runtime's own work around each of its passes (`cost
+    overhead[s]`; empty: none declared, 0)."""
+    optimizer: tuple[float, ...] = ()
+    """Per stage, its optimizer step (`cost optimizer[s]`; empty: none declared, 0)."""
+    norm: float = float(semantics.DEFAULT_STEP_COST)
+    """The gradient-norm all-reduce of a step (`cost norm`)."""
+
+    @property
+    def models_step(self) -> bool:
+        """Whether any step cost (`semantics.STEP_COSTS`) is declared: then the
+        simulated step is more than the makespan."""
+        return any(self.overhead) or any(self.optimizer) or self.norm > 0
+
+    def duration_table(self) -> list[list[float]]:
+        """`durations` with each stage's `overhead` added to every kind: how
+        long a pass holds its device."""
+        if not any(self.overhead):
+            return [list(row) for row in self.durations]
+        return [[x + o for x, o in zip(row, self.overhead, strict=True)] for row in self.durations]
+
+    def with_step_costs(
+        self, overhead: Sequence[float] = (), optimizer: Sequence[float] = (), norm: float = 0.0
+    ) -> Costs:
+        """These costs with the step costs given (per stage; empty: none)."""
+        return replace(self, overhead=tuple(float(x) for x in overhead),
+                       optimizer=tuple(float(x) for x in optimizer), norm=float(norm))
+
     def collective(self, name: str, stage: int) -> float:
         """The cost of stage `stage`'s data-parallel collective `name` (reduce, gather)."""
         if not self.collectives:
@@ -317,8 +345,8 @@ class Costs:
 
     def duration(self, kind: PassKind, stage: int, overlapped: bool = False) -> float:
         """How long a pass of `kind` on `stage` takes (`overlapped`: as part of an
-        overlapped F&B pair)."""
-        base = self.durations[kind.code][stage]
+        overlapped F&B pair), with its stage's `overhead`."""
+        base = self.durations[kind.code][stage] + (self.overhead[stage] if self.overhead else 0.0)
         return base * self.overlap if overlapped else base
 
     def pass_duration(self, p: Pass, joined: bool) -> float:
@@ -585,7 +613,10 @@ def format_schedule(schedule: Schedule) -> str:
         )
         + f" comm={format_number(c.comm)}"
         + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else "")
-        + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items()),
+        + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items())
+        + (f" overhead={_fmt_per_stage(c.overhead)}" if any(c.overhead) else "")
+        + (f" optimizer={_fmt_per_stage(c.optimizer)}" if any(c.optimizer) else "")
+        + (f" norm={format_number(c.norm)}" if c.norm else ""),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}"
         + (
             f" recompute [{' '.join(map(str, sorted(mem.recompute)))}]"

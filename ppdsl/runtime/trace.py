@@ -15,14 +15,27 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
 
-__all__ = ["Tracer", "chrome_trace", "write_chrome_trace", "median_costs", "simulated_makespan"]
+if TYPE_CHECKING:
+    from ppdsl.analysis.simulate import Timeline
+
+__all__ = [
+    "Tracer", "chrome_trace", "write_chrome_trace", "median_costs", "simulated_makespan",
+    "simulated_timeline", "GapSource", "gap_sources", "OUTSIDE",
+]
+
+OUTSIDE = ("exchange", "optimizer", "data")
+"""The traced slices outside passes whose durations `Tracer.durations` keeps:
+the engine's exchanges (posting sends, waiting on receives), the optimizer step
+(with the gradient-norm all-reduce and the wait for the other ranks in it), and
+building the batch (outside the timed step)."""
 
 
 class Tracer:
@@ -34,7 +47,9 @@ class Tracer:
         self.events: list[dict[str, Any]] = []
         """Chrome trace events ("X" slices), times in microseconds from the epoch."""
         self.durations: dict[tuple[str, int], list[float]] = {}
-        """(pass kind letter, stage) -> durations in ms of the steps marked `timed`."""
+        """(pass kind letter, stage) -> durations in ms of the steps marked `timed`;
+        the slices outside passes under (their category, -1): `OUTSIDE` ("exchange",
+        "optimizer", "data")."""
         self._epoch = 0.0
         self._epoch_event: Any = None
         self._pending: list[tuple[dict[str, Any], Any, Any]] = []
@@ -84,6 +99,8 @@ class Tracer:
                 dur = (end - start) * 1e6
             event["ts"], event["dur"] = ts, dur
             kind_stage = event.pop("_kind_stage", None)
+            if kind_stage is None and event["cat"] in OUTSIDE:
+                kind_stage = (event["cat"], -1)
             if kind_stage is not None and self.timed:
                 self.durations.setdefault(kind_stage, []).append(dur / 1e3)
             self.events.append(event)
@@ -129,7 +146,7 @@ def median_costs(
         pick("W", fallback.backward_weight),
         pick("BW", fallback.fused_backward),
         fallback.comm,
-    )
+    ).with_step_costs(fallback.overhead, fallback.optimizer, fallback.norm)
 
 
 def simulated_makespan(
@@ -143,6 +160,21 @@ def simulated_makespan(
 ) -> float:
     """The simulator's makespan of these per-rank orders under `costs` (`lanes`:
     the placement's pipelines, 2 under DualPipe)."""
+    return float(simulated_timeline(orders, stage_device, num_microbatches, split_backward,
+                                    costs, memory, lanes).makespan)
+
+
+def simulated_timeline(
+    orders: Sequence[Sequence[tuple[PassKind, int, int]]],
+    stage_device: tuple[int, ...],
+    num_microbatches: int,
+    split_backward: bool,
+    costs: Costs,
+    memory: MemoryModel,
+    lanes: int = 1,
+) -> Timeline:
+    """The simulator's timeline of these per-rank orders under `costs` (its
+    `step_time` is the whole step when `costs` declare step costs)."""
     from ppdsl.analysis.simulate import simulate
 
     schedule = Schedule(
@@ -156,4 +188,72 @@ def simulated_makespan(
         memory=memory,
         orders=tuple(tuple(Pass(k, mb, s) for k, mb, s in order) for order in orders),
     )
-    return float(simulate(schedule).makespan)
+    return simulate(schedule)
+
+
+@dataclass(frozen=True)
+class GapSource:
+    """One cause of time in a step, on the rank where it exceeds the prediction
+    most: what this run measured against what the simulator predicted."""
+
+    cause: str
+    rank: int
+    measured_ms: float
+    """Per step (median step's worth: the timed steps' total over their count)."""
+    predicted_ms: float
+
+    @property
+    def excess_ms(self) -> float:
+        """How much longer it took than predicted."""
+        return self.measured_ms - self.predicted_ms
+
+
+def gap_sources(
+    timeline: Timeline,
+    orders: Sequence[Sequence[tuple[PassKind, int, int]]],
+    stage_device: tuple[int, ...],
+    costs: Costs,
+    durations: Sequence[dict[tuple[str, int], list[float]]],
+    num_steps: int,
+    measured_step_ms: float,
+) -> list[GapSource]:
+    """Where the measured step's time went against the simulated one, largest
+    excess first: per cause, the pipeline rank where it exceeds its prediction
+    most. `timeline`: the simulation under `costs` (ms); `durations`: each
+    rank's `Tracer.durations` (pipeline ranks first); `num_steps`: the timed
+    steps they cover. Causes: the passes (their costs), the engine's work
+    between passes (`cost overhead`), the exchanges (waits on receives and
+    sends, against the simulated idle time of the rank, transfers included),
+    and the optimizer step (with the norm all-reduce: `cost optimizer`, `cost
+    norm`)."""
+    steps = max(num_steps, 1)
+    found: dict[str, GapSource] = {}
+
+    def offer(source: GapSource) -> None:
+        best = found.get(source.cause)
+        if best is None or source.excess_ms > best.excess_ms:
+            found[source.cause] = source
+
+    optimizer_of = [0.0] * len(orders)
+    for stage, device in enumerate(stage_device):
+        if costs.optimizer:
+            optimizer_of[device] += costs.optimizer[stage]
+    for rank, order in enumerate(orders):
+        mine = durations[rank] if rank < len(durations) else {}
+
+        def total(key: tuple[str, int], mine: dict[tuple[str, int], list[float]] = mine) -> float:
+            return sum(mine.get(key, ())) / steps
+
+        passes = sum(sum(v) for (k, st), v in mine.items() if st >= 0) / steps
+        exchange, optimizer = total(("exchange", -1)), total(("optimizer", -1))
+        predicted_passes = sum(costs.durations[k.code][st] for k, _, st in order)
+        predicted_overhead = sum(costs.overhead[st] for _, _, st in order) if costs.overhead else 0.0
+        busy = timeline.busy[rank]
+        offer(GapSource("passes", rank, passes, predicted_passes))
+        offer(GapSource("exchanges (waiting on receives, sending)", rank, exchange,
+                        max(timeline.makespan - busy, 0.0)))
+        offer(GapSource("optimizer step (with the norm all-reduce)", rank, optimizer,
+                        optimizer_of[rank] + costs.norm))
+        engine = max(measured_step_ms - passes - exchange - optimizer, 0.0)
+        offer(GapSource("engine work between passes", rank, engine, predicted_overhead))
+    return sorted(found.values(), key=lambda g: -g.excess_ms)

@@ -64,8 +64,9 @@ from ppdsl.runtime.structure import flatten, unflatten
 from ppdsl.runtime.trace import (
     Tracer,
     chrome_trace,
+    gap_sources,
     median_costs,
-    simulated_makespan,
+    simulated_timeline,
     write_chrome_trace,
 )
 from ppdsl.runtime.watchdog import Watchdog, fail, group_timeout
@@ -680,48 +681,86 @@ def _run(
     return 0
 
 
+GAP_TO_EXPLAIN = 1.10
+"""measured/predicted step time above which the summary names the gap's largest
+sources (issue 22: a comparison whose error exceeds the schedules' difference
+cannot be trusted)."""
+
+
+def plan_costs(plan: Plan) -> Costs:
+    """The costs the plan was compiled with (in ms under --costs-from), step
+    costs included."""
+    costs = plan.costs or {}
+    in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
+                      costs.get("BW", ()), float(costs.get("comm", 0.0)))
+    return in_use.with_step_costs(costs.get("overhead", ()), costs.get("optimizer", ()),
+                                  float(costs.get("norm", 0.0)))
+
+
 def _predictions(
     plan: Plan, durations: list[dict[tuple[str, int], list[float]]], step_times: list[float]
 ) -> dict[str, Any]:
-    """Measured step time (median, ms) against the simulator's makespan: under the
-    costs in use (when they are a profile's, in ms) and under this run's own median
-    pass times."""
+    """Measured step time (median, ms) against the simulator's step (the makespan,
+    plus the step costs the costs file declares): under the costs in use (when
+    they are a profile's, in ms) and under this run's own median pass times; and,
+    under a profile's costs, the largest sources of the gap (`gap_sources`)."""
     merged: dict[tuple[str, int], list[float]] = {}
     for d in durations:
         for key, values in d.items():
             merged.setdefault(key, []).extend(values)
     measured = statistics.median(step_times) * 1e3 if step_times else None
-    costs = plan.costs or {}
-    in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
-                      costs.get("BW", ()), float(costs.get("comm", 0.0)))
+    in_use = plan_costs(plan)
     comm = in_use.comm if plan.costs_from else 0.0
     fallback = replace(in_use, comm=comm)
     resimulated = None
+    sources: list[dict[str, Any]] = []
+    num_ranks = plan.num_devices
     if merged and len(in_use.forward) == plan.num_stages:
         run_costs = median_costs(merged, plan.num_stages, fallback)
-        resimulated = simulated_makespan(plan.orders, plan.stage_device, plan.num_microbatches,
-                                         plan.split_backward, run_costs, plan.memory, lanes=plan.lanes)
+        again = simulated_timeline(plan.orders, plan.stage_device, plan.num_microbatches,
+                                   plan.split_backward, run_costs, plan.memory, lanes=plan.lanes)
+        resimulated = float(again.step_time)
+        if plan.costs_from and measured is not None:
+            predicted = simulated_timeline(plan.orders, plan.stage_device, plan.num_microbatches,
+                                           plan.split_backward, in_use, plan.memory,
+                                           lanes=plan.lanes)
+            sources = [
+                {"cause": g.cause, "rank": g.rank, "measured_ms": g.measured_ms,
+                 "predicted_ms": g.predicted_ms}
+                for g in gap_sources(predicted, plan.orders, plan.stage_device, in_use,
+                                     durations[:num_ranks], len(step_times), measured)
+            ]
+    predicted_step = plan.predicted_step_time if plan.predicted_step_time is not None \
+        else plan.predicted_makespan
     return {
         "median_step_time_ms": measured,
-        "predicted_step_time_ms": plan.predicted_makespan if plan.costs_from else None,
+        "predicted_step_time_ms": predicted_step if plan.costs_from else None,
         "predicted_makespan": plan.predicted_makespan,
         "costs_from": plan.costs_from,
         "resimulated_step_time_ms": resimulated,
-        "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())},
+        "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())
+                             if s >= 0},
+        "gap_sources": sources,
     }
 
 
 def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
-    """The closing lines on time: measured step time against the simulator."""
+    """The closing lines on time: measured step time against the simulator and,
+    when it is more than `GAP_TO_EXPLAIN` times the prediction, the largest
+    sources of the gap."""
     measured = mine.get("median_step_time_ms")
     if measured is None:
         return ""
     lines = ["", f"measured step time {measured:.1f} ms (median over steps 2.., slowest rank)"]
     predicted = mine.get("predicted_step_time_ms")
+    whole = plan.predicted_step_time is not None
     if predicted:
         lines.append(
-            f"  predicted {predicted:.1f} ms: the simulated makespan under the costs from "
-            f"{plan.costs_from}; measured/predicted {measured / predicted:.3f}"
+            f"  predicted {predicted:.1f} ms: the simulated "
+            + ("step (passes with their overhead, transfers, the norm all-reduce, the "
+               "optimizer)" if whole else "makespan")
+            + f" under the costs from {plan.costs_from}; measured/predicted "
+            f"{measured / predicted:.3f}"
         )
     elif plan.predicted_makespan is not None:
         lines.append(
@@ -732,9 +771,21 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
     if again:
         lines.append(
             f"  predicted {again:.1f} ms: simulated under this run's median pass times"
-            + (" and the file's transfer cost" if plan.costs_from else " (no transfer cost)")
+            + (" and the file's other costs" if plan.costs_from else " (no transfer cost)")
             + f"; measured/predicted {measured / again:.3f}"
         )
+    sources = [g for g in mine.get("gap_sources") or () if g["measured_ms"] > g["predicted_ms"]]
+    if predicted and measured / predicted > GAP_TO_EXPLAIN and sources:
+        lines.append(f"  the gap (more than {GAP_TO_EXPLAIN:.2f}x), largest sources first, per "
+                     "step on the rank where each exceeds its prediction most:")
+        for g in sources[:4]:
+            lines.append(
+                f"    {g['cause']}: rank {g['rank']} {g['measured_ms']:.1f} ms, predicted "
+                f"{g['predicted_ms']:.1f} ms (+{g['measured_ms'] - g['predicted_ms']:.1f} ms)"
+            )
+        if not whole:
+            lines.append("    (the costs file has no step costs: `ppdsl profile -o` measures "
+                         "overhead, optimizer and norm)")
     return "\n".join(lines)
 
 

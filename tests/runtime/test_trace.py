@@ -120,3 +120,55 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
     # sleeps cannot finish early; the ranks one after another would take
     # 2 x 4 x 25 = 200 ms (ratio 1.6 and 1.74): a loose bound, the cores are shared
     assert 0.95 <= ratio <= 1.5, ratio
+
+
+def _timed_slices(tracer: Tracer, slices: list[tuple[str, str, float, tuple[str, int] | None]]) -> None:
+    """Record `slices` (name, category, ms, pass key) as one timed step."""
+    tracer.timed = True
+    for name, category, ms, key in slices:
+        tracer.begin()
+        time.sleep(ms / 1e3)
+        tracer.end(name, category, {}, key)
+    tracer.flush()
+
+
+def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
+    """A costs file that says passes take a tenth of what they take: the run's summary
+    (ppdsl/runtime/train.py `timing_summary`, README's "where the time goes") names
+    the passes as the largest source of the gap, with the rank and both times;
+    under costs that match, measured/predicted stays under 1.10 and no gap is named."""
+    from ppdsl.runtime.pipeline import load_schedule
+    from ppdsl.runtime.train import _predictions, timing_summary
+
+    def plan_for(forward: float, backward: float) -> object:
+        costs = tmp_path / f"costs{forward}.pp"
+        costs.write_text(f"schedule c {{\n    cost F = {forward}\n    cost BW = {backward}\n"
+                         "    cost optimizer = 1\n}\n")
+        return load_schedule(ROOT / "examples" / "1f1b.pp", {"d": 2, "m": 2},
+                             costs_from=costs).plan
+
+    durations = []
+    for rank in (0, 1):
+        tracer = Tracer(rank, torch.device("cpu"))
+        tracer.start()
+        passes = [("F0", "F", 10.0, ("F", rank)), ("F1", "F", 10.0, ("F", rank)),
+                  ("BW0", "BW", 20.0, ("BW", rank)), ("BW1", "BW", 20.0, ("BW", rank))]
+        _timed_slices(tracer, [*passes, ("exchange", "exchange", 1.0, None),
+                               ("optimizer", "optimizer", 1.0, None)])
+        durations.append(tracer.durations)
+    assert ("optimizer", -1) in durations[0] and ("exchange", -1) in durations[1]
+    # 1F1B at d=2, m=2 under F 10, BW 20: rank 1 runs F0 BW0 F1 BW1 from 10 to 70
+    # back to back, rank 0 its BW1 from 70 to 90; then the optimizer step (1 ms)
+    step_ms = 10 + (10 + 20) * 2 + 20 + 1
+    wrong = plan_for(1, 2)
+    mine = _predictions(wrong, durations, [step_ms / 1e3])  # type: ignore[arg-type]
+    text = timing_summary(wrong, mine)  # type: ignore[arg-type]
+    assert "the gap (more than 1.10x)" in text, text
+    first = text.split("the gap")[1].splitlines()[1].strip()
+    assert first.startswith("passes: rank ") and "predicted 6.0 ms" in first, text
+    right = plan_for(10, 20)
+    mine = _predictions(right, durations, [step_ms / 1e3])  # type: ignore[arg-type]
+    assert mine["predicted_step_time_ms"] == step_ms
+    text = timing_summary(right, mine)  # type: ignore[arg-type]
+    assert mine["median_step_time_ms"] / mine["predicted_step_time_ms"] < 1.10, text
+    assert "the gap" not in text
