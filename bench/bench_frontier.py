@@ -204,7 +204,7 @@ def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: floa
 
 
 def _run(case: Case, write: bool) -> tuple[list[str], dict]:
-    placements = PLACEMENTS if not case.recompute else ("parallel", "vshape")
+    placements = PLACEMENTS if not case.recompute else ("parallel", "vshape", "dualpipe")
     problems = [_problem(case, pl) for pl in placements]
     effort = 0.0 if case.recompute else EFFORT[case.p]
     options = FrontierOptions(

@@ -310,9 +310,9 @@ class _Search:
             itertools.product(
                 (1, 0),  # b_first
                 (0, 1, 2),  # w_mode
-                # admission: strict, or a slack of 2 or 5 F (none where a microbatch
-                # meets one chunk per device: DualPipe's lanes)
-                (0, 1, 3, 6) if v > 1 and p.placement.lanes == 1 else (0,),
+                # admission: strict, or a slack of 2 or 5 F; with lanes (DualPipe):
+                # room kept for the first lane's next microbatch, or not
+                (0, 1, 3, 6) if v > 1 and p.placement.lanes == 1 else (0, 1) if v > 1 else (0,),
                 (0, 1) if v > 1 else (0,),  # f_priority
                 (0, 1) if v > 1 else (0,),  # b_priority
                 (0.75, 1.0, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor

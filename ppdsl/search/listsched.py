@@ -8,7 +8,10 @@ otherwise a W to fill the gap (`w_mode` 0: always; 1: only a gap at least T_W
 long or when memory blocks an F; 2: a W right after its B). The W left over run
 at the end. With `admission` a device admits a microbatch's first chunk only if
 the F of its later chunks on this device still fit, which keeps the
-multi-chunk placements from deadlocking under tight budgets.
+multi-chunk placements from deadlocking under tight budgets. On a placement of
+several lanes (DualPipe) each stage runs its lane's microbatches only, and
+admission keeps room on every device for the first lane's next microbatch, so
+the lanes cannot block each other down to one microbatch in flight.
 
 The compiler makes any valid order run under blocking exchanges (it posts
 receives early where needed); with `prefer_pair`, after a pass whose output goes to device b,
@@ -167,11 +170,19 @@ def list_schedule(  # pragma: no cover - numba
     later = np.zeros(d, dtype=np.int64)  # memory of chunks 1.. of one microbatch
     for dev in range(d):
         for c in range(v):
-            chunk_of[dev_stages[dev, c]] = c
-            # a microbatch's later chunks here: those of its lane (chunk 0's)
-            same = dev_stages[dev, c] // lane_length == dev_stages[dev, 0] // lane_length
-            if c > 0 and same:
-                later[dev] += mem[F, dev_stages[dev, c]]
+            s = dev_stages[dev, c]
+            chunk_of[s] = c
+            if lanes == 1 and c > 0:
+                later[dev] += mem[F, s]
+            elif lanes > 1 and s // lane_length == 0:
+                # several lanes: admission keeps room for the first lane's next
+                # microbatch on every device (`later`, until that lane's forwards
+                # here are done), so the other lanes can never block it; its own
+                # F are checked against the budget only (chunk_of 1)
+                later[dev] += mem[F, s]
+                chunk_of[s] = 1
+            elif lanes > 1:
+                chunk_of[s] = 0
     # the send a device still owes (its consumer undecided)
     owe_k = np.full(d, -1, dtype=np.int64)
     owe_s = np.zeros(d, dtype=np.int64)
@@ -325,7 +336,8 @@ def list_schedule(  # pragma: no cover - numba
                     r = _ready(F, s, j, dev, endt, stage_device, comm, S, need, lane_length)
                     fits = nf[s] - nb[s] < caps[s]
                     fits = fits and _fits(
-                        admission, c, cur[dev], reserved[dev], mem[F, s], later[dev], limit[dev]
+                        admission, chunk_of[s], cur[dev], reserved[dev], mem[F, s], later[dev],
+                        limit[dev],
                     )
                     if r <= t + EPS:
                         if fits:
@@ -381,7 +393,10 @@ def list_schedule(  # pragma: no cover - numba
         if pick_kind == F:
             j = nf[s]
             nf[s] += 1
-            if admission >= 1:
+            if lanes > 1:
+                if s // lane_length == 0 and nf[s] == last[s]:
+                    later[dev] -= mem[F, s]  # the first lane has no more to come here
+            elif admission >= 1:
                 if chunk_of[s] == 0:
                     reserved[dev] += later[dev]
                 else:
