@@ -7,7 +7,10 @@ controllable-memory paper's accounting: a microbatch's activations count until
 its W ends):
 
 - the frontier by bubble (`ppdsl search --frontier`, `ppdsl.search.frontier`)
-  over the parallel, V-shape and looped(2) placements, every memory level from
+  over the parallel, V-shape, looped(2) and DualPipe placements (DualPipe's
+  stages are whole model stages, two lanes per device, so it holds the
+  parameters twice: its memory adds `PARAMETER_MEMORY` for the second copy),
+  every memory level from
   the smallest feasible to the bubble's floor (`EVALUATIONS`, `LEVELS` and
   `EFFORT` per p: at p = 4 every level, 1000 evaluations and the exact engine at
   1 deterministic unit for the lower bound; at p = 8 whole M_B steps, 200
@@ -15,7 +18,9 @@ its W ends):
 - the papers' named schedules, each its `examples/*.pp` compiled with -D d, -D m
   under the same costs and memory model (every compiler check runs): 1F1B,
   ZB-H1, ZB-H2, V-Min, V-Half, V-ZB, interleaved 1F1B (v = 2), looped BFS
-  (v = 2), DualPipe-V; each set against the frontier's best at its memory. Those
+  (v = 2), DualPipe-V, DualPipe (its overlapped F&B pairs at the same costs:
+  `cost overlap = 1`, as the search's); each set against the frontier's best at
+  its memory. Those
   in F, B and W passes (ZB-H1, ZB-H2, V-Min, V-Half, V-ZB) are also the search's
   candidates at every level they fit; 'found from' says where a point came from;
 - at unit costs, m = 2p, the frontier by step time (makespan) with recomputation
@@ -35,6 +40,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 
 from ppdsl.search.combined import SearchOptions
@@ -48,14 +54,19 @@ from ppdsl.search.frontier import (
     frontier_at,
 )
 from ppdsl.search.problem import SearchProblem, build_problem, chunk_costs
-from ppdsl.semantics import format_short, placement_spelling
+from ppdsl.semantics import format_short
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "frontier.md"
 FIGURES = ROOT / "bench" / "results" / "frontier"
 
 ZB_COSTS = "F=18.522,B=18.086,W=9.337,comm=0.601"
-PLACEMENTS = ("parallel", "vshape", "looped(2)")
+PLACEMENTS = ("parallel", "vshape", "looped(2)", "dualpipe")
+PARAMETER_MEMORY = Fraction(1)
+"""The model state of one 1F1B stage (weights, gradients, optimizer state) in M_B,
+charged once more to a placement holding the parameters twice (DualPipe): an
+assumption (the state equals one microbatch's activations of the stage); `ppdsl
+search --frontier --parameter-memory` takes any value."""
 NAMED = {
     "1F1B": "1f1b.pp",
     "ZB-H1": "zb_h1.pp",
@@ -66,6 +77,7 @@ NAMED = {
     "interleaved 1F1B": "interleaved_1f1b.pp",
     "looped BFS": "looped_bfs.pp",
     "DualPipe-V": "dualpipe_v.pp",
+    "DualPipe": "dualpipe.pp",
 }
 EVALUATIONS = {4: 1000, 8: 200}
 """Refinement and local-search evaluations per level (the block and heuristic
@@ -116,7 +128,7 @@ def _problem(case: Case, placement: str) -> SearchProblem:
         devices=case.p, microbatches=case.m, placement=placement, costs=case.costs,
         memory=None, weight_fraction="1",
     )
-    return replace(problem, costs=chunk_costs(problem.costs, problem.chunks_per_device))
+    return replace(problem, costs=chunk_costs(problem.costs, problem.model_chunks_per_device))
 
 
 def _named(case: Case) -> list[NamedPoint]:
@@ -129,7 +141,8 @@ def _named(case: Case) -> list[NamedPoint]:
 
     out = []
     for name, file in NAMED.items():
-        point = compile_named(ROOT / "examples" / file, problem_for, case.p, case.m)
+        point = compile_named(ROOT / "examples" / file, problem_for, case.p, case.m,
+                              parameter_memory=PARAMETER_MEMORY)
         out.append(replace(point, name=name))
     return out
 
@@ -154,9 +167,9 @@ def _origin(method: str) -> str:
 def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: float) -> tuple[list[str], dict]:
     obj = case.objective
     lines = [f"### {case.label}", ""]
-    lines.append("| memory | bubble | makespan | lower bound | optimal | placement | recompute | "
+    lines.append("| memory | bubble | makespan | lower bound | optimal | placement | parameter copies | recompute | "
                  "found from | beats every named schedule at its memory |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     beating = 0
     for p in result.points:
         fitting = [n for n in named if n.memory <= p.memory]
@@ -169,7 +182,7 @@ def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: floa
         optimal = "-" if p.bound is None else ("yes" if p.optimal else "no")
         lines.append(
             f"| {format_short(p.memory)} | {p.bubble:.4f} | {p.makespan:g} | {bound} | {optimal} | "
-            f"{p.placement} | {','.join(map(str, p.recompute)) or '-'} | {_origin(p.method)} | {why} |"
+            f"{p.placement} | {p.copies} | {','.join(map(str, p.recompute)) or '-'} | {_origin(p.method)} | {why} |"
         )
     lines += ["", "| named schedule | placement | memory | bubble | makespan | frontier there | at or above the frontier |",
               "|---|---|---|---|---|---|---|"]
@@ -191,13 +204,14 @@ def _report(case: Case, result: Frontier, named: list[NamedPoint], seconds: floa
 
 
 def _run(case: Case, write: bool) -> tuple[list[str], dict]:
-    placements = PLACEMENTS if not case.recompute else ("parallel", "vshape")
+    placements = PLACEMENTS if not case.recompute else ("parallel", "vshape", "dualpipe")
     problems = [_problem(case, pl) for pl in placements]
     effort = 0.0 if case.recompute else EFFORT[case.p]
     options = FrontierOptions(
         SearchOptions(objective=case.objective, evaluations=EVALUATIONS[case.p], effort=effort),
         max_levels=LEVELS[case.p],
         recompute=case.recompute,
+        parameter_memory=PARAMETER_MEMORY,
     )
     begin = time.monotonic()
     named = _named(case)
@@ -207,7 +221,7 @@ def _run(case: Case, write: bool) -> tuple[list[str], dict]:
     if write:
         FIGURES.mkdir(parents=True, exist_ok=True)
         title = f"frontier, {case.label}, M_W = M_B, placements " + ", ".join(
-            placement_spelling(p.placement.stage_device, p.placement.num_devices) for p in problems)
+            p.placement.spelling() for p in problems)
         (FIGURES / f"{case.slug}.svg").write_text(frontier_svg(result, named, title=title))
         lines.insert(2, f"![{case.label}](frontier/{case.slug}.svg)\n")
     return lines, counts
@@ -252,7 +266,10 @@ def _write(out: list[str], tail: str) -> None:
         "# The memory–throughput frontier against the papers' named schedules\n\n"
         "Generated by `python -m bench frontier --write` (bench/bench_frontier.py; what each "
         "table means is in its docstring). Memory: peak activation per device in units of one "
-        "1F1B stage's (a chunk of a v-chunk placement holds 1/v of one), M_W = M_B. Bubble per "
+        "1F1B stage's (a chunk of a v-chunk placement holds 1/v of one), M_W = M_B; a "
+        f"placement holding the parameters twice (DualPipe, 'parameter copies' 2) adds "
+        f"{format_short(PARAMETER_MEMORY)} M_B for its second copy (`PARAMETER_MEMORY`, an "
+        "assumption). Bubble per "
         "device as the zero-bubble paper defines it; makespan in the costs' units (one 1F1B "
         "stage's pass times; a chunk's are 1/v of them). A frontier point is the best "
         "schedule found at that memory; 'lower bound' is the exact engine's at the level's "

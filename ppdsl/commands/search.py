@@ -39,7 +39,7 @@ from ppdsl.search.exact import OBJECTIVES
 from ppdsl.search.frontier import FRONTIER_EVALUATIONS
 from ppdsl.search.problem import build_problem, measured_unit, parse_placement
 from ppdsl.search.progress import ProgressBar
-from ppdsl.semantics import format_short, placement_spelling
+from ppdsl.semantics import format_short
 
 HELP = "find the best schedule under a memory budget and write it as a .pp file"
 SEARCH_MAX_PASSES = 20_000
@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--placement",
         default="parallel",
-        help="parallel (default), vshape, or 'looped(v)'; with --frontier a comma list "
-        "compared under the same costs (parallel,vshape,looped(2))",
+        help="parallel (default), vshape, 'looped(v)' or dualpipe (two lanes: half the "
+        "microbatches down the devices, half up a second copy of the model); with --frontier "
+        "a comma list compared under the same costs (parallel,vshape,looped(2),dualpipe)",
     )
     parser.add_argument(
         "--frontier",
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help="with --frontier: print the points as JSON, a list of {memory, bubble, "
-        "makespan, bound, optimal, placement, recompute, file} (the table goes to stderr)",
+        "makespan, bound, optimal, placement, recompute, file, activation, copies} (the "
+        "table goes to stderr)",
     )
     parser.add_argument(
         "--svg", metavar="FILE", default=None,
@@ -107,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kept-input", metavar="FRACTION", default="1/16",
         help="with --recompute: M_I / M_B, what a recomputed stage's F keeps (default 1/16)",
+    )
+    parser.add_argument(
+        "--parameter-memory", metavar="M", default=None,
+        help="with --frontier: the model state (weights, gradients, optimizer state) of one "
+        "1F1B stage, in M_B; a placement holding the parameters twice per device (dualpipe) "
+        "adds it to its points' memory for the second copy (default 0: activations only)",
     )
     parser.add_argument(
         "--levels", metavar="N", type=int, default=48,
@@ -211,7 +219,7 @@ def _measured(
         placement = parse_placement(placement_text or args.placement, max(args.devices, 1))
     except SearchInputError as err:
         raise UsageError(str(err)) from None
-    spelling = placement_spelling(placement.stage_device, placement.num_devices)
+    spelling = placement.spelling()
     return evaluate_costs(load_costs_file(args.costs_from), max(args.devices, 1), spelling)
 
 
@@ -236,7 +244,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         output_file(args.output)
     frontier_only = [flag for flag, given in (
         ("--json", args.json), ("--svg", args.svg), ("--pp-dir", args.pp_dir),
-        ("--named", args.named), ("--recompute", args.recompute), ("--dp", args.dp != 1))
+        ("--named", args.named), ("--recompute", args.recompute), ("--dp", args.dp != 1),
+        ("--parameter-memory", args.parameter_memory is not None))
         if given]
     if args.frontier:
         if args.output:
@@ -249,6 +258,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
                          "--effort per level")
         if args.levels < 1:
             wrong.append(f"--levels {args.levels}: must be >= 1")
+        if args.parameter_memory is not None:
+            try:
+                if Fraction(args.parameter_memory) < 0:
+                    raise ValueError
+            except (ValueError, ZeroDivisionError):
+                wrong.append(f"--parameter-memory {args.parameter_memory!r}: a number of M_B "
+                             ">= 0 such as 3/2")
         if args.dp < 1:
             wrong.append(f"--dp {args.dp}: must be at least 1")
         if args.dp > 1 and args.objective != "makespan":

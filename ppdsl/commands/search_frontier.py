@@ -37,7 +37,7 @@ from ppdsl.search.problem import (
     parse_placement,
 )
 from ppdsl.search.progress import ProgressBar
-from ppdsl.semantics import format_short, placement_spelling
+from ppdsl.semantics import format_short
 
 __all__ = ["run_frontier", "parse_range", "split_placements"]
 
@@ -121,7 +121,7 @@ def _recompute(args: argparse.Namespace) -> tuple[tuple[int, ...], Fraction]:
 def _with_chunk_costs(problem: SearchProblem) -> SearchProblem:
     from dataclasses import replace
 
-    return replace(problem, costs=chunk_costs(problem.costs, problem.chunks_per_device))
+    return replace(problem, costs=chunk_costs(problem.costs, problem.model_chunks_per_device))
 
 
 def _file_name(name: str, point: FrontierPoint) -> str:
@@ -157,7 +157,7 @@ def _write_points(
             method=point.method,
             bubble=m.bubble,
             makespan=m.makespan,
-            peak=point.memory,
+            peak=point.activation,
             beats=f"Frontier point {n} of {len(result.points)} ({point.placement}).",
             notes=tuple(notes),
         )
@@ -172,7 +172,8 @@ def _named(args: argparse.Namespace, problems: list[SearchProblem], problem_for)
     for path in args.named or ():
         if not Path(path).is_file():
             raise UsageError(f"--named {path}: no such file")
-        out.append(compile_named(path, problem_for, args.devices, args.microbatches, args.dp))
+        out.append(compile_named(path, problem_for, args.devices, args.microbatches, args.dp,
+                                 Fraction(args.parameter_memory or 0)))
     return out
 
 
@@ -180,8 +181,8 @@ def _table(result: Frontier, files: dict[int, str], dp: int) -> list[str]:
     step = dp > 1
     lines = [
         "| memory | bubble | makespan |" + (" step | exposed reduction |" if step else "")
-        + " lower bound | optimal | placement | recompute | file |",
-        "|---|---|---|" + ("---|---|" if step else "") + "---|---|---|---|---|",
+        + " lower bound | optimal | placement | parameter copies | recompute | file |",
+        "|---|---|---|" + ("---|---|" if step else "") + "---|---|---|---|---|---|",
     ]
     for n, p in enumerate(result.points):
         bound = "-" if p.bound is None else f"{p.bound:.4f}" if result.objective == "bubble" else f"{p.bound:g}"
@@ -190,7 +191,7 @@ def _table(result: Frontier, files: dict[int, str], dp: int) -> list[str]:
             + (f"{p.step:g} | {p.exposed:g} | " if step else "")
             + f"{bound} | "
             f"{'yes' if p.optimal else 'no' if p.bound is not None else '-'} | {p.placement} | "
-            f"{','.join(map(str, p.recompute)) or '-'} | {files.get(n, '-')} |"
+            f"{p.copies} | {','.join(map(str, p.recompute)) or '-'} | {files.get(n, '-')} |"
         )
     if any(p.bound is not None for p in result.points):
         lines.append("(lower bound and optimal hold for the point's placement at its level's "
@@ -236,6 +237,8 @@ def _json(result: Frontier, files: dict[int, str], dp: int) -> str:
             "placement": p.placement,
             "recompute": list(p.recompute),
             "file": files.get(n),
+            "activation": float(p.activation),
+            "copies": p.copies,
         }
         for n, p in enumerate(result.points)
     ]
@@ -260,7 +263,7 @@ def run_frontier(
     low, high = parse_range(args.memory, args.devices)
     problems = _problems(args, measured_for)
     by_placement = {
-        placement_spelling(p.placement.stage_device, p.placement.num_devices): p for p in problems
+        p.placement.spelling(): p for p in problems
     }
 
     def problem_for(spelling: str) -> SearchProblem:
@@ -284,6 +287,7 @@ def run_frontier(
         recompute,
         kept,
         args.dp,
+        Fraction(args.parameter_memory or 0),
     )
     named = _named(args, problems, problem_for)
     bar = ProgressBar(args.progress or sys.stderr.isatty())

@@ -105,6 +105,8 @@ def exact_problem(problem: SearchProblem) -> ExactProblem:
 
 
 def _effort(problem: ExactProblem, options: SearchOptions) -> float:
+    if problem.placement.lanes > 1:  # the exact model runs every microbatch down one pipeline
+        return 0.0
     if options.effort is not None:
         return options.effort
     if options.exact:

@@ -76,6 +76,8 @@ class Arrays:
     mem: np.ndarray
     scale: int
     limit: int
+    lanes: int = 1
+    """The placement's pipelines (`Placement.lanes`: DualPipe's 2)."""
 
 
 def arrays_for(problem: SearchProblem, fused: bool = True) -> Arrays:
@@ -101,7 +103,7 @@ def arrays_for(problem: SearchProblem, fused: bool = True) -> Arrays:
             mem[_B, s] += mem[_R, s]
             dur[_B, s] += dur[_R, s]
         limit -= int(headroom * scale)
-    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale, limit)
+    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale, limit, pl.lanes)
 
 
 def with_recompute_passes(
@@ -182,6 +184,7 @@ def evaluate_passes(problem: SearchProblem, arrays: Arrays, orders) -> Metrics:
         arrays.comm,
         arrays.mem,
         problem.num_microbatches,
+        arrays.lanes,
     )
 
 
@@ -230,6 +233,7 @@ class _Search:
             a.comm,
             a.mem,
             self.problem.num_microbatches,
+            a.lanes,
         )
         if not metrics.ok:  # the orders wait on each other in a cycle
             return None
@@ -252,8 +256,12 @@ class _Search:
         """Every block of the swept space and the placement's hand-made blocks,
         repeated with W in the free slots; then, on the best of them, the
         controllable-memory paper's last step (ppdsl.frontend.blocks: early forwards in the
-        warm-up, B before W in the cool-down; never above the block's peak)."""
+        warm-up, B before W in the cool-down; never above the block's peak). None on
+        a placement of several lanes (DualPipe): a block runs each microbatch through
+        every stage (docs/language.md)."""
         p = self.problem
+        if p.placement.lanes > 1:
+            return
         named = named_blocks(p.placement)
         shapes = [(shape, f" ({name})") for name, shape in named.items()]
         seen = set(named.values())
@@ -285,9 +293,11 @@ class _Search:
         critical path) / (the device's F+B time per microbatch)."""
         p, a = self.problem, self.arrays
         S = p.num_stages
+        length = S // a.lanes
         caps = np.zeros(S, dtype=np.int64)
         for s in range(S):
-            path = a.dur[0, s:].sum() + a.dur[1, s:].sum() + a.comm * 2 * (S - 1 - s)
+            end = (s // length + 1) * length  # the end of s's lane
+            path = a.dur[0, s:end].sum() + a.dur[1, s:end].sum() + a.comm * 2 * (end - 1 - s)
             dev = a.stage_device[s]
             per = sum(a.dur[0, x] + a.dur[1, x] for x in a.dev_stages[dev])
             caps[s] = max(1, math.ceil(alpha * path / per - 1e-9))
@@ -300,7 +310,9 @@ class _Search:
             itertools.product(
                 (1, 0),  # b_first
                 (0, 1, 2),  # w_mode
-                (0, 1, 3, 6) if v > 1 else (0,),  # admission: strict, or a slack of 2 or 5 F
+                # admission: strict, or a slack of 2 or 5 F; with lanes (DualPipe):
+                # room kept for the first lane's next microbatch, or not
+                (0, 1, 3, 6) if v > 1 and p.placement.lanes == 1 else (0, 1) if v > 1 else (0,),
                 (0, 1) if v > 1 else (0,),  # f_priority
                 (0, 1) if v > 1 else (0,),  # b_priority
                 (0.75, 1.0, 1.5, 2.0, 3.0, 1e9),  # in-flight cap factor
@@ -329,6 +341,7 @@ class _Search:
                 params,
                 self.no_noise,
                 *_NEEDS,
+                a.lanes,
             )
             method = (
                 f"list scheduling ({'B' if bf else 'F'} first, W {_W_TEXT[wm]}"
@@ -368,6 +381,7 @@ class _Search:
                 params,
                 noise,
                 *_NEEDS,
+                a.lanes,
             )
             self.consider(*out, f"randomised list scheduling (seed {seed}, try {n})")  # type: ignore[call-arg]
             n += 1

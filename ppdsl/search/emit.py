@@ -181,7 +181,7 @@ def emit_pp(
         f"# Measured: bubble {bubble:.4f}, makespan {makespan:g}, peak memory "
         f"{format_number(peak)} M_B per device (budget {format_number(problem.budget)}).",
         "# " + (memory_note or "Memory is in units of one 1F1B stage's activation "
-                "(M_B = 1/v for v chunks per device)."),
+                "(M_B = 1/v for v model stages per device; DualPipe holds two copies of its d)."),
     ]
     if beats:
         head.append(f"# {beats}")
@@ -194,7 +194,7 @@ def emit_pp(
     stmts: list[ast.Stmt] = [
         ast.Param("d", ast.number(pl.num_devices), g),
         ast.Param("m", ast.number(problem.num_microbatches), g),
-        ast.place(pl.stage_device, pl.num_devices),
+        ast.place(pl.stage_device, pl.num_devices, pl.lanes),
         ast.Backward("split", g, g),
         *_recompute_statements(problem),
         *cost_statements(problem.costs),

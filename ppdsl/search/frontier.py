@@ -49,7 +49,7 @@ from ppdsl.search.problem import (
     with_recompute,
 )
 from ppdsl.search.references import references
-from ppdsl.semantics import format_short, placement_spelling
+from ppdsl.semantics import format_short
 
 __all__ = [
     "FRONTIER_EVALUATIONS",
@@ -66,6 +66,7 @@ __all__ = [
     "compile_named",
     "frontier_at",
     "recompute_floor",
+    "extra_copies_memory",
 ]
 
 FRONTIER_EVALUATIONS = 2_000
@@ -100,6 +101,12 @@ class FrontierOptions:
     `ppdsl.analysis.collectives`), and `objective="makespan"` compares step
     times (the breadth-first paper's point: an order that ends a stage's
     backwards early hides its reduction)."""
+    parameter_memory: Fraction = Fraction(0)
+    """The model state (weights, gradients, optimizer state) of one 1F1B stage,
+    in M_B. A placement that holds the model's parameters more than once per
+    device (DualPipe: twice, `Placement.lanes`) adds this for each extra copy
+    to its points' memory, so every placement is charged for what a device
+    holds beyond one copy of its share of the model (0: activations only)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,6 +138,14 @@ class FrontierPoint:
     still running after the last pass (`exposed`)."""
     exposed: float = 0.0
     """The data-parallel reduction time the step waits for (0 without --dp)."""
+    copies: int = 1
+    """How many copies of its share of the model's parameters a device holds
+    (2 on DualPipe); `memory` includes the extra copies' `parameter_memory`."""
+
+    @property
+    def activation(self) -> Fraction:
+        """The peak activation memory alone (M_B), the fullest device's."""
+        return max(self.outcome.peak)
 
     @property
     def orders(self) -> tuple[tuple[Pass, ...], ...]:
@@ -186,10 +201,15 @@ def granularity(problem: SearchProblem) -> Fraction:
 
 def top_budget(problem: SearchProblem) -> Fraction:
     """Every forward of every microbatch in flight on the fullest device: no
-    schedule needs more."""
-    pl, mm = problem.placement, problem.memory
+    schedule needs more (with lanes, a stage sees its lane's microbatches only)."""
+    pl, mm, m = problem.placement, problem.memory, problem.num_microbatches
+    through = [0] * pl.num_stages  # microbatches through each stage
+    for j in range(m):
+        lane = pl.microbatch_lane(j, m)
+        for s in range(pl.num_stages):
+            through[s] += pl.lane_of_stage(s) == lane
     return max(
-        problem.num_microbatches * sum((mm.activation[s] for s in pl.chunks(dev)), Fraction(0))
+        sum((through[s] * mm.activation[s] for s in pl.chunks(dev)), Fraction(0))
         for dev in range(pl.num_devices)
     )
 
@@ -233,7 +253,16 @@ def _step(problem: SearchProblem, orders, dp: int) -> tuple[float, float]:
     return lanes.makespan, max(lanes.exposed)
 
 
-def _point(problem: SearchProblem, outcome: Outcome, placement: str, dp: int = 1) -> FrontierPoint:
+def extra_copies_memory(lanes: int, parameter_memory: Fraction) -> Fraction:
+    """What a placement holding the parameters `lanes` times per device holds
+    beyond one copy (`FrontierOptions.parameter_memory` per copy)."""
+    return (lanes - 1) * parameter_memory
+
+
+def _point(
+    problem: SearchProblem, outcome: Outcome, placement: str, dp: int = 1,
+    parameter_memory: Fraction = Fraction(0),
+) -> FrontierPoint:
     exact = outcome.exact
     bound = None
     optimal = False
@@ -244,7 +273,8 @@ def _point(problem: SearchProblem, outcome: Outcome, placement: str, dp: int = 1
         bound = float(exact.bound)
         optimal = bool(exact.optimal)
     return FrontierPoint(
-        memory=max(outcome.peak),
+        memory=max(outcome.peak)
+        + extra_copies_memory(problem.placement.lanes, parameter_memory),
         budget=problem.budget,
         bubble=outcome.metrics.bubble,
         makespan=outcome.metrics.makespan,
@@ -256,6 +286,7 @@ def _point(problem: SearchProblem, outcome: Outcome, placement: str, dp: int = 1
         recompute=tuple(sorted(problem.memory.recompute)),
         step=step or outcome.metrics.makespan,
         exposed=exposed,
+        copies=problem.placement.lanes,
     )
 
 
@@ -297,7 +328,7 @@ def frontier(
     searched: list[FrontierPoint] = []
     for problem in problems:
         pl = problem.placement
-        name = placement_spelling(pl.stage_device, pl.num_devices)
+        name = pl.spelling()
 
         def report(stage: str, fraction: float, _name=name) -> None:
             if progress is not None:
@@ -361,7 +392,9 @@ def _walk(
         ]
 
     floor = find(replace(problem, budget=top), options.search, progress=report, seeds=papers(top))
-    floor_point = _point(replace(problem, budget=top), floor, name, options.dp)
+    floor_point = _point(
+        replace(problem, budget=top), floor, name, options.dp, options.parameter_memory
+    )
     floor_key = _key(floor_point, objective)[0]
     seeds: list[tuple[tuple[tuple[Pass, ...], ...], str]] = []
     mine: list[FrontierPoint] = []
@@ -371,7 +404,7 @@ def _walk(
             outcome = find(at, options.search, progress=report, seeds=seeds + papers(budget))
         except SearchInputError:  # nothing fits this budget (a recompute variant's floor)
             continue
-        point = _point(at, outcome, name, options.dp)
+        point = _point(at, outcome, name, options.dp, options.parameter_memory)
         mine.append(point)
         # a variant's orders hold R: its seed is the search's own (R folded into B)
         best = outcome.heuristic.best.orders() if problem.memory.recompute else outcome.orders
@@ -393,9 +426,15 @@ def frontier_at(points: Sequence[FrontierPoint], memory: Fraction) -> FrontierPo
 
 
 def _costs_statements(costs: Costs, memory: MemoryModel) -> tuple:
+    from ppdsl.frontend import ast
     from ppdsl.search.emit import cost_statements, memory_statements
 
-    return (*cost_statements(costs), *memory_statements(memory.activation, memory.weight_retained))
+    # the overlap of an F&B pair too (DualPipe's files assume their own): the
+    # search overlaps nothing, so a named schedule runs its pairs under the same costs
+    overlap = ast.Cost("overlap", None, ast.number(Fraction(costs.overlap)), ast.GENERATED,
+                       ast.GENERATED)
+    return (*cost_statements(costs), overlap,
+            *memory_statements(memory.activation, memory.weight_retained))
 
 
 def compile_named(
@@ -404,11 +443,14 @@ def compile_named(
     num_devices: int,
     num_microbatches: int,
     dp: int = 1,
+    parameter_memory: Fraction = Fraction(0),
 ) -> NamedPoint:
     """Compile the `.pp` file at `path` with `-D d=.. -D m=..` under the costs and
     memory model `problem_for(its placement)` gives (the file's own cost and
     memory statements replaced, as `--costs-from` does), and measure it: every
-    check of the compiler runs. Its name is the file's schedule name."""
+    check of the compiler runs. Its name is the file's schedule name. Its
+    memory adds `parameter_memory` per extra copy of the parameters
+    (`FrontierOptions.parameter_memory`: DualPipe's second)."""
     from ppdsl.compiler import compile_source
     from ppdsl.costs_file import CostsFile
     from ppdsl.frontend.ast import GENERATED
@@ -419,12 +461,12 @@ def compile_named(
     overrides = {"d": str(num_devices), "m": str(num_microbatches)}
     designed = elaborate(parse(text, str(path)), overrides)
     pl = designed.placement
-    spelling = placement_spelling(pl.stage_device, pl.num_devices)
+    spelling = pl.spelling()
     problem = problem_for(spelling)
     statements = _costs_statements(problem.costs, problem.memory)
     costs = CostsFile("<frontier costs>", statements, pl.num_stages, None, GENERATED)
     compiled = compile_source(text, str(path), overrides, costs=costs)
-    peak = max(_peaks(compiled.schedule))
+    peak = max(_peaks(compiled.schedule)) + extra_copies_memory(pl.lanes, parameter_memory)
     step = compiled.timeline.makespan
     if dp > 1 and problem.costs.declared_collectives():
         from ppdsl.analysis.collectives import comm_lanes
@@ -463,7 +505,7 @@ def named_points(problems: Sequence[SearchProblem], dp: int = 1) -> list[NamedPo
         return out
     for problem in problems:
         pl = problem.placement
-        spelling = placement_spelling(pl.stage_device, pl.num_devices)
+        spelling = pl.spelling()
         for ref in references(problem):
             out.append(
                 NamedPoint(ref.name, spelling, ref.peak, ref.bubble, ref.makespan,

@@ -8,7 +8,10 @@ otherwise a W to fill the gap (`w_mode` 0: always; 1: only a gap at least T_W
 long or when memory blocks an F; 2: a W right after its B). The W left over run
 at the end. With `admission` a device admits a microbatch's first chunk only if
 the F of its later chunks on this device still fit, which keeps the
-multi-chunk placements from deadlocking under tight budgets.
+multi-chunk placements from deadlocking under tight budgets. On a placement of
+several lanes (DualPipe) each stage runs its lane's microbatches only, and
+admission keeps room on every device for the first lane's next microbatch, so
+the lanes cannot block each other down to one microbatch in flight.
 
 The compiler makes any valid order run under blocking exchanges (it posts
 receives early where needed); with `prefer_pair`, after a pass whose output goes to device b,
@@ -43,26 +46,29 @@ PARAM_NAMES = (
 
 
 @numba.njit(cache=True)
-def _consumer(kd, s, stage_device, num_stages, need):  # pragma: no cover - numba
+def _consumer(kd, s, stage_device, num_stages, need, lane_length):  # pragma: no cover - numba
     """The pass on another device that takes what pass (kd, s) hands over
     (`semantics.sends`: F's activation to F(s+1), B's gradient to B(s-1)), as
-    (kind, stage); (-1, -1) when its output stays on the device."""
+    (kind, stage); (-1, -1) when its output stays on the device or leaves its
+    lane (`lane_length` consecutive stages, `semantics.same_lane`)."""
     need_kind, need_offset, need_transfer = need
     for c in range(need_kind.shape[0]):
         for slot in range(need_kind.shape[1]):
             if need_kind[c, slot] != kd or need_transfer[c, slot] < 0:
                 continue
             cs = s - need_offset[c, slot]
-            if 0 <= cs < num_stages and stage_device[cs] != stage_device[s]:
+            if cs < 0 or cs >= num_stages or cs // lane_length != s // lane_length:
+                continue
+            if stage_device[cs] != stage_device[s]:
                 return c, cs
     return -1, -1
 
 
 @numba.njit(cache=True)
-def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need):  # pragma: no cover
+def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need, lane_length):  # pragma: no cover
     """When pass (kd, s, j) on dev could start (INF: an input is undecided):
-    the latest end of the passes it needs (`semantics.NEEDS`), plus `comm`
-    for each that ran on another device."""
+    the latest end of the passes it needs (`semantics.NEEDS`) inside its lane,
+    plus `comm` for each that ran on another device."""
     need_kind, need_offset, _ = need
     r = 0.0
     for slot in range(need_kind.shape[1]):
@@ -70,7 +76,7 @@ def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need):  # pragma
         if nk < 0:
             continue
         ns = s + need_offset[kd, slot]
-        if ns < 0 or ns >= num_stages:
+        if ns < 0 or ns >= num_stages or ns // lane_length != s // lane_length:
             continue
         e = endt[nk, ns, j]
         if e < 0:
@@ -120,11 +126,22 @@ def list_schedule(  # pragma: no cover - numba
     need_kind,  # semantics.NEED_KIND
     need_offset,  # semantics.NEED_STAGE_OFFSET
     need_transfer,  # semantics.NEED_TRANSFER
+    lanes=1,  # the placement's pipelines (`semantics.LANES`: DualPipe's 2)
 ):
     """Returns (offsets, kind, microbatch, stage, ok): the per-device orders as
-    flat arrays, and False when the rules deadlock under the budget."""
+    flat arrays, and False when the rules deadlock under the budget. With
+    `lanes` > 1 the stages form that many pipelines and stage s runs only the
+    microbatches of its lane (`semantics.microbatch_lane`)."""
     d, v = dev_stages.shape
     S = stage_device.shape[0]
+    lane_length = S // lanes
+    first = np.zeros(S, dtype=np.int64)  # the lane's microbatches: first .. last - 1
+    last = np.full(S, m, dtype=np.int64)
+    for s in range(S):
+        lane = s // lane_length
+        # j goes through lane j * lanes // m: the first j with that lane, and past it
+        first[s] = (lane * m + lanes - 1) // lanes
+        last[s] = ((lane + 1) * m + lanes - 1) // lanes
     need = (need_kind, need_offset, need_transfer)
     b_first, w_mode, admission, f_prio, b_prio = (
         params[0],
@@ -142,9 +159,9 @@ def list_schedule(  # pragma: no cover - numba
     out_mb = np.zeros((d, per_dev), dtype=np.int64)
     count = np.zeros(d, dtype=np.int64)
     endt = np.full((3, S, m), -1.0)
-    nf = np.zeros(S, dtype=np.int64)
-    nb = np.zeros(S, dtype=np.int64)
-    nw = np.zeros(S, dtype=np.int64)
+    nf = first.copy()
+    nb = first.copy()
+    nw = first.copy()
     free = np.zeros(d)
     last_end = np.zeros(d)
     cur = np.zeros(d, dtype=np.int64)
@@ -153,9 +170,19 @@ def list_schedule(  # pragma: no cover - numba
     later = np.zeros(d, dtype=np.int64)  # memory of chunks 1.. of one microbatch
     for dev in range(d):
         for c in range(v):
-            chunk_of[dev_stages[dev, c]] = c
-            if c > 0:
-                later[dev] += mem[F, dev_stages[dev, c]]
+            s = dev_stages[dev, c]
+            chunk_of[s] = c
+            if lanes == 1 and c > 0:
+                later[dev] += mem[F, s]
+            elif lanes > 1 and s // lane_length == 0:
+                # several lanes: admission keeps room for the first lane's next
+                # microbatch on every device (`later`, until that lane's forwards
+                # here are done), so the other lanes can never block it; its own
+                # F are checked against the budget only (chunk_of 1)
+                later[dev] += mem[F, s]
+                chunk_of[s] = 1
+            elif lanes > 1:
+                chunk_of[s] = 0
     # the send a device still owes (its consumer undecided)
     owe_k = np.full(d, -1, dtype=np.int64)
     owe_s = np.zeros(d, dtype=np.int64)
@@ -166,7 +193,7 @@ def list_schedule(  # pragma: no cover - numba
     pend_s = np.zeros(d, dtype=np.int64)
     pend_j = np.zeros(d, dtype=np.int64)
     pend_t = np.zeros(d)
-    total = 3 * S * m
+    total = 3 * (last - first).sum()
     done = 0
     while done < total:
         dev = -1
@@ -182,7 +209,7 @@ def list_schedule(  # pragma: no cover - numba
             waiting[dev] = False
             pk, s, j = pend_k[dev], pend_s[dev], pend_j[dev]
             owe_k[dev] = -1
-            ck, cs = _consumer(pk, s, stage_device, S, need)
+            ck, cs = _consumer(pk, s, stage_device, S, need, lane_length)
             if ck >= 0:
                 owe_k[dev] = ck
                 owe_s[dev] = cs
@@ -227,7 +254,7 @@ def list_schedule(  # pragma: no cover - numba
                         later, limit,
                     )
                     if nxt:
-                        r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need)
+                        r = _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need, lane_length)
                         if r <= t + EPS:
                             pick_kind = xk
                             pick_stage = xs
@@ -245,14 +272,14 @@ def list_schedule(  # pragma: no cover - numba
                 lk = out_kind[b, count[b] - 1]
                 ls = out_stage[b, count[b] - 1]
                 lj = out_mb[b, count[b] - 1]
-                ck, cs = _consumer(lk, ls, stage_device, S, need)
+                ck, cs = _consumer(lk, ls, stage_device, S, need, lane_length)
                 if ck >= 0 and stage_device[cs] == dev and not committed[ck, cs, lj]:
                     nxt = _may_take(
                         ck, cs, lj, dev, nf, nb, admission, chunk_of, cur, reserved, mem,
                         later, limit,
                     )
                     if nxt:
-                        r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S, need)
+                        r = _ready(ck, cs, lj, dev, endt, stage_device, comm, S, need, lane_length)
                         if r <= t + EPS:
                             pick_kind = ck
                             pick_stage = cs
@@ -281,7 +308,7 @@ def list_schedule(  # pragma: no cover - numba
                         later[dev],
                         limit[dev],
                     )
-                if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need) <= t + EPS:
+                if nxt and _ready(xk, xs, xj, dev, endt, stage_device, comm, S, need, lane_length) <= t + EPS:
                     pick_kind = xk
                     pick_stage = xs
         if pick_kind < 0:
@@ -293,7 +320,7 @@ def list_schedule(  # pragma: no cover - numba
                 s = dev_stages[dev, c]
                 j = nb[s]
                 if j < nf[s]:
-                    r = _ready(B, s, j, dev, endt, stage_device, comm, S, need)
+                    r = _ready(B, s, j, dev, endt, stage_device, comm, S, need, lane_length)
                     if r <= t + EPS:
                         if b_prio == 0:
                             key = j * 4.0 * S - s + noise[1, s, j]
@@ -305,11 +332,12 @@ def list_schedule(  # pragma: no cover - numba
                     else:
                         next_ready = min(next_ready, r)
                 j = nf[s]
-                if j < m:
-                    r = _ready(F, s, j, dev, endt, stage_device, comm, S, need)
+                if j < last[s]:
+                    r = _ready(F, s, j, dev, endt, stage_device, comm, S, need, lane_length)
                     fits = nf[s] - nb[s] < caps[s]
                     fits = fits and _fits(
-                        admission, c, cur[dev], reserved[dev], mem[F, s], later[dev], limit[dev]
+                        admission, chunk_of[s], cur[dev], reserved[dev], mem[F, s], later[dev],
+                        limit[dev],
                     )
                     if r <= t + EPS:
                         if fits:
@@ -365,7 +393,10 @@ def list_schedule(  # pragma: no cover - numba
         if pick_kind == F:
             j = nf[s]
             nf[s] += 1
-            if admission >= 1:
+            if lanes > 1:
+                if s // lane_length == 0 and nf[s] == last[s]:
+                    later[dev] -= mem[F, s]  # the first lane has no more to come here
+            elif admission >= 1:
                 if chunk_of[s] == 0:
                     reserved[dev] += later[dev]
                 else:
@@ -390,7 +421,7 @@ def list_schedule(  # pragma: no cover - numba
             free[dev] = INF
             continue
         owe_k[dev] = -1
-        ck, cs = _consumer(pick_kind, s, stage_device, S, need)
+        ck, cs = _consumer(pick_kind, s, stage_device, S, need, lane_length)
         if ck >= 0:
             owe_k[dev] = ck
             owe_s[dev] = cs

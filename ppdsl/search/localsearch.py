@@ -62,7 +62,7 @@ def polish(
     best = (kind.copy(), mb.copy(), stage.copy(), metrics)
     cur_kind, cur_mb, cur_stage, cur = best
     start, end, _ = time_orders(
-        offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m
+        offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m, a.lanes
     )
     focus = _longest_span_device(offsets, start, end)
     d = len(offsets) - 1
@@ -93,7 +93,8 @@ def polish(
                 arr[target + 1 : k + 1] = arr[target:k]
             arr[target] = moved
         x = evaluate_orders(
-            offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, a.mem, m
+            offsets, new_kind, new_mb, new_stage, a.stage_device, a.dur, a.comm, a.mem, m,
+            a.lanes,
         )
         if not x.ok or int(x.peak.max()) > a.limit or _key(x, objective) > _key(cur, objective):
             continue
@@ -101,7 +102,7 @@ def polish(
         if _key(cur, objective) < _key(best[3], objective):
             best = (cur_kind, cur_mb, cur_stage, cur)
             start, end, _ = time_orders(
-                offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m
+                offsets, cur_kind, cur_mb, cur_stage, a.stage_device, a.dur, a.comm, m, a.lanes
             )
             focus = _longest_span_device(offsets, start, end)
         if progress is not None and tries % 64 == 0:

@@ -68,19 +68,28 @@ class SearchProblem:
     def chunks_per_device(self) -> int:
         return self.placement.num_stages // self.placement.num_devices
 
+    @property
+    def model_chunks_per_device(self) -> int:
+        """v such that one of its stages is 1/v of a 1F1B stage: the chunks per
+        device, but 1 on DualPipe (its stages are whole copies of the model's d
+        stages, two lanes on every device)."""
+        return self.placement.num_model_stages // self.placement.num_devices
 
-_PLACEMENTS = ("parallel", "vshape", "looped")
+
+_PLACEMENTS = ("parallel", "vshape", "looped", "dualpipe")
 """The placements the search knows blocks and heuristics for."""
 
 
 def _named(kind: str, num_devices: int, v: int | None = None) -> Placement:
     if kind not in _PLACEMENTS:
-        raise SearchInputError(f"unknown placement {kind!r}: use parallel, vshape or looped(v)")
+        raise SearchInputError(
+            f"unknown placement {kind!r}: use parallel, vshape, looped(v) or dualpipe"
+        )
     return Placement.named(kind, num_devices, v)
 
 
 def parse_placement(text: str, num_devices: int) -> Placement:
-    """`parallel`, `vshape`, `looped(3)` or `looped3`."""
+    """`parallel`, `vshape`, `looped(3)`, `looped3` or `dualpipe`."""
     words = text.strip().lower()
     try:
         name, v = semantics.read_placement(words)
@@ -172,8 +181,9 @@ def parse_budget(text: str, num_devices: int) -> Fraction:
 
 
 def make_memory(placement: Placement, weight_fraction: Fraction) -> MemoryModel:
-    """M_B = 1/v of a 1F1B stage per stage; M_W = weight_fraction · M_B."""
-    v = placement.num_stages // placement.num_devices
+    """M_B = 1/v of a 1F1B stage per stage, v the model's stages per device (a
+    DualPipe stage is a whole model stage: 1); M_W = weight_fraction · M_B."""
+    v = placement.num_model_stages // placement.num_devices
     activation = (Fraction(1, v),) * placement.num_stages
     return MemoryModel(activation, tuple(a * weight_fraction for a in activation))
 
@@ -181,10 +191,16 @@ def make_memory(placement: Placement, weight_fraction: Fraction) -> MemoryModel:
 def smallest_budget(placement: Placement, memory: MemoryModel) -> Fraction:
     """The least budget any schedule needs: one microbatch in flight, i.e. the
     activations of every chunk of the fullest device at once (a microbatch
-    keeps its earlier chunks' activations until their B)."""
+    keeps its earlier chunks' activations until their B); with several lanes
+    (DualPipe) the chunks of the fullest lane, a microbatch's only ones."""
     return max(
-        sum((memory.activation[s] for s in placement.chunks(dev)), Fraction(0))
+        sum(
+            (memory.activation[s] for s in placement.chunks(dev)
+             if placement.lane_of_stage(s) == lane),
+            Fraction(0),
+        )
         for dev in range(placement.num_devices)
+        for lane in range(placement.lanes)
     )
 
 
@@ -220,7 +236,8 @@ def build_problem(
     mm = make_memory(pl, wf)
     pass_costs = parse_costs(costs, pl.num_stages)
     if measured is not None:
-        pass_costs, mm = measured[0], measured_memory(measured[1], devices)
+        # the unit is one 1F1B stage: the model's d stages (DualPipe: twice over)
+        pass_costs, mm = measured[0], measured_memory(measured[1], devices * pl.lanes)
         if len(mm.activation) != pl.num_stages:
             raise SearchInputError(
                 f"the measured costs are for {len(mm.activation)} stages; --placement "

@@ -121,8 +121,10 @@ def test_cli_frontier_writes_json_svg_and_pp_files_the_same_in_two_processes(tmp
     assert outputs[0] == outputs[1]
     points = json.loads(outputs[0][0])
     assert [set(p) for p in points] == [
-        {"memory", "bubble", "makespan", "bound", "optimal", "placement", "recompute", "file"}
+        {"memory", "bubble", "makespan", "bound", "optimal", "placement", "recompute", "file",
+         "activation", "copies"}
     ] * len(points)
+    assert all(p["activation"] == p["memory"] and p["copies"] == 1 for p in points)
     assert [p["memory"] for p in points] == sorted({p["memory"] for p in points})
     assert all(a["bubble"] > b["bubble"] for a, b in zip(points, points[1:], strict=False))
     assert {p["placement"] for p in points} <= {"parallel", "vshape"}
@@ -259,3 +261,61 @@ def test_named_schedules_in_f_b_w_are_candidates_at_every_level_they_fit():
     seeded = frontier([problem], options, named=[v_half, dualpipe])
     assert alone.points[-1].bubble > v_half.bubble + 1e-9  # the search alone: 0.2479 > 0.2397
     assert seeded.points[-1].bubble <= v_half.bubble + 1e-12
+
+
+def test_dualpipe_stages_are_whole_model_stages_each_running_its_lanes_microbatches():
+    """DualPipe (docs/language.md, Placement) runs two pipelines of d whole model
+    stages: a stage's M_B and costs are a 1F1B stage's, one microbatch holds one
+    chunk per device, and all m forwards in flight hold m/2 per chunk."""
+    from ppdsl.search.frontier import top_budget
+    from ppdsl.search.problem import chunk_costs, smallest_budget
+
+    problem = build_problem(devices=4, microbatches=8, placement="dualpipe", costs="F=2",
+                            memory=None, weight_fraction="1")
+    assert problem.placement.lanes == 2 and problem.num_stages == 8
+    assert problem.model_chunks_per_device == 1 and problem.chunks_per_device == 2
+    assert problem.memory.activation == (1,) * 8
+    assert chunk_costs(problem.costs, problem.model_chunks_per_device) == problem.costs
+    assert smallest_budget(problem.placement, problem.memory) == 1
+    assert top_budget(problem) == 8
+
+
+def test_cli_frontier_dualpipe_points_compile_with_their_memory_and_bubble(tmp_path):
+    """`ppdsl search --frontier --placement dualpipe --parameter-memory 1/2`: every
+    point's .pp file proves (`ppdsl check`) with the JSON's activation peak and
+    bubble; a DualPipe point or named file holds the parameters twice, so its memory
+    is its activation plus 1/2 (docs/search.md, "DualPipe")."""
+    done = _run(
+        ["-d", "2", "-m", "4", "--placement", "dualpipe", "--evaluations", "50",
+         "--levels", "4", "--parameter-memory", "1/2", "--json", "--pp-dir", "pp",
+         "--named", str(REPO / "examples/dualpipe.pp")],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    points = json.loads(done.stdout)
+    assert len(points) >= 2 and {p["placement"] for p in points} == {"dualpipe"}
+    for p in points:
+        checked = subprocess.run([sys.executable, "-m", "ppdsl", "check", p["file"]],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        compiled = compile_file(tmp_path / p["file"])
+        assert compiled.schedule.placement.spelling() == p["placement"]
+        assert float(max(peak_memory(compiled.schedule))) == p["activation"]
+        assert compiled.timeline.bubble_ratio == pytest.approx(p["bubble"], abs=1e-12)
+        assert p["copies"] == 2 and p["memory"] == p["activation"] + 1 / 2
+    named = next(line.split("|") for line in done.stderr.splitlines() if line.startswith("| dualpipe"))
+    assert named[2].strip() == "dualpipe"
+
+
+def test_named_dualpipe_is_charged_its_second_copy_and_runs_its_pairs_at_the_same_costs():
+    """examples/dualpipe.pp under the frontier's model: DualPipe's own table's d + 1
+    activations (M_W = M_B) plus one `parameter_memory` for its second copy, and its
+    overlapped F&B pairs at `cost overlap = 1` (the search overlaps nothing), so
+    every device is busy m (T_F + T_B + T_W)."""
+    problem = build_problem(devices=4, microbatches=8, placement="dualpipe", costs=None,
+                            memory=None, weight_fraction="1")
+    point = compile_named(REPO / "examples/dualpipe.pp", lambda _: problem, 4, 8,
+                          parameter_memory=Fraction(3, 2))
+    assert point.placement == "dualpipe" and point.memory == 5 + Fraction(3, 2)
+    busy = 8 * 3
+    assert point.makespan * (1 - point.bubble) == pytest.approx(busy)
