@@ -25,6 +25,8 @@ from collections.abc import Iterator
 import torch.distributed as dist
 from torch import nn
 
+from ppdsl.runtime.group import global_rank
+
 __all__ = ["kept_buffers", "broadcast_buffers"]
 
 
@@ -48,7 +50,7 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
 def broadcast_buffers(modules: list[nn.Module], group: dist.ProcessGroup) -> None:
     """Every buffer of `modules` set to the group's first rank's (collective over
     `group`; the same modules in the same order on every rank)."""
-    src = dist.get_global_rank(group, 0)
+    src = global_rank(group, 0)
     works = [dist.broadcast(buf.data, src=src, group=group, async_op=True)
              for module in modules for buf in module.buffers()]
     for work in works:

@@ -59,6 +59,7 @@ from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime import faults, progress
 from ppdsl.runtime.buffers import kept_buffers
+from ppdsl.runtime.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import LossError
 from ppdsl.runtime.split import WStash, backward_input
@@ -105,11 +106,6 @@ class Hooks:
     """After the last pass and after every send has completed."""
 
 
-def _tag(t: Transfer, leaf: int, num_microbatches: int, num_stages: int, num_leaves: int) -> int:
-    kind = 0 if t.kind is TransferKind.ACT else 1
-    return ((kind * num_microbatches + t.microbatch) * num_stages + t.dst_stage) * num_leaves + leaf
-
-
 class _RngState:
     """The RNG state when a recomputed stage's F starts (CPU, and this device's
     on CUDA), so that R draws what F drew."""
@@ -147,7 +143,7 @@ class Engine:
         timeout: float = 60.0,
         release: str = "b",
         autocast_dtype: torch.dtype | None = None,
-        lanes: int = 1,
+        lane_ends: LaneEnds,
         transport: Transport | None = None,
     ) -> None:
         if release not in ("b", "w"):
@@ -161,9 +157,9 @@ class Engine:
         self.ops = tuple(ops)
         self.stage_device = tuple(stage_device)
         self.num_stages = len(stage_device)
-        self.lane_length = self.num_stages // lanes
-        """Stages per lane (pipeline): each lane's first stage reads the inputs and its
-        last computes the loss (DualPipe: two lanes, one per direction)."""
+        self.lane_ends = lane_ends
+        """Each lane's first stage (it reads the inputs) and last (it computes the
+        loss), from the plan (`ppdsl.runtime.group.LaneEnds`)."""
         self.num_microbatches = num_microbatches
         self.memory = memory
         self.stages = stages
@@ -178,10 +174,7 @@ class Engine:
         """How this rank's tensors move (`ppdsl.runtime.transport`): decided from the
         tensors' device, not from the group's reported backend name."""
         self.hooks = Hooks()
-        self._global = (
-            [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
-            if group is not None else None
-        )
+        self._global = [global_rank(group, r) for r in range(dist.get_world_size(group))]
         params: dict[int, torch.nn.Parameter] = {}
         for module in stages.values():
             for param in module.parameters():
@@ -235,7 +228,7 @@ class Engine:
         self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
 
     def _peer(self, rank: int) -> int:
-        return self._global[rank] if self._global is not None else rank
+        return self._global[rank]
 
     # -- one step ------------------------------------------------------------
 
@@ -392,10 +385,10 @@ class Engine:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _is_first(self, s: int) -> bool:
-        return s % self.lane_length == 0
+        return s in self.lane_ends.first
 
     def _is_last(self, s: int) -> bool:
-        return s % self.lane_length == self.lane_length - 1
+        return s in self.lane_ends.last
 
     def _forward(self, mb: int, s: int) -> None:
         faults.reached("forward")
@@ -534,10 +527,9 @@ class Engine:
         """The value handed over locally, else the received one: its receives are
         waited for here, where it is first used."""
         key = (kind, mb, stage)
-        if key in self._inbox:
-            return self._inbox.pop(key)
-        t, pending = self._arriving.pop(key)
-        return [self._wait(r, t) for r in pending]
+        if key not in self._inbox:
+            self._receive(key)
+        return self._inbox.pop(key)
 
     def _leaves_of(self, t: Transfer) -> list[Any]:
         """The tensors a transfer carries: every leaf of the sender's output for an
@@ -548,14 +540,14 @@ class Engine:
 
     def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
         m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), _tag(t, i, m, n, k), t)
+        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), transfer_tag(t, i, m, n, k), t)
                 for i, leaf in enumerate(self._leaves_of(t))]
 
     def _post(self, sends: list[tuple[list[torch.Tensor], Transfer]], recvs: Sequence[Transfer]) -> None:
         """Post `sends` and the receives of `recvs` (as one batch where the transport
         is ordered); the receives wait in `_arriving` for the pass that takes them."""
         m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        send_specs = [(v, self._peer(t.dst_rank), _tag(t, i, m, n, k), t)
+        send_specs = [(v, self._peer(t.dst_rank), transfer_tag(t, i, m, n, k), t)
                       for values, t in sends for i, v in enumerate(values)]
         recv_specs = [spec for t in recvs for spec in self._recv_specs(t)]
         try:

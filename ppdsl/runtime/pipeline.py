@@ -46,6 +46,7 @@ from ppdsl.ir.schedule import MemoryModel
 from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks, StepResult
+from ppdsl.runtime.group import LaneEnds, agree, copy_tag, differing, global_rank, tie_tag
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError
 from ppdsl.runtime.precision import LossScaler, autocast_dtype
@@ -68,10 +69,6 @@ __all__ = [
     "load_schedule",
     "tie_parameters",
 ]
-
-_TIE_TAG = 1 << 28  # tags of the tied-gradient exchange, apart from the passes'
-_COPY_TAG = 1 << 29  # tags of the copies' exchange (DualPipe's two directions)
-
 
 class ScheduleError(ValueError):
     """The `.pp` file does not compile; the message holds every located finding."""
@@ -260,14 +257,12 @@ class PipelineRunner:
                 error = str(exc)
             except Exception as exc:  # the user's code
                 error = f"building the stages failed: {type(exc).__name__}: {exc}"
-        theirs: list[Any] = [None] * world
-        dist.all_gather_object(theirs, (schedule.fingerprint, error), group=group)
-        errors = [(r, e) for r, (_, e) in enumerate(theirs) if e is not None]
-        if errors:
-            r, e = errors[0]
-            raise ModelError(e if r == self.rank else f"(on rank {r}) {e}")
-        if len({fp for fp, _ in theirs}) > 1:
-            lines = [f"  rank {r}: {fp[:12]}" for r, (fp, _) in enumerate(theirs)]
+        error = agree(error, group)
+        if error is not None:
+            raise ModelError(error)
+        theirs = differing([schedule.fingerprint], group)
+        if theirs is not None:
+            lines = [f"  rank {r}: {fps[0][:12]}" for r, (fps, _) in enumerate(theirs)]
             raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
         if dp_mesh is not None:
             self._broadcast_replica_zero(modules, dp_mesh.get_group())
@@ -282,8 +277,8 @@ class PipelineRunner:
         self.engine = Engine(
             self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
             self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
-            release=release, autocast_dtype=autocast_dtype(precision), lanes=self.plan.lanes,
-            transport=self.transport,
+            release=release, autocast_dtype=autocast_dtype(precision),
+            lane_ends=LaneEnds.of(self.plan), transport=self.transport,
         )
         self.hooks: Hooks = self.engine.hooks
         """Callbacks at a step's points (`ppdsl.runtime.engine.Hooks`)."""
@@ -311,7 +306,7 @@ class PipelineRunner:
     @staticmethod
     def _broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.ProcessGroup) -> None:
         """Every replica starts from replica 0's parameters and buffers (as DDP does)."""
-        src = dist.get_global_rank(dp_group, 0)
+        src = global_rank(dp_group, 0)
         with torch.no_grad():
             for _, module in sorted(modules.items()):
                 for t in [*module.parameters(), *module.buffers()]:
@@ -505,7 +500,7 @@ class PipelineRunner:
                 self.rank, programs[self.rank].ops, self.plan.stage_device,
                 self.plan.num_microbatches, forward_memory, self.stages, self.loss_fn, self.device,
                 group=self.group, timeout=e.timeout.total_seconds(), release=e.release,
-                autocast_dtype=e.autocast_dtype, lanes=self.plan.lanes,
+                autocast_dtype=e.autocast_dtype, lane_ends=e.lane_ends,
             )
             assert self.specs is not None
             self._eval_engine.set_specs(self.specs)
@@ -568,7 +563,7 @@ class PipelineRunner:
                         what = f"stage {s} (on rank {owner})"
                     kind = "" if isinstance(exc, StructureError) else f"{type(exc).__name__}: "
                     payload = [(None, f"{what}: {kind}{exc}", [])]
-            src = dist.get_global_rank(self.group, owner) if self.group is not None else owner
+            src = global_rank(self.group, owner)
             dist.broadcast_object_list(payload, src=src, group=self.group)
             spec, error, uncovered = payload[0]
             if error is not None:
@@ -625,7 +620,7 @@ class PipelineRunner:
             ranks = sorted({self.plan.stage_device[s] for s in group})
             mine = [s for s in sorted(group) if s in self.stages]
             if len(ranks) > 1 and mine:
-                found.append((_TIE_TAG + i, self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
+                found.append((tie_tag(i), self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
         if self.plan.lanes > 1:
             held = {self.plan.model_stage(s): s for s in sorted(self.stages, reverse=True)}
             for k, s in sorted(held.items()):  # every rank in model-stage order
@@ -635,11 +630,11 @@ class PipelineRunner:
                     continue
                 params = dict(self.stages[s].named_parameters())
                 for position, name in enumerate(params):
-                    found.append((_COPY_TAG + (k << 12) + position, params[name], ranks))
+                    found.append((copy_tag(k, position), params[name], ranks))
         return found
 
     def _peer(self, rank: int) -> int:
-        return dist.get_global_rank(self.group, rank) if self.group is not None else rank
+        return global_rank(self.group, rank)
 
     def _sync_tied_values(self) -> None:
         """The lowest owner's values go to the other owners (as DDP broadcasts)."""

@@ -54,6 +54,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
+from ppdsl.runtime.group import agree, differing, placement_of
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.memory import DevicePeak
 from ppdsl.runtime.model import LossError, ModelError, build_model
@@ -132,16 +133,6 @@ def _say(rank: int, text: str) -> None:
         print(text, flush=True)
 
 
-def _agree(error: str | None, rank: int, world: int) -> str | None:
-    """All ranks learn the first rank's error (or None): they stop together."""
-    found: list[Any] = [None] * world
-    dist.all_gather_object(found, error)
-    for r, e in enumerate(found):
-        if e is not None:
-            return e if r == rank or e == error else f"(on rank {r}) {e}"
-    return None
-
-
 def main(
     rank_in_file: int,
     ops: Sequence[Op],
@@ -178,10 +169,11 @@ def main(
                 file=sys.stderr,
             )
         return EXIT_INVALID
-    if rank_in_file != rank % plan.num_devices:
+    pp_rank = placement_of(rank, plan.num_devices)[1]
+    if rank_in_file != pp_rank:
         print(
             f"ppdsl: rank {rank}: was handed the program of pipeline rank {rank_in_file}, not "
-            f"{rank % plan.num_devices}; start it "
+            f"{pp_rank}; start it "
             "through the generated launch.py",
             file=sys.stderr,
         )
@@ -369,13 +361,12 @@ def _run(
 ) -> int:
     # Each rank offers its program's fingerprint and its manifest's: one compiled
     # directory for everyone, or nobody starts.
-    theirs: list[Any] = [None] * world
-    dist.all_gather_object(theirs, (fingerprint, plan.fingerprint, plan.name))
-    if len({fp for fp, _, _ in theirs} | {mf for _, mf, _ in theirs}) > 1:
+    theirs = differing([fingerprint, plan.fingerprint], note=plan.name)
+    if theirs is not None:
         if rank == 0:
             lines = [
                 f"  rank {r}: program {fp[:12]}, manifest {mf[:12]} (schedule {n!r})"
-                for r, (fp, mf, n) in enumerate(theirs)
+                for r, ((fp, mf), n) in enumerate(theirs)
             ]
             print(
                 "ppdsl: the ranks run different compiled schedules; start every rank from the "
@@ -409,10 +400,10 @@ def _run(
         error = str(exc)
     except Exception as exc:
         error = f"building the model failed: {type(exc).__name__}: {exc}"
-    error = _agree(error, rank, world)
+    error = agree(error)
     if error is not None:
         return _startup_error(rank, error)
-    pp_rank, replica = rank % num_ranks, rank // num_ranks
+    replica, pp_rank = placement_of(rank, num_ranks)
     schedule = CompiledPipeline(plan, {pp_rank: tuple(ops)}, fingerprint)
     mesh = dp_pp_mesh(dp, num_ranks, device.type) if dp > 1 else None
     try:
@@ -531,7 +522,7 @@ def _run(
                 if got != batch_size:
                     error = (f"batch({step}, {batch_size}) returned {got} samples, "
                              f"expected {batch_size}")
-            error = _agree(error, rank, world)
+            error = agree(error)
             if error is not None:
                 return _startup_error(rank, error)
         # Memory is measured on the first step (shapes are static, so every step holds
@@ -655,7 +646,7 @@ def _run(
         if rank == 0:
             stages: list[Any] = [None] * world
             for r in range(world):
-                order = plan.orders[r % num_ranks]
+                order = plan.orders[placement_of(r, num_ranks)[1]]
                 stages[r] = f"rank {r} (stage{'s' if len(order) else ''} " + ", ".join(
                     str(st) for st in sorted({st for _, _, st in order})) + ")"
             write_chrome_trace(opts.trace, chrome_trace(events, stages, {
