@@ -129,10 +129,41 @@ def accumulate_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
         return
     if grad.dtype != param.dtype:
         grad = grad.to(param.dtype)
-    if param.grad is None:
-        param.grad = grad if grad.is_contiguous() else grad.contiguous()
-    else:
-        param.grad.add_(grad)
+    _accumulate([param], [grad if grad.is_contiguous() else grad.contiguous()])
+
+
+def _accumulate(params: list[torch.Tensor], grads: list[torch.Tensor], copy: bool = False) -> None:
+    """The one place gradients go into `.grad`, as autograd's AccumulateGrad puts
+    them: taken where none is (the first microbatch), else added, in one
+    ``_foreach_add_`` when every parameter has one. Each parameter appears once.
+    `copy`: a first gradient is copied, in the parameter's layout (as
+    AccumulateGrad does when it cannot take the tensor), not taken: it may be the
+    very tensor, or a view of one, that flows on to other nodes (an uncovered
+    parameter's gradient from autograd, e.g. a stashed output gradient)."""
+    found = list(map(_GRAD, params))
+    if not copy:
+        if all(map(is_, found, repeat(None))):
+            deque(map(setattr, params, repeat("grad"), grads), maxlen=0)
+            return
+        if all(map(is_not, found, repeat(None))):
+            access.foreach_add_(found, grads)
+            return
+    for param, had, grad in zip(params, found, grads, strict=True):
+        if had is not None:
+            had.add_(grad)
+        elif copy:
+            param.grad = torch.empty_like(param).copy_(grad)
+        else:
+            param.grad = grad
+
+
+def _with_gradient(params: list[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The parameters that got a gradient (not None), and those gradients."""
+    if all(map(is_not, grads, repeat(None))):
+        return params, list(grads)  # type: ignore[arg-type]
+    kept = [(p, g) for p, g in zip(params, grads, strict=True) if g is not None]
+    return [p for p, _ in kept], [g for _, g in kept]
 
 
 # --- user layers -------------------------------------------------------------------
@@ -500,12 +531,7 @@ def _weight_grads(
                     g = g * alpha
             if cast:
                 g = g.to(param.dtype)
-            # the parameter requires grad (it has an accumulator) and g is fresh
-            found_grad = param.grad
-            if found_grad is None:
-                param.grad = g
-            else:
-                found_grad.add_(g)
+            _accumulate([param], [g])  # it requires grad (it has an accumulator); g is fresh
         return
     if kind == LAYER_NORM:
         mask = [False, any(s[0] == 1 for s in slots), any(s[0] == 2 for s in slots)]
@@ -530,11 +556,7 @@ def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     g = dy.t().mm(x)
     if cast:
         g = g.to(weight.dtype)
-    found = weight.grad
-    if found is None:
-        weight.grad = g
-    else:
-        found.add_(g)
+    _accumulate([weight], [g])
     if bias is None:
         return
     g = dy.sum(0)
@@ -544,11 +566,7 @@ def _linear_weight_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
             g = dy.clone()  # .grad must not alias the stashed output gradient
     if cast:
         g = g.to(bias.dtype)
-    found = bias.grad
-    if found is None:
-        bias.grad = g
-    else:
-        found.add_(g)
+    _accumulate([bias], [g])
 
 
 def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
@@ -557,7 +575,7 @@ def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
     """`_linear_weight_grads` for many layers at once: the same ops, called from C
     (``map``) rather than a Python loop, and the gradients accumulated in bulk."""
     grads = list(map(torch.mm, map(torch.t, dys), xs))
-    _accumulate_all(weights, _in_dtypes(grads, weights) if cast else grads)
+    _accumulate(weights, _in_dtypes(grads, weights) if cast else grads)
     if biases is None:
         return
     sums = list(map(torch.sum, dys, repeat(0)))
@@ -566,41 +584,12 @@ def _linears_weight_grads(dys: Sequence[Any], xs: Sequence[torch.Tensor],
             if sums[at].shape != bias.shape:
                 g = dy.sum_to_size(bias.shape)
                 sums[at] = dy.clone() if g is dy else g
-    _accumulate_all(biases, _in_dtypes(sums, biases) if cast else sums)
+    _accumulate(biases, _in_dtypes(sums, biases) if cast else sums)
 
 
 def _in_dtypes(grads: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each gradient in its parameter's dtype (autocast's cast, undone)."""
     return list(map(torch.Tensor.to, grads, map(attrgetter("dtype"), params)))
-
-
-def _accumulate_all(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-    """Accumulate fresh gradients into `.grad` as autograd would: set them where
-    none is (the first microbatch), else add them in one ``_foreach_add_``. Each
-    parameter appears once in `params`."""
-    found = list(map(_GRAD, params))
-    if all(map(is_, found, repeat(None))):
-        deque(map(setattr, params, repeat("grad"), grads), maxlen=0)
-    elif all(map(is_not, found, repeat(None))):
-        access.foreach_add_(found, grads)
-    else:
-        for param, had, grad in zip(params, found, grads, strict=True):
-            if had is None:
-                param.grad = grad
-            else:
-                had.add_(grad)
-
-
-def _accumulate_copy(param: torch.Tensor, grad: torch.Tensor) -> None:
-    """Accumulate a gradient autograd returned for an uncovered parameter. The
-    first one is copied (in the parameter's layout, as autograd's AccumulateGrad
-    does when it cannot take the tensor): it may be the very tensor, or a view of
-    one, that flows on to other nodes, e.g. a stashed output gradient."""
-    found = param.grad
-    if found is None:
-        param.grad = torch.empty_like(param).copy_(grad)
-    else:
-        found.add_(grad)
 
 
 # --- B ---------------------------------------------------------------------------------
@@ -707,16 +696,10 @@ def backward_input(
             tensors.extend(kept.activations())
             gradients.append(dy)
     at += len(native)
-    norm_grads = found[at : at + len(in_b)]  # fresh from the norms' backward (or their sum)
-    if all(map(is_not, norm_grads, repeat(None))):
-        _accumulate_all(in_b, list(norm_grads))  # type: ignore[arg-type]
-    else:
-        for param, grad in zip(in_b, norm_grads, strict=True):
-            if grad is not None:
-                _accumulate_all([param], [grad])
-    for param, grad in zip(eager, found[at + len(in_b) :], strict=True):
-        if grad is not None:
-            _accumulate_copy(param, grad)
+    # Layer norms' gradients are fresh from their backward (or a sum); uncovered
+    # parameters' may flow on elsewhere, so the first is copied.
+    _accumulate(*_with_gradient(in_b, found[at : at + len(in_b)]))
+    _accumulate(*_with_gradient(eager, found[at + len(in_b) :]), copy=True)
     if many:
         return list(found[: len(wanted)])
     return found[0] if wanted else None
