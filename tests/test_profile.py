@@ -179,6 +179,19 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     assert report["stages"][0]["transfer_ms"] > 0 and report["stages"][1]["transfer_ms"] is None
     assert "gloo" in report["transfer_method"]
     assert "let profiled_stages = 2" in costs.read_text()
+    # the step besides passes (docs/language.md): the engine's overhead per pass, each
+    # stage's adam step, the norm all-reduce; written as cost statements stats times
+    step = report["step"]
+    assert step["optimizer"] == "adam" and len(step["optimizer_ms"]) == 2
+    assert all(x > 0 for x in step["optimizer_ms"]) and step["overhead_ms"] > 0
+    assert step["norm_ms"] > 0 and {"F0", "F1", "B0", "W1"} <= set(step["engine_pass_ms"])
+    text = costs.read_text()
+    assert "cost overhead = " in text and "cost optimizer[s] = " in text and "cost norm = " in text
+    run = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                 str(costs), "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)
+    assert stats["step_time"] >= stats["makespan"] + step["norm_ms"] + max(step["optimizer_ms"]) - 1e-3
     found = tmp_path / "found.pp"
     run = _ppdsl("search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
                  "--costs-from", str(costs), "-o", str(found), cwd=tmp_path)
