@@ -22,6 +22,7 @@ from ppdsl.runtime.profile import (
     Profile,
     StageProfile,
     StageTiming,
+    StepCosts,
     measure_collectives,
     measure_stage,
     measure_transfer,
@@ -80,6 +81,17 @@ def test_costs_file_round_trips(tmp_path: Path) -> None:
     assert c.forward == (1.25, 1.25) and c.backward_input == (2.5, 2.5)
     assert c.backward_weight == (1.125, 1.125) and c.fused_backward == (3.5, 3.5) and c.comm == 0.5
     assert m.activation == (1, 1) and m.weight_retained == (0.5, 0.5)
+    assert not c.models_step  # a profile without step costs: exactly the passes' model
+
+
+def test_step_costs_are_written_as_costs(tmp_path: Path) -> None:
+    """A profile's step costs (docs/runtime.md, "Profiling a model") come back from
+    the costs file as `cost overhead`, `cost optimizer[s]` and `cost norm`."""
+    path = tmp_path / "costs.pp"
+    step = StepCosts(0.0625, {"F0": 1.0}, (3.5, 4.25), "adam", 0.375)
+    path.write_text(to_costs_pp(replace(_profile(), step=step)))
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.overhead == (0.0625, 0.0625) and c.optimizer == (3.5, 4.25) and c.norm == 0.375
 
 
 def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
