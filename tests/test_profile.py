@@ -203,7 +203,9 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
                  str(costs), "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)
-    assert stats["step_time"] >= stats["makespan"] + step["norm_ms"] + max(step["optimizer_ms"]) - 1e-3
+    # each device's passes start after its optimizer step, the norm all-reduce ends the step
+    low = stats["makespan"] + step["norm_ms"] + min(step["optimizer_ms"])
+    assert low - 1e-3 <= stats["step_time"] <= low - min(step["optimizer_ms"]) + max(step["optimizer_ms"]) + 1e-3
     found = tmp_path / "found.pp"
     run = _ppdsl("search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
                  "--costs-from", str(costs), "-o", str(found), cwd=tmp_path)
