@@ -50,9 +50,9 @@ def stats_table(compiled: Compiled) -> str:
         f"{s.num_microbatches} microbatches, placement {s.placement.kind}, "
         f"{'split' if s.split_backward else 'fused'} backward",
         f"  makespan          {format_decimal(t.makespan)}",
-        *([f"  step time         {format_decimal(t.step_time)}   (makespan, then the norm "
-           f"all-reduce {format_decimal(s.costs.norm)} and the slowest device's optimizer step; "
-           "passes with their engine overhead)"] if s.costs.models_step else []),
+        *([f"  step time         {format_decimal(t.step_time)}   (each device's passes after "
+           "its optimizer step, with their engine overhead, then the norm all-reduce "
+           f"{format_decimal(s.costs.norm)})"] if s.costs.models_step else []),
         f"  bubble ratio      {float(t.bubble_ratio):.4f}   (zero-bubble paper: (span - busy) / span of the longest-span device)",
         f"  bubble time       {format_decimal(t.bubble_time)}",
         f"  idle fraction     {float(t.idle_fraction):.4f}   (1 - busy / (devices x makespan))",

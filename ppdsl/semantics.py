@@ -601,16 +601,15 @@ DEFAULT_STEP_COST = 0
 """A step cost (`STEP_COSTS`) is 0 unless the file gives it."""
 
 
-def step_time(
-    span_end: Sequence[float], optimizer: Sequence[float], norm: float
-) -> float:
-    """The whole training step, from the devices' last pass ends (`span_end`,
-    per device) and each device's optimizer step (`optimizer`, per device): the
-    norm all-reduce starts when the last device's passes end (every rank waits
-    in it), then each device steps its optimizer; the step ends with the
-    slowest. With no step costs it is the makespan."""
-    sync = max(span_end, default=0.0) + norm
-    return sync + max(optimizer, default=0.0)
+def step_time(last_end: Sequence[float], norm: float) -> float:
+    """The whole training step in steady state: every rank waits in the norm
+    all-reduce until the last device's passes end, then steps its optimizer,
+    then starts the next step's passes; so a device's passes start after its
+    own optimizer step, and the step runs from one all-reduce to the next.
+    `last_end`: per device, when its last pass ends with each device's passes
+    starting no earlier than its optimizer step (`cost optimizer` of its
+    stages); with no step costs it is the makespan."""
+    return max(last_end, default=0.0) + norm
 WRITES_WEIGHT_GRADIENTS = frozenset({PassKind.B, PassKind.W, PassKind.BW})
 """The pass kinds that add to a stage's weight gradients: W and BW,
 and B for the parameters a split does not defer to W."""

@@ -173,8 +173,8 @@ STEP_COSTS = COSTS.replace("}\n", """\
 
 def test_step_costs_time_the_whole_step(tmp_path: Path) -> None:
     """`cost overhead/optimizer/norm` (docs/language.md, costs of the whole step): every
-    pass holds its device for its cost plus its stage's overhead, and the step is the
-    makespan, then the norm all-reduce and the slowest device's optimizer step."""
+    pass holds its device for its cost plus its stage's overhead, and the step runs
+    from one norm all-reduce to the next, each device's passes after its optimizer step."""
     plain = compile_file(ONE_F_ONE_B, {"d": "2"}, costs=load_costs_file(_costs(tmp_path)))
     path = tmp_path / "step.pp"
     path.write_text(STEP_COSTS)
@@ -187,6 +187,12 @@ def test_step_costs_time_the_whole_step(tmp_path: Path) -> None:
     assert whole.timeline.busy[1] == plain.timeline.busy[1] + 2 * m * 0.25
     assert whole.timeline.makespan > plain.timeline.makespan
     assert whole.timeline.step_time == whole.timeline.makespan + 0.75 + 3.0
+    # each device's passes start after its own optimizer step (docs/language.md): at
+    # m=2 under unit costs, device 1 starts at 10 and device 0's backwards wait for it:
+    # F0 F1 on device 0 by 2, device 1 F0 BW0 F1 BW1 over 10..16, device 0 BW1 16..18
+    path.write_text("schedule c {\n    cost optimizer[s] = s == 0 ? 0 : 10\n}\n")
+    late = compile_file(ONE_F_ONE_B, {"d": "2", "m": "2"}, costs=load_costs_file(path))
+    assert late.timeline.makespan == 9 and late.timeline.step_time == 18
     # without step costs, the step is the makespan and the plan says nothing new
     assert plain.timeline.step_time == plain.timeline.makespan
     assert not plain.schedule.costs.models_step

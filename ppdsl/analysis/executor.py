@@ -105,9 +105,10 @@ def needs_of(flat: FlatSchedule, k: int) -> list[int]:
 @kernel
 def run_orders(
     offsets, kind, microbatch, stage, device, table, lane_length, need_kind, need_offset,
-    need_optional, joined, duration, comm,
+    need_optional, joined, duration, comm, device_start,
 ):  # pragma: no cover - numba
-    """Run every device's order. Returns (start, end, position, missing):
+    """Run every device's order, device dev's first pass no earlier than
+    `device_start[dev]` (zeros: all from 0). Returns (start, end, position, missing):
     `position[dev]` is how far device dev got (offsets[dev+1] when it finished
     its order); `missing`, how many needed passes absent from `table` the passes
     that ran had (complete only when every device finished).
@@ -133,7 +134,7 @@ def run_orders(
     end = np.zeros(n)
     done = np.zeros(n, dtype=np.bool_)
     position = offsets[:-1].copy()
-    free = np.zeros(num_devices)
+    free = device_start.copy()
     missing = 0
     moved = True
     while moved:
@@ -183,14 +184,18 @@ def run_orders(
     return start, end, position, missing
 
 
-def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float):
+def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
+             device_start: np.ndarray | None = None):
     """`run_orders` over `flat` (`duration` with 2 * NUM_KINDS rows when a pair
-    is overlapped). Assumes microbatches and stages are in range."""
+    is overlapped; `device_start`: per device, when it may start, default 0).
+    Assumes microbatches and stages are in range."""
     joined = flat.joined if flat.joined is not None else np.zeros(0, dtype=np.bool_)
+    if device_start is None:
+        device_start = np.zeros(flat.offsets.shape[0] - 1)
     return run_orders(
         flat.offsets, flat.kind, flat.microbatch, flat.stage,
         flat.device, flat.index_table(), _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET,
-        NEED_OPTIONAL, joined, duration, comm,
+        NEED_OPTIONAL, joined, duration, comm, np.asarray(device_start, dtype=np.float64),
     )
 
 
@@ -247,6 +252,7 @@ def _timed(
     start, end, position, missing = run_orders(
         offsets, kind, microbatch, stage, device, table, num_stages // lanes, need_kind,
         need_offset, need_optional, np.zeros(0, dtype=np.bool_), duration, comm,
+        np.zeros(offsets.shape[0] - 1),
     )
     # (the count covers every pass when every device finished its order)
     ok = missing == 0

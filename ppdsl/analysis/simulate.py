@@ -6,8 +6,9 @@ pass ran on another device (a transfer; none between two stages on one
 device). Nothing else waits: this is the "squeeze" of the controllable-memory
 paper, which re-times a fixed order as early as possible. A pass holds its
 device for its cost plus its stage's `overhead` (the runtime's work around a
-pass); the whole step (`Timeline.step_time`) adds the gradient-norm all-reduce
-and the optimizer step after the last pass (`semantics.step_time`).
+pass); the whole step (`Timeline.step_time`, `semantics.step_time`) runs from
+one gradient-norm all-reduce to the next: each device's passes start after its
+own optimizer step, and the all-reduce waits for the last pass.
 
 `simulate` runs a numba kernel over flat arrays; `simulate_reference`
 (tests/oracles/simulate.py) is plain Python written from the definition (a
@@ -78,9 +79,9 @@ class Timeline:
     """Per device, (time, memory) after every change: an F allocates at its
     start, a B/W/BW frees at its end. None unless asked for."""
     step_time: float = 0.0
-    """The whole training step (`semantics.step_time`): the makespan, then the
-    gradient-norm all-reduce and the slowest device's optimizer step; the
-    makespan when the costs declare no step cost."""
+    """The whole training step (`semantics.step_time`): each device's passes
+    started after its optimizer step, to the end of the last one, then the
+    gradient-norm all-reduce; the makespan when the costs declare no step cost."""
 
 
 def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
@@ -123,7 +124,22 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     # fsum: correctly rounded, so both simulators agree to the last bit; device by
     # device, so that no per-pass duration array is made
     busy = [math.fsum(_durations(flat, table, a, b)) for a, b in itertools.pairwise(offsets)]
-    return _timeline(schedule, starts, ends, busy, memory_over_time)
+    step = _step_time(schedule, flat, table) if schedule.costs.models_step else None
+    return _timeline(schedule, starts, ends, busy, memory_over_time, step_time=step)
+
+
+def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> float:
+    """`semantics.step_time`: the orders run again with each device's passes
+    starting after its optimizer step (the sum of its stages')."""
+    costs = schedule.costs
+    optimizer = np.zeros(schedule.num_devices)
+    if costs.optimizer:
+        for stage, device in enumerate(schedule.placement.stage_device):
+            optimizer[device] += costs.optimizer[stage]
+    _, end, _, _ = run_flat(flat, table, costs.comm, optimizer)
+    last = [max([float(optimizer[dev]), *end[a:b].tolist()])
+            for dev, (a, b) in enumerate(itertools.pairwise(flat.offsets.tolist()))]
+    return semantics.step_time(last, costs.norm)
 
 
 def _durations(flat: FlatSchedule, table: np.ndarray, a: int, b: int) -> list[float]:
@@ -147,6 +163,7 @@ def _timeline(
         [Schedule, tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]],
         tuple[tuple[tuple[float, float], ...], ...],
     ] | None = None,
+    step_time: float | None = None,
 ) -> Timeline:
     num_devices = schedule.num_devices
     span_start = tuple(s[0] if s else 0.0 for s in start)
@@ -159,14 +176,7 @@ def _timeline(
     total = num_devices * makespan
     idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
     profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
-    costs = schedule.costs
-    step = makespan
-    if costs.models_step:
-        optimizer = [0.0] * num_devices
-        if costs.optimizer:
-            for stage, device in enumerate(schedule.placement.stage_device):
-                optimizer[device] += costs.optimizer[stage]
-        step = semantics.step_time(span_end, optimizer, costs.norm)
+    step = makespan if step_time is None else step_time
     return Timeline(
         start=start,
         end=end,

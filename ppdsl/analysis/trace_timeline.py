@@ -74,9 +74,10 @@ class TimelineReport:
     measured_step_ms: float
     """The median over steps of the longest rank's step."""
     predicted_step_ms: float | None
-    """The simulated makespan under the schedule's costs (None: not in ms)."""
+    """The simulated step (`Timeline.step_time`: the makespan, plus the step
+    costs when the costs declare them) under the schedule's costs (None: not in ms)."""
     resimulated_step_ms: float
-    """The simulated makespan under the run's own median pass times."""
+    """The simulated step under the run's own median pass times."""
     slips: tuple[Slip, ...]
     """The largest slips, largest first."""
 
@@ -138,8 +139,8 @@ def compare_timeline(
         outside_ms={r: {c: _median(v[c]) for c in OUTSIDE_CAUSES}
                     for r, v in sorted(outside.items())},
         measured_step_ms=_median(list(longest.values())),
-        predicted_step_ms=float(timeline.makespan) if costs_in_ms else None,
-        resimulated_step_ms=float(resimulated.makespan),
+        predicted_step_ms=float(timeline.step_time) if costs_in_ms else None,
+        resimulated_step_ms=float(resimulated.step_time),
         slips=tuple(_slips(mine, own, resimulated.start, resimulated.end, top)),
     )
 
@@ -156,7 +157,10 @@ def _own_costs(
         for kind in PassKind
     }
     comm = costs.comm if costs_in_ms else 0.0
-    return replace(schedule, costs=Costs.by_kind(per_kind, comm, overlap=costs.overlap))
+    own = Costs.by_kind(per_kind, comm, overlap=costs.overlap)
+    if costs_in_ms:  # the file's step costs (overhead, optimizer, norm) stay
+        own = own.with_step_costs(costs.overhead, costs.optimizer, costs.norm)
+    return replace(schedule, costs=own)
 
 
 def _slips(

@@ -2,7 +2,9 @@
 (fused), T_I and T_W of the B/W split, the plain stage's forward, M_B and M_W in
 bytes, the bytes each stage sends on and the time to move them. `-o FILE` writes
 them as `cost` and `memory` statements that check, show, stats, compare, search,
-compile and run take with `--costs-from FILE`: the zero-bubble paper's loop,
+compile and run take with `--costs-from FILE`; with them the step's costs besides
+passes (`cost overhead`: the engine's work per pass, its passes run through
+`PipelineRunner`; `cost optimizer[s]`; `cost norm`: the gradient-norm all-reduce): the zero-bubble paper's loop,
 profile then schedule, on your model and your hardware.
 
 On CPU the profile runs on one thread unless OMP_NUM_THREADS says otherwise, as
@@ -65,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and cost gather (all-gather) of its parameter bytes")
     parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
                         help="what cost reduce measures (default replicate: an all-reduce)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adam",
+                        help="the optimizer whose step per stage `cost optimizer[s]` measures, "
+                        "as `ppdsl run --optimizer` (default adam); none: measure no step costs "
+                        "(overhead, optimizer, norm)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("-o", "--output", metavar="COSTS.pp", default=None,
                         help="write cost and memory statements for --costs-from")
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             warmup=args.warmup, repeats=args.repeats, transfer=not args.no_transfer,
             progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
             precision=args.precision,
+            optimizer=None if args.optimizer == "none" else args.optimizer,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

@@ -104,7 +104,9 @@ def _compile(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[Compiled, 
         per_kind = {k: run_costs[k.value] for k in PassKind if k.value in run_costs}
         if all(len(v) == schedule.num_stages for v in per_kind.values()):
             costs = Costs.by_kind(per_kind, float(run_costs.get("comm", 0.0)),
-                                  overlap=schedule.costs.overlap)
+                                  overlap=schedule.costs.overlap).with_step_costs(
+                run_costs.get("overhead", ()), run_costs.get("optimizer", ()),
+                float(run_costs.get("norm", 0.0)))
             return replace(compiled, schedule=replace(schedule, costs=costs)), True
     return compiled, False
 

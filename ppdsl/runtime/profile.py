@@ -55,7 +55,10 @@ __all__ = [
     "StageProfile",
     "Profile",
     "StageTiming",
+    "StepCosts",
     "measure_stage",
+    "measure_engine",
+    "measure_norm_reduce",
     "measure_transfer",
     "profile_model",
     "to_costs_pp",
@@ -125,6 +128,27 @@ class StageProfile:
 
 
 @dataclass(frozen=True)
+class StepCosts:
+    """The costs of a training step besides its passes and transfers (ms):
+    `cost overhead`, `cost optimizer[s]`, `cost norm` (`semantics.STEP_COSTS`)."""
+
+    overhead_ms: float
+    """The runtime's own work per pass: the stages' passes run through the
+    engine (`PipelineRunner` on one process, every stage on it), its step time
+    less the time inside passes, over the passes."""
+    engine_pass_ms: dict[str, float]
+    """The median pass time as the engine ran it, per `KIND` + stage (`F0`),
+    beside the profile's own (same clock: wall time)."""
+    optimizer_ms: tuple[float, ...]
+    """Per stage, the optimizer step of its parameters (with their norms)."""
+    optimizer: str
+    """The optimizer timed (`ppdsl run --optimizer`'s choices)."""
+    norm_ms: float | None
+    """The gradient-norm all-reduce between two gloo processes (None: not
+    measured, e.g. --no-transfer)."""
+
+
+@dataclass(frozen=True)
 class Profile:
     """What `ppdsl profile` measured."""
 
@@ -154,6 +178,9 @@ class Profile:
     tf32: str = "n/a"
     """On CUDA, whether float32 matmuls and convolutions may use TF32 (they
     change fp32 times several-fold): torch's settings when measured."""
+    step: StepCosts | None = None
+    """What a training step spends besides passes and transfers (None: not
+    measured)."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -205,6 +232,7 @@ class Profile:
             "dp_mode": self.dp_mode,
             "collective_method": self.collective_method,
             "memory_unit_bytes": self.memory_unit_bytes(),
+            "step": asdict(self.step) if self.step is not None else None,
             "stages": stages,
         }
 
@@ -250,6 +278,15 @@ class Profile:
                     f"{s.reduce_ms if s.reduce_ms is not None else float('nan'):.3f} ms, all-gather "
                     f"{s.gather_ms if s.gather_ms is not None else float('nan'):.3f} ms over {self.dp} ranks")
             lines.append(f"collectives: {self.collective_method}")
+        if self.step is not None:
+            st = self.step
+            engine = "  ".join(f"{k} {v:.3f}" for k, v in st.engine_pass_ms.items())
+            lines.append(
+                f"step besides passes: engine overhead {st.overhead_ms:.3f} ms per pass; "
+                f"{st.optimizer} step " + ", ".join(f"{x:.3f}" for x in st.optimizer_ms)
+                + " ms per stage; norm all-reduce "
+                + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured"))
+            lines.append(f"passes as the engine ran them (wall ms): {engine}")
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -653,6 +690,120 @@ def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str)
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
+# --- the step besides passes ------------------------------------------------------
+
+_ENGINE_SCHEDULE = """\
+# every stage on one process, each microbatch's passes back to back: what
+# `ppdsl profile` runs through the engine to time its work between passes
+schedule engine_profile {{
+    param d = 1
+    param v = {num_stages}
+    param m = {num_microbatches}
+    place looped(v)
+    backward split
+    order {{
+        for c in chunks {{ for j in 0..m {{ F(j, c) }} }}
+        for c in reversed(chunks) {{ for j in 0..m {{ B(j, c); W(j, c) }} }}
+    }}
+}}
+"""
+
+
+def measure_engine(
+    model: Any, num_stages: int, microbatch_size: int, device: torch.device, *,
+    optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
+    precision: str = "fp32", clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, dict[str, float], tuple[float, ...]]:
+    """(engine overhead per pass in ms, the engine's median pass times in ms by
+    `KIND` + stage, the optimizer step per stage in ms): the model's stages run
+    as the runtime runs them (`PipelineRunner` over every stage on this one
+    process, in a one-process gloo group), then each stage's `optimizer` step
+    with its gradient norms (as `OptimizerStep` computes them), timed by `clock`."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from ppdsl.runtime.optim import make_optimizer
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+    from ppdsl.runtime.trace import Tracer
+
+    if dist.is_initialized():
+        raise RuntimeError("measure_engine starts its own one-process group: call it "
+                           "outside torch.distributed")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "engine_profile.pp"
+        path.write_text(_ENGINE_SCHEDULE.format(num_stages=num_stages,
+                                                num_microbatches=num_microbatches))
+        schedule = load_schedule(path)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            runner = PipelineRunner(schedule, model.stage, model.loss, device=device,
+                                    precision=precision, note=lambda text: None)
+            tracer = Tracer(0, device)
+            runner.tracer = tracer
+            tracer.start()
+            inputs, targets = model.batch(0, microbatch_size * num_microbatches)
+            overheads: list[float] = []
+            for rep in range(warmup + repeats):
+                for p in runner.parameters():
+                    p.grad = None
+                tracer.timed = rep >= warmup
+                runner.step(inputs, targets)
+                result = runner.last_result
+                assert result is not None
+                if rep >= warmup:
+                    passes = len(schedule.plan.orders[0])
+                    overheads.append((result.step_time - result.compute_time) / passes)
+            tracer.events.clear()
+            optimizer_ms = []
+            for stage in range(num_stages):
+                params = [p for p in runner.stages[stage].parameters() if p.grad is not None]
+                opt = make_optimizer(optimizer, params, 1e-9)
+                times = []
+                for rep in range(warmup + repeats):
+                    t0 = clock()
+                    with torch.no_grad():
+                        if params:
+                            torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
+                        opt.step()
+                    _sync(device)
+                    if rep >= warmup:
+                        times.append(clock() - t0)
+                optimizer_ms.append(statistics.median(times) * 1e3)
+        finally:
+            dist.destroy_process_group()
+    engine = {f"{kind}{stage}": statistics.median(v)
+              for (kind, stage), v in sorted(tracer.durations.items()) if stage >= 0}
+    return statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms)
+
+
+_NORM = """
+import json, statistics, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+repeats = json.loads(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+flags = torch.zeros(2, dtype=torch.float64)
+times = []
+for rep in range(repeats + 3):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(flags)
+    if rep >= 3:
+        times.append(time.perf_counter() - t0)
+dist.destroy_process_group()
+print(json.dumps(statistics.median(times) * 1e3))
+"""
+
+
+def measure_norm_reduce(repeats: int = 20) -> float:
+    """Median ms of the optimizer's gradient-norm all-reduce (two float64: the
+    squared norm and the inf/NaN count, `OptimizerStep`) between two gloo
+    processes on loopback, as `ppdsl run`'s pipeline ranks make it on CPU."""
+    return float(_run_gloo(_NORM, 2, repeats, 120, "the two-process norm all-reduce"))
+
+
 # --- the whole model ---------------------------------------------------------------
 
 
@@ -686,6 +837,7 @@ def profile_model(
     dp: int = 1,
     dp_mode: str = "replicate",
     precision: str = "fp32",
+    optimizer: str | None = "adam",
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -695,7 +847,10 @@ def profile_model(
     `dp` > 1 also measures each stage's data-parallel collectives over `dp` gloo
     processes (`cost reduce`: all-reduce, or reduce-scatter with `dp_mode`
     "shard"; `cost gather`: all-gather). `precision`: fp32, or bf16/fp16 under
-    autocast (as `ppdsl run --precision`)."""
+    autocast (as `ppdsl run --precision`). `optimizer` (sgd, adam, adamw; None:
+    not measured): also measure the step besides passes (`StepCosts`: the
+    engine's overhead per pass, that optimizer's step per stage and, with
+    `transfer`, the norm all-reduce)."""
     if norms not in ("b", "w"):
         raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
     if precision not in ("fp32", "bf16", "fp16"):
@@ -769,6 +924,20 @@ def profile_model(
             progress("collectives", 1.0)
         found, collective_method = measure_collectives(param_bytes, dp, device=device)
         collectives = list(found)
+    step = None
+    if optimizer is not None:
+        if progress is not None:
+            progress("engine", 1.0)
+        try:
+            overhead, engine, optimizer_ms = measure_engine(
+                build_model(spec, num_stages), num_stages, microbatch_size, device,
+                optimizer=optimizer, precision=precision, clock=clock,
+            )
+        except Exception as exc:  # the user's model under the engine: report, don't crash
+            raise ModelError(f"--model {spec!r}: running its stages through the engine "
+                             f"failed: {type(exc).__name__}: {exc}") from exc
+        norm = measure_norm_reduce() if transfer and num_stages > 1 else None
+        step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
@@ -792,6 +961,7 @@ def profile_model(
         dp=dp,
         dp_mode=dp_mode,
         collective_method=collective_method,
+        step=step,
     )
 
 
@@ -825,6 +995,17 @@ def _per_stage(values: list[str]) -> str:
     return text
 
 
+def _step_statements(step: StepCosts | None) -> list[str]:
+    """`cost overhead`, `cost optimizer[s]`, `cost norm` (those measured)."""
+    if step is None:
+        return []
+    lines = [f"    cost overhead = {_decimal(step.overhead_ms)}",
+             "    cost optimizer[s] = " + _per_stage([_decimal(x) for x in step.optimizer_ms])]
+    if step.norm_ms is not None:
+        lines.append(f"    cost norm = {_decimal(step.norm_ms)}")
+    return lines
+
+
 def to_costs_pp(profile: Profile, command: str | None = None) -> str:
     """The profile as a `.pp` file of `cost` and `memory` statements (per stage)
     that `--costs-from` reads: costs in milliseconds, memory in units of the mean
@@ -855,6 +1036,9 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
            + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
           if profile.dp > 1 else []),
         *rows,
+        *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
+           f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "
+           "all-reduce between two gloo processes"] if profile.step is not None else []),
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",
@@ -867,6 +1051,7 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
             "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),
             "    cost gather[s] = " + _per_stage([_decimal(s.gather_ms or 0.0) for s in stages]),
         ] if profile.dp > 1 else []),
+        *_step_statements(profile.step),
         "    memory M_B[s] = "
         + _per_stage([_decimal(s.timing.activation_bytes / unit) for s in stages]),
         "    memory M_W[s] = "

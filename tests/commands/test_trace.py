@@ -64,6 +64,26 @@ def test_time_outside_passes_by_cause() -> None:
     assert report.predicted_step_ms is None
 
 
+def test_prediction_is_the_whole_step(tmp_path: Path) -> None:
+    """Under costs with step costs (docs/language.md: overhead, optimizer, norm) the
+    trace's prediction is the simulated whole step, and the re-simulation under the
+    run's own pass times keeps those step costs."""
+    from ppdsl.analysis.trace_check import steps_of
+    from ppdsl.analysis.trace_timeline import compare_timeline
+    from ppdsl.costs_file import load_costs_file
+
+    costs = tmp_path / "costs.pp"
+    costs.write_text("schedule c {\n    cost F = 1\n    cost B = 1\n    cost W = 1\n"
+                     "    cost overhead = 0.25\n    cost optimizer = 2\n    cost norm = 0.5\n}\n")
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"}, costs=load_costs_file(costs))
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    report = compare_timeline(steps_of(trace), compiled.schedule, costs_in_ms=True)
+    assert report.predicted_step_ms == compiled.timeline.step_time
+    assert report.predicted_step_ms == compiled.timeline.makespan + 0.5 + 2
+    # the trace's passes last 1 ms, as the costs say: the same step again
+    assert report.resimulated_step_ms == pytest.approx(report.predicted_step_ms)
+
+
 def test_swapped_passes_fail_with_located_message(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
     """Two passes of one rank run in the other order: exit 1, naming the trace,
     rank, step and where the order differs."""

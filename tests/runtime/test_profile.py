@@ -22,6 +22,7 @@ from ppdsl.runtime.profile import (
     Profile,
     StageProfile,
     StageTiming,
+    StepCosts,
     measure_collectives,
     measure_stage,
     measure_transfer,
@@ -80,6 +81,17 @@ def test_costs_file_round_trips(tmp_path: Path) -> None:
     assert c.forward == (1.25, 1.25) and c.backward_input == (2.5, 2.5)
     assert c.backward_weight == (1.125, 1.125) and c.fused_backward == (3.5, 3.5) and c.comm == 0.5
     assert m.activation == (1, 1) and m.weight_retained == (0.5, 0.5)
+    assert not c.models_step  # a profile without step costs: exactly the passes' model
+
+
+def test_step_costs_are_written_as_costs(tmp_path: Path) -> None:
+    """A profile's step costs (docs/runtime.md, "Profiling a model") come back from
+    the costs file as `cost overhead`, `cost optimizer[s]` and `cost norm`."""
+    path = tmp_path / "costs.pp"
+    step = StepCosts(0.0625, {"F0": 1.0}, (3.5, 4.25), "adam", 0.375)
+    path.write_text(to_costs_pp(replace(_profile(), step=step)))
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.overhead == (0.0625, 0.0625) and c.optimizer == (3.5, 4.25) and c.norm == 0.375
 
 
 def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
@@ -179,6 +191,21 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     assert report["stages"][0]["transfer_ms"] > 0 and report["stages"][1]["transfer_ms"] is None
     assert "gloo" in report["transfer_method"]
     assert "let profiled_stages = 2" in costs.read_text()
+    # the step besides passes (docs/language.md): the engine's overhead per pass, each
+    # stage's adam step, the norm all-reduce; written as cost statements stats times
+    step = report["step"]
+    assert step["optimizer"] == "adam" and len(step["optimizer_ms"]) == 2
+    assert all(x > 0 for x in step["optimizer_ms"]) and step["overhead_ms"] > 0
+    assert step["norm_ms"] > 0 and {"F0", "F1", "B0", "W1"} <= set(step["engine_pass_ms"])
+    text = costs.read_text()
+    assert "cost overhead = " in text and "cost optimizer[s] = " in text and "cost norm = " in text
+    run = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                 str(costs), "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)
+    # each device's passes start after its optimizer step, the norm all-reduce ends the step
+    low = stats["makespan"] + step["norm_ms"] + min(step["optimizer_ms"])
+    assert low - 1e-3 <= stats["step_time"] <= low - min(step["optimizer_ms"]) + max(step["optimizer_ms"]) + 1e-3
     found = tmp_path / "found.pp"
     run = _ppdsl("search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
                  "--costs-from", str(costs), "-o", str(found), cwd=tmp_path)
