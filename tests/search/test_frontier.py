@@ -284,7 +284,7 @@ def test_cli_frontier_dualpipe_points_compile_with_their_memory_and_bubble(tmp_p
     """`ppdsl search --frontier --placement dualpipe --parameter-memory 1/2`: every
     point's .pp file proves (`ppdsl check`) with the JSON's activation peak and
     bubble; a DualPipe point or named file holds the parameters twice, so its memory
-    is its activation plus 1/2 (docs/search.md, "DualPipe")."""
+    is its activation plus 1/2 (README, "The memory–throughput frontier")."""
     done = _run(
         ["-d", "2", "-m", "4", "--placement", "dualpipe", "--evaluations", "50",
          "--levels", "4", "--parameter-memory", "1/2", "--json", "--pp-dir", "pp",
