@@ -7,7 +7,7 @@ the rest is not: which class a native node has, the tensors a node saved
 named after the op's arguments), the argument lists of the native backward ops
 that compute a node's weight half, the autograd engine's entry point, and a
 ``GradientEdge`` built without its Python constructor. Each is here, named by
-what it reads, and tests/test_autograd_access.py pins each against the installed
+what it reads, and tests/runtime/test_autograd_access.py pins each against the installed
 torch: a torch release that renames one fails that test by name instead of
 training silently wrong. Every name used exists in torch 2.11 and 2.13.
 """
