@@ -24,8 +24,7 @@ from ppdsl.runtime.checkpoint import (
     save_checkpoint,
 )
 from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 @pytest.fixture(scope="module")

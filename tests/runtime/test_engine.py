@@ -6,7 +6,6 @@ on the same model; transfers between ranks are tests/test_runtime_dist.py's."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from ppdsl.runtime.group import LaneEnds
 from ppdsl.runtime.pipeline import load_schedule
 from ppdsl.runtime.structure import flatten
 from ppdsl.semantics import PassKind
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 M = 2  # microbatches
 ROWS = 3  # rows per microbatch
 

@@ -24,8 +24,7 @@ from ppdsl.runtime.group import (
     transfer_tag,
 )
 from ppdsl.runtime.pipeline import load_schedule
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 def test_tag_ranges_are_disjoint_and_each_allocator_stays_in_its_own() -> None:
