@@ -34,7 +34,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from fractions import Fraction
@@ -265,38 +265,26 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _digest(runner: PipelineRunner) -> str:
-    """sha256 of this rank's parameters' bytes (a sharded one's shard), in name order
-    (to compare runs)."""
+def _digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 of named tensors (each name, then its bytes), in the order given: to
+    compare runs and replicas."""
     h = hashlib.sha256()
-    for name, p in runner.named_parameters():
+    for name, t in named:
         h.update(name.encode())
-        h.update(_bytes(local_tensor(p.detach())))
+        h.update(_bytes(t.detach()))
     return h.hexdigest()
 
 
-def _whole_digest(runner: PipelineRunner) -> str:
-    """sha256 of this rank's whole parameters (a sharded one gathered over its DP
-    group: collective), in name order: the same on every replica when they agree."""
-    h = hashlib.sha256()
-    for name, p in runner.named_parameters():
-        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-        h.update(name.encode())
-        h.update(_bytes(whole.detach()))
-    return h.hexdigest()
+def _parameters_digest(runner: PipelineRunner, *, whole: bool = False) -> str:
+    """`_digest` of this rank's parameters in name order: a sharded one's local
+    shard, or with `whole` the whole parameter (gathered over its DP group:
+    collective; the same on every replica when they agree)."""
+    def value(p: torch.Tensor) -> torch.Tensor:
+        if whole:
+            return p.full_tensor() if hasattr(p, "full_tensor") else p
+        return local_tensor(p.detach())
 
-
-def _buffers_digest(runner: PipelineRunner) -> str | None:
-    """sha256 of this rank's module buffers (BatchNorm's statistics), in name
-    order; None when its stages hold none."""
-    h = hashlib.sha256()
-    found = False
-    for s, module in sorted(runner.stages.items()):
-        for name, buf in module.named_buffers():
-            found = True
-            h.update(f"stage{s}.{name}".encode())
-            h.update(_bytes(buf.detach()))
-    return h.hexdigest() if found else None
+    return _digest((name, value(p)) for name, p in runner.named_parameters())
 
 
 def _validate(
@@ -608,6 +596,8 @@ def _run(
     ratios = runner.measured_mw_ratio()
     kept_ratios = runner.measured_mi_ratio()
     real_memory = _with_real_mw(plan.memory, ratios, kept_ratios)
+    buffers = [(f"stage{s}.{name}", buf) for s, module in sorted(runner.stages.items())
+               for name, buf in module.named_buffers()]
     mine = {
         "rank": rank,
         "pp_rank": pp_rank,
@@ -628,9 +618,9 @@ def _run(
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
         "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
         "eval_losses": {str(k + 1): v.hex() for k, v in sorted(evals.items())},
-        "parameters_sha256": _digest(runner),
-        "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
-        "buffers_sha256": _buffers_digest(runner),
+        "parameters_sha256": _parameters_digest(runner),
+        "whole_parameters_sha256": _parameters_digest(runner, whole=True) if dp > 1 else None,
+        "buffers_sha256": _digest(buffers) if buffers else None,
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
