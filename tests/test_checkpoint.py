@@ -15,8 +15,8 @@ from torch import nn
 
 from ppdsl.runtime.checkpoint import (
     IDENTITY_FILE,
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
