@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ppdsl.runtime.group import gather
+
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path",
            "CheckpointError", "Checkpointer", "run_identity", "identity_differences"]
 
@@ -245,10 +247,8 @@ def run_identity(
                  for name, p in module.named_parameters()]
         for s, module in sorted(runner.stages.items())
     }
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
     parameters: dict[str, Any] = {}
-    for found in everyone:
+    for found in gather(mine):
         parameters.update(found)
     return {
         "schedule": plan.name,

@@ -568,12 +568,13 @@ def _save_collective(model: Any, out: str | Path, stages: dict[int, nn.Module]) 
     """Every process offers its stages' parameters; process 0 writes `out`."""
     import torch.distributed as dist
 
+    from ppdsl.runtime.group import gather
+
     mine = stage_tensors(stages)
     if not dist.is_initialized():
         save_pretrained(model, out, mine)
         return
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    everyone = gather(mine)
     if dist.get_rank() == 0:
         merged: dict[str, torch.Tensor] = {}
         for part in everyone:

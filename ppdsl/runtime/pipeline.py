@@ -42,7 +42,7 @@ from torch import nn
 
 from ppdsl.backend.plan import Plan, plan_from_schedule
 from ppdsl.ir.rank import Op
-from ppdsl.ir.schedule import MemoryModel
+from ppdsl.ir.schedule import MemoryModel, torch_actions
 from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.data_parallel import MODES, DataParallel, shard_stages
 from ppdsl.runtime.engine import Engine, Hooks, StepResult
@@ -107,7 +107,7 @@ class CompiledPipeline:
     def torch_actions(self) -> list[list[str]]:
         """Per rank, torch.distributed.pipelining's action strings (`0F1`, `0I1`,
         `0W1`, `0B1`)."""
-        return [[f"{s}{k.torch_letter}{mb}" for k, mb, s in order] for order in self.plan.orders]
+        return [torch_actions(order.passes) for order in self.plan.orders]
 
 
 def load_schedule(

@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -372,41 +372,24 @@ def measure_stage(
             return x, x
         return x, None
 
-    def plain() -> tuple[float, float]:
+    def timed(split_backward: bool) -> list[float]:
+        """Seconds of each pass of one microbatch: F, BW (plain) or F, B, W (split)."""
         for p in params:
             p.grad = None
         x, wanted = fresh()
+        last = PassKind.W if split_backward else PassKind.BW
         _sync(device)
-        t0 = watch.mark()
-        with _precision_context(device, precision):
-            out = finish(stage(x))
-        _sync(device)
-        t1 = watch.mark()
-        torch.autograd.backward(out, grad_output)
-        del out  # the graph goes with the pass, as in the runtime (and in `split`)
-        t2 = watch.mark()
-        _sync(device)
-        return watch.seconds(t0, t1), watch.seconds(t1, t2)
-
-    def split() -> tuple[float, float, float]:
-        for p in params:
-            p.grad = None
-        x, wanted = fresh()
-        stash = WStash()
-        _sync(device)
-        t0 = watch.mark()
-        with _precision_context(device, precision):
-            out = finish(stage(x))
-        _sync(device)
-        t1 = watch.mark()
-        backward_input(out, grad_output, wanted, stash, norms=norms)
-        del out
-        _sync(device)
-        t2 = watch.mark()
-        stash.run()
-        t3 = watch.mark()
-        _sync(device)
-        return watch.seconds(t0, t1), watch.seconds(t1, t2), watch.seconds(t2, t3)
+        marks = [watch.mark()]
+        for kind, _ in _one_microbatch(stage, x, wanted, finish, grad_output, device,
+                                       split_backward=split_backward, norms=norms,
+                                       precision=precision):
+            if kind is last:  # recorded behind the pass's work, which is then drained
+                marks.append(watch.mark())
+                _sync(device)
+            else:
+                _sync(device)
+                marks.append(watch.mark())
+        return [watch.seconds(a, b) for a, b in zip(marks, marks[1:], strict=False)]
 
     plain_f: list[float] = []
     plain_b: list[float] = []
@@ -421,11 +404,11 @@ def measure_stage(
         for rep in range(total):
             # Alternate which run goes first: caches and clock drift hit both alike.
             if rep % 2 == 0:
-                pf, pb = plain()
-                sf, si, sw = split()
+                pf, pb = timed(split_backward=False)
+                sf, si, sw = timed(split_backward=True)
             else:
-                sf, si, sw = split()
-                pf, pb = plain()
+                sf, si, sw = timed(split_backward=True)
+                pf, pb = timed(split_backward=False)
             if rep >= warmup:
                 plain_f.append(pf)
                 plain_b.append(pb)
@@ -478,23 +461,55 @@ def _memory(
     meter = MemoryMeter(stage.parameters())
     key = (0, 0)
     x, wanted = fresh()
-    with meter.saving(key), _precision_context(x.device, precision):
+    for kind, stash in _one_microbatch(stage, x, wanted, finish, grad_output, x.device,
+                                       split_backward=split_backward, norms=norms,
+                                       precision=precision, saving=meter.saving(key)):
+        if kind is PassKind.F:
+            meter.after(PassKind.F, key, Fraction(1))
+        elif kind is PassKind.B:
+            assert stash is not None
+            meter.set_stash(key, stash.tensors, stash.gradients)
+            meter.after(PassKind.B, key, Fraction(1))
+    for p in stage.parameters():
+        p.grad = None
+    if not split_backward:
+        return meter.f_bytes[key], 0, 0
+    return meter.f_bytes[key], meter.after_b[key], meter.peak_gradient_bytes
+
+
+def _one_microbatch(
+    stage: torch.nn.Module,
+    x: torch.Tensor,
+    wanted: torch.Tensor | None,
+    finish: Callable[[torch.Tensor], torch.Tensor],
+    grad_output: torch.Tensor | None,
+    device: torch.device,
+    *,
+    split_backward: bool,
+    norms: str,
+    precision: str,
+    saving: contextlib.AbstractContextManager[Any] | None = None,
+) -> Iterator[tuple[PassKind, WStash | None]]:
+    """One microbatch through `stage` as the runtime's passes run it: F (under
+    `saving`, e.g. the meter's hooks, and the precision's autocast), then the
+    fused backward BW, or B (`split.backward_input` into a W stash) and W (the
+    stash run). Yields (kind, the stash once B has filled it) after each pass, so
+    that the caller times or measures it there; the graph goes with its pass."""
+    with saving if saving is not None else contextlib.nullcontext(), \
+            _precision_context(device, precision):
         out = finish(stage(x))
-    meter.after(PassKind.F, key, Fraction(1))
+    yield PassKind.F, None
     if not split_backward:
         torch.autograd.backward(out, grad_output)
-        for p in stage.parameters():
-            p.grad = None
-        return meter.f_bytes[key], 0, 0
+        del out
+        yield PassKind.BW, None
+        return
     stash = WStash()
     backward_input(out, grad_output, wanted, stash, norms=norms)
     del out
-    meter.set_stash(key, stash.tensors, stash.gradients)
-    meter.after(PassKind.B, key, Fraction(1))
+    yield PassKind.B, stash
     stash.run()
-    for p in stage.parameters():
-        p.grad = None
-    return meter.f_bytes[key], meter.after_b[key], meter.peak_gradient_bytes
+    yield PassKind.W, stash
 
 
 # --- transfers -------------------------------------------------------------------

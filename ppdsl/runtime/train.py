@@ -34,8 +34,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -54,7 +54,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor
 from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
-from ppdsl.runtime.group import agree, differing, placement_of
+from ppdsl.runtime.group import agree, differing, gather, placement_of
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.memory import DevicePeak
 from ppdsl.runtime.model import LossError, ModelError, build_model
@@ -266,38 +266,26 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _digest(runner: PipelineRunner) -> str:
-    """sha256 of this rank's parameters' bytes (a sharded one's shard), in name order
-    (to compare runs)."""
+def _digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 of named tensors (each name, then its bytes), in the order given: to
+    compare runs and replicas."""
     h = hashlib.sha256()
-    for name, p in runner.named_parameters():
+    for name, t in named:
         h.update(name.encode())
-        h.update(_bytes(local_tensor(p.detach())))
+        h.update(_bytes(t.detach()))
     return h.hexdigest()
 
 
-def _whole_digest(runner: PipelineRunner) -> str:
-    """sha256 of this rank's whole parameters (a sharded one gathered over its DP
-    group: collective), in name order: the same on every replica when they agree."""
-    h = hashlib.sha256()
-    for name, p in runner.named_parameters():
-        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-        h.update(name.encode())
-        h.update(_bytes(whole.detach()))
-    return h.hexdigest()
+def _parameters_digest(runner: PipelineRunner, *, whole: bool = False) -> str:
+    """`_digest` of this rank's parameters in name order: a sharded one's local
+    shard, or with `whole` the whole parameter (gathered over its DP group:
+    collective; the same on every replica when they agree)."""
+    def value(p: torch.Tensor) -> torch.Tensor:
+        if whole:
+            return p.full_tensor() if hasattr(p, "full_tensor") else p
+        return local_tensor(p.detach())
 
-
-def _buffers_digest(runner: PipelineRunner) -> str | None:
-    """sha256 of this rank's module buffers (BatchNorm's statistics), in name
-    order; None when its stages hold none."""
-    h = hashlib.sha256()
-    found = False
-    for s, module in sorted(runner.stages.items()):
-        for name, buf in module.named_buffers():
-            found = True
-            h.update(f"stage{s}.{name}".encode())
-            h.update(_bytes(buf.detach()))
-    return h.hexdigest() if found else None
+    return _digest((name, value(p)) for name, p in runner.named_parameters())
 
 
 def _validate(
@@ -349,6 +337,68 @@ def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> 
     return "\n".join(lines)
 
 
+@dataclass
+class _Run:
+    """One rank's run, as its start-up leaves it for the loop and the summary."""
+
+    plan: Plan
+    opts: argparse.Namespace
+    rank: int
+    world: int
+    device: torch.device
+    watchdog: Watchdog
+    model: Any
+    """The user's model (`ppdsl.runtime.model`): stages, loss, batches."""
+    runner: PipelineRunner
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    stepper: OptimizerStep
+    checkpointer: Checkpointer | None
+    export: Callable[[Path], None] | None
+    """What a checkpoint also writes (the model as transformers files), or None."""
+    first_step: int
+    """The first step to run (0-based; after a resume, the checkpoint's step)."""
+    last_step: int
+    """One past the last step this run trains (`--stop-after` may stop it early)."""
+    batch_size: int
+    replica: int
+    pp_rank: int
+    tracer: Tracer
+    device_peak: DevicePeak | None
+    step_times: list[float] = field(default_factory=list)
+    """Each timed step's time (slowest rank), the first step left out."""
+    shares: list[float] = field(default_factory=list)
+    """Each timed step's share of this rank's time inside passes."""
+    losses: dict[int, float] = field(default_factory=dict)
+    """Per step (0-based): the batch's mean loss, the mean over the replicas."""
+    evals: dict[int, float] = field(default_factory=dict)
+    """Per step evaluated after: the validation loss."""
+    peak_bytes: int = 0
+    """The meter's largest activation peak, in bytes."""
+    peak_units: Fraction = Fraction(0)
+    """The same peak in the compiler's units (M_B)."""
+    last_saved: int | None = None
+    """The step of the last checkpoint saved (or resumed from), or None."""
+    pending: tuple[Any, torch.Tensor, int] | None = None
+    """The last step's line, its numbers being all-reduced in the background."""
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas."""
+        return int(self.opts.dp)
+
+    @property
+    def share(self) -> slice:
+        """This replica's rows of each batch."""
+        each = self.batch_size // self.dp
+        return slice(self.replica * each, (self.replica + 1) * each)
+
+    def timed(self, step: int) -> bool:
+        """Whether `step` counts in the step times: all but the first, unless it is
+        the only one."""
+        return step > self.first_step or self.last_step - self.first_step == 1
+
+
 def _run(
     plan: Plan,
     fingerprint: str,
@@ -359,6 +409,30 @@ def _run(
     device: torch.device,
     watchdog: Watchdog,
 ) -> int:
+    """This rank's training: start-up, the loop, the summary; the exit code."""
+    run = _start(plan, fingerprint, ops, opts, rank, world, device, watchdog)
+    if isinstance(run, int):
+        return run
+    code = _loop(run)
+    if code is not None:
+        return code
+    _finish(run)
+    _summary(run)
+    return 0
+
+
+def _start(
+    plan: Plan,
+    fingerprint: str,
+    ops: Sequence[Op],
+    opts: argparse.Namespace,
+    rank: int,
+    world: int,
+    device: torch.device,
+    watchdog: Watchdog,
+) -> _Run | int:
+    """The start-up checks, the model, runner, optimizer and checkpoints, the
+    opening lines: the run, or the exit code when it stops here."""
     # Each rank offers its program's fingerprint and its manifest's: one compiled
     # directory for everyone, or nobody starts.
     theirs = differing([fingerprint, plan.fingerprint], note=plan.name)
@@ -452,7 +526,6 @@ def _run(
         _say(rank, f"ppdsl: the checkpoint is already at step {first_step} of {last_step}: "
                    "nothing left to train")
         return 0
-    tokens_per_sample = getattr(model, "tokens_per_sample", None)
     _say(
         rank,
         f"ppdsl: schedule {plan.name} ({plan.file}): "
@@ -472,47 +545,63 @@ def _run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tracer = Tracer(rank, device)
-    share = slice(replica * (batch_size // dp), (replica + 1) * (batch_size // dp))
     runner.tracer = tracer
     dist.barrier()  # the ranks' trace epochs line up here
     tracer.start()
-    step_times: list[float] = []
-    shares: list[float] = []
-    losses: dict[int, float] = {}
-    evals: dict[int, float] = {}
-    peak_bytes, peak_units = 0, Fraction(0)
-    device_peak = DevicePeak(device) if device.type == "cuda" else None
-    meter = runner.meter
-    last_saved = first_step if first_step else None
+    return _Run(
+        plan=plan, opts=opts, rank=rank, world=world, device=device, watchdog=watchdog,
+        model=model, runner=runner, optimizer=optimizer, scheduler=scheduler, stepper=stepper,
+        checkpointer=checkpointer, export=export, first_step=first_step, last_step=last_step,
+        batch_size=batch_size, replica=replica, pp_rank=pp_rank, tracer=tracer,
+        device_peak=DevicePeak(device) if device.type == "cuda" else None,
+        last_saved=first_step if first_step else None,
+    )
+
+
+def _report(run: _Run, done: tuple[Any, torch.Tensor, int]) -> None:
+    """A step's line, once its numbers' all-reduce has finished."""
+    work, stats, at = done
+    work.wait()
+    dp = run.dp
+    # each replica's mean loss on its share; the step's loss is their mean
+    loss, step_time = float(stats[:dp].mean()), float(stats[dp])
+    run.losses[at] = loss
+    if run.timed(at):
+        run.step_times.append(step_time)
+    rate = f"  {run.batch_size / step_time:9.1f} samples/s"
+    tokens_per_sample = getattr(run.model, "tokens_per_sample", None)
+    if tokens_per_sample:
+        rate += f"  {run.batch_size * tokens_per_sample / step_time:9.0f} tokens/s"
+    each = "" if dp == 1 else " (replicas " + " ".join(f"{float(x):.4f}" for x in stats[:dp]) + ")"
+    _say(run.rank, f"step {at + 1:4d}/{run.opts.steps}  loss {loss:.4f}{each}  "
+                   f"time {step_time * 1e3:8.1f} ms{rate}")
+
+
+def _flush_report(run: _Run) -> None:
+    """Print the pending step's line, if any."""
+    if run.pending is not None:
+        _report(run, run.pending)
+        run.pending = None
+
+
+def _loop(run: _Run) -> int | None:
+    """The training steps; an exit code when the first step finds bad input."""
+    opts, runner, tracer, rank = run.opts, run.runner, run.tracer, run.rank
+    dp, batch_size, device = run.dp, run.batch_size, run.device
+    checkpointer, device_peak, meter = run.checkpointer, run.device_peak, runner.meter
+    first_step, last_step = run.first_step, run.last_step
     # The per-step line's numbers are all-reduced in the background and printed
     # one step late: a blocking collective per step would be a barrier, undoing
     # what post-validation saves.
-    pending: tuple[Any, torch.Tensor, int] | None = None
-
-    def report(done: tuple[Any, torch.Tensor, int]) -> None:
-        work, stats, at = done
-        work.wait()
-        # each replica's mean loss on its share; the step's loss is their mean
-        loss, step_time = float(stats[:dp].mean()), float(stats[dp])
-        losses[at] = loss
-        if at > first_step or last_step - first_step == 1:
-            step_times.append(step_time)
-        rate = f"  {batch_size / step_time:9.1f} samples/s"
-        if tokens_per_sample:
-            rate += f"  {batch_size * tokens_per_sample / step_time:9.0f} tokens/s"
-        each = "" if dp == 1 else " (replicas " + " ".join(f"{float(x):.4f}" for x in stats[:dp]) + ")"
-        _say(rank, f"step {at + 1:4d}/{opts.steps}  loss {loss:.4f}{each}  "
-                   f"time {step_time * 1e3:8.1f} ms{rate}")
-
     for step in range(first_step, last_step):
         faults.set_step(step + 1)
         inputs = targets = None
         progress.at(f"step {step + 1}: building its batch and starting")
         tracer.step = step
-        tracer.timed = step > first_step or last_step - first_step == 1
+        tracer.timed = run.timed(step)
         if runner.is_first or runner.is_last:  # data is built only where it is used
             tracer.begin()
-            inputs, targets = model.batch(step, batch_size)
+            inputs, targets = run.model.batch(step, batch_size)
             tracer.end("data", "data", {}, None)
         if step == first_step:
             error = None
@@ -527,18 +616,18 @@ def _run(
                 return _startup_error(rank, error)
         # Memory is measured on the first step (shapes are static, so every step holds
         # the same); later steps run without the meter's hooks, for clean timings.
-        optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad(set_to_none=True)
         if device_peak is not None:  # every step from the same state: no gradients
             device_peak.start()
         t0 = time.perf_counter()
         if dp > 1 and inputs is not None:
-            inputs, targets = _share(inputs, share), _share(targets, share)
+            inputs, targets = _share(inputs, run.share), _share(targets, run.share)
         try:
             loss = runner.step(inputs if runner.is_first else None,
                                targets if runner.is_last else None,
                                measure_memory=step == first_step)
         except LossError as exc:  # on the last stage's rank alone: it stops the others
-            fail(watchdog, rank, str(exc))
+            fail(run.watchdog, rank, str(exc))
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
         if device_peak is not None:  # the passes' peak, before the optimizer allocates
@@ -546,58 +635,65 @@ def _run(
         tracer.begin()
         progress.at("the optimizer step")
         faults.reached("optimizer")
-        stepper.step()
+        run.stepper.step()
         tracer.end("optimizer", "optimizer", {}, None)
         tracer.flush()
-        scheduler.step()
+        run.scheduler.step()
         # The step before's line is printed before its checkpoint can become visible:
         # a run restarted from that checkpoint has printed every step it holds.
-        if pending is not None:
-            report(pending)
-            pending = None
+        _flush_report(run)
         if checkpointer is not None:
             checkpointer.poll()
         every = opts.checkpoint_every
         if checkpointer is not None and every and (step + 1) % every == 0:
             progress.at(f"saving the checkpoint of step {step + 1}")
-            checkpointer.save(step + 1, also=export)  # in the step's time: what a save costs
-            last_saved = step + 1
+            checkpointer.save(step + 1, also=run.export)  # in the step's time: what a save costs
+            run.last_saved = step + 1
         step_time = time.perf_counter() - t0
         result = runner.last_result
         assert result is not None  # a step has run
-        if step > first_step or last_step - first_step == 1:
-            shares.append(result.compute_time / max(step_time, 1e-12))
-        peak_bytes = max(peak_bytes, meter.peak_bytes)
-        peak_units = max(peak_units, meter.peak_units)
+        if run.timed(step):
+            run.shares.append(result.compute_time / max(step_time, 1e-12))
+        run.peak_bytes = max(run.peak_bytes, meter.peak_bytes)
+        run.peak_units = max(run.peak_units, meter.peak_units)
         stats = torch.full((dp + 1,), float("-inf"), device=device)
         if loss is not None:
-            stats[replica] = float(loss)
+            stats[run.replica] = float(loss)
         stats[dp] = step_time
-        pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
+        run.pending = (dist.all_reduce(stats, op=dist.ReduceOp.MAX, async_op=True), stats, step)
         if opts.eval_every and ((step + 1) % opts.eval_every == 0 or step + 1 == last_step):
-            stepper.resolve()  # a post-validated step is settled before its weights are used
-            assert pending is not None
-            report(pending)
-            pending = None
+            run.stepper.resolve()  # a post-validated step is settled before its weights are used
+            _flush_report(run)
             progress.at(f"evaluating after step {step + 1}")
-            evals[step] = _validate(runner, model, opts.eval_batches, batch_size, dp, replica, share,
-                                    device)
-            _say(rank, f"eval after step {step + 1}: loss {evals[step]:.4f} "
+            run.evals[step] = _validate(runner, run.model, opts.eval_batches, batch_size, dp,
+                                        run.replica, run.share, device)
+            _say(rank, f"eval after step {step + 1}: loss {run.evals[step]:.4f} "
                        f"({opts.eval_batches} batch{'es' if opts.eval_batches > 1 else ''} of "
                        f"{batch_size}, forward only)")
+    return None
+
+
+def _finish(run: _Run) -> None:
+    """The last step's checks and line, the final checkpoint, the saved model."""
     progress.at("finishing: the last step's checks, the final checkpoint and the summary")
-    stepper.resolve()  # the last step, if post-validated, is checked here
-    if pending is not None:
-        report(pending)
-    if checkpointer is not None:
-        if last_saved != last_step:
-            checkpointer.save(last_step, also=export)
-        checkpointer.wait()
-    if opts.save_model:
-        model.save(opts.save_model, runner.stages)
-        _say(rank, f"ppdsl: saved the trained model to {opts.save_model} (transformers "
-                   "from_pretrained loads it)")
-    outcomes = stepper.outcomes
+    run.stepper.resolve()  # the last step, if post-validated, is checked here
+    _flush_report(run)
+    if run.checkpointer is not None:
+        if run.last_saved != run.last_step:
+            run.checkpointer.save(run.last_step, also=run.export)
+        run.checkpointer.wait()
+    if run.opts.save_model:
+        run.model.save(run.opts.save_model, run.runner.stages)
+        _say(run.rank, f"ppdsl: saved the trained model to {run.opts.save_model} (transformers "
+                       "from_pretrained loads it)")
+
+
+def _summary(run: _Run) -> None:
+    """The closing lines (optimizer, memory, replicas, time), each rank's
+    measurements (`--json`) and the trace (`--trace`); collective."""
+    opts, plan, runner, rank, world = run.opts, run.plan, run.runner, run.rank, run.world
+    dp, num_ranks, meter, device = run.dp, plan.num_devices, runner.meter, run.device
+    outcomes = run.stepper.outcomes
     clipped = sum(o.clipped for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
     if opts.clip_grad_norm is not None or skipped:
@@ -609,15 +705,19 @@ def _run(
     ratios = runner.measured_mw_ratio()
     kept_ratios = runner.measured_mi_ratio()
     real_memory = _with_real_mw(plan.memory, ratios, kept_ratios)
+    pp_rank, device_peak, shares = run.pp_rank, run.device_peak, run.shares
+    step_times = run.step_times
+    buffers = [(f"stage{s}.{name}", buf) for s, module in sorted(runner.stages.items())
+               for name, buf in module.named_buffers()]
     mine = {
         "rank": rank,
         "pp_rank": pp_rank,
-        "replica": replica,
+        "replica": run.replica,
         "stages": sorted(runner.stages),
         "predicted_peak": str(plan.predicted_peak(pp_rank)),
         "predicted_peak_real_mw": str(plan.predicted_peak(pp_rank, real_memory)),
-        "measured_peak": str(peak_units),
-        "measured_peak_bytes": peak_bytes,
+        "measured_peak": str(run.peak_units),
+        "measured_peak_bytes": run.peak_bytes,
         "stash_gradient_bytes": meter.peak_gradient_bytes,
         "weight_copy_bytes": meter.peak_weight_copy_bytes,
         "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
@@ -627,22 +727,21 @@ def _run(
         "predicted_busy_share": plan.predicted_busy_share[pp_rank] if plan.predicted_busy_share else None,
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
-        "losses": {str(k + 1): v.hex() for k, v in sorted(losses.items())},
-        "eval_losses": {str(k + 1): v.hex() for k, v in sorted(evals.items())},
-        "parameters_sha256": _digest(runner),
-        "whole_parameters_sha256": _whole_digest(runner) if dp > 1 else None,
-        "buffers_sha256": _buffers_digest(runner),
+        "losses": {str(k + 1): v.hex() for k, v in sorted(run.losses.items())},
+        "eval_losses": {str(k + 1): v.hex() for k, v in sorted(run.evals.items())},
+        "parameters_sha256": _parameters_digest(runner),
+        "whole_parameters_sha256": _parameters_digest(runner, whole=True) if dp > 1 else None,
+        "buffers_sha256": _digest(buffers) if buffers else None,
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in outcomes
         ],
     }
-    durations: list[Any] = [None] * world
-    dist.all_gather_object(durations, tracer.durations)
+    tracer = run.tracer
+    durations = gather(tracer.durations)
     mine.update(_predictions(plan, durations, step_times))
     if opts.trace:
-        events: list[Any] = [None] * world
-        dist.all_gather_object(events, tracer.events)
+        events = gather(tracer.events)
         if rank == 0:
             stages: list[Any] = [None] * world
             for r in range(world):
@@ -655,8 +754,7 @@ def _run(
                 "steps": opts.steps, "params": plan.params, "num_ranks": num_ranks, "dp": dp,
                 "costs": plan.costs, "costs_from": plan.costs_from, "fingerprint": plan.fingerprint,
             }))
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine)
+    everyone = gather(mine)
     if opts.json_out:
         out = Path(opts.json_out)
         out.mkdir(parents=True, exist_ok=True)
@@ -669,7 +767,6 @@ def _run(
         if opts.trace:
             print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev)",
                   flush=True)
-    return 0
 
 
 GAP_TO_EXPLAIN = 1.10
