@@ -586,8 +586,8 @@ def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) 
     import ppdsl.runtime.split as split_module
 
     calls: list[int] = []
-    bulk = split_module._linears_weight_grads
-    monkeypatch.setattr(split_module, "_linears_weight_grads",
+    bulk = split_module._linear_weight_grads
+    monkeypatch.setattr(split_module, "_linear_weight_grads",
                         lambda dys, *rest: calls.append(len(dys)) or bulk(dys, *rest))
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 4))
