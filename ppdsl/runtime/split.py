@@ -27,7 +27,7 @@ a layer norm's weight gradient is small, and on CPU its native backward computes
 it in the same pass over x and dy as the input gradient, so deferring it makes W
 read both again (a 4096x1024 layer norm alone: B + W = 1.3 fused backwards).
 W then keeps nothing of a layer norm, which is also the paper's M_W = 32sbh.
-``norms="w"`` defers them too (``native_layer_norm_backward`` with an output
+``norms="deferred"`` defers them too (``native_layer_norm_backward`` with an output
 mask in B, its weight half in W, which keeps the norm's input, mean and rstd).
 
 What it costs. The walk touches every node once (Python, about 0.4 us a node);
@@ -81,7 +81,12 @@ __all__ = [
     "accumulate_grad",
     "uncovered_parameters",
     "uncovered_in",
+    "NORMS",
 ]
+
+NORMS = ("in-b", "deferred")
+"""`backward_input`'s `norms`: layer norms' weight gradients computed in B (the
+default, the zero-bubble paper's choice) or deferred to W like a linear layer's."""
 
 
 class WStash:
@@ -91,7 +96,7 @@ class WStash:
     activation, M_W); `gradients` are the layer output gradients (gradient buffers,
     not activations, so outside the memory model: the meter reports their bytes
     apart). `graph` is set when the runtime keeps the whole autograd graph of the
-    microbatch-stage until W (`--release w`): every saved activation stays alive
+    microbatch-stage until W (`--release at-w`): every saved activation stays alive
     until `run` drops it."""
 
     def __init__(self) -> None:
@@ -269,13 +274,13 @@ class _Plan:
     gradient."""
     norms: Callable[[Sequence[Any]], tuple[Any, ...]]
     """Gathers the accumulators of layer norms' weights and biases that B computes
-    (``norms="b"``): every use is a layer norm's, whose backward returns a fresh
+    (``norms="in-b"``): every use is a layer norm's, whose backward returns a fresh
     tensor."""
     forced: tuple[int, ...]
     """Accumulators B asks for besides: split-aware Functions' parameters (which
     makes the Function's node run even where no input gradient passes through it;
     its backward defers what it defers and returns the rest, None when all of it),
-    and parameters a layer norm shares with another use under ``norms="b"``."""
+    and parameters a layer norm shares with another use under ``norms="in-b"``."""
 
 
 class _Known(NamedTuple):
@@ -529,7 +534,7 @@ def backward_input(
     stash: WStash,
     *,
     retain_graph: bool = False,
-    norms: str = "b",
+    norms: str = "in-b",
 ) -> Any:
     """B: backpropagate `grad_output` from `output`; return the gradient of `input`
     and leave every split parameter's weight-gradient work in `stash`. Parameters
@@ -539,11 +544,11 @@ def backward_input(
     loss), or sequences of them (a stage returning several tensors); `input` is
     None (returns None), a tensor (returns its gradient) or a sequence (returns a
     list, None for an input nothing reaches). `norms`: when layer norms' weight and
-    bias gradients are computed: "b" (here, as the zero-bubble paper's
-    implementation does; W keeps nothing of a layer norm) or "w" (deferred to W
+    bias gradients are computed: "in-b" (here, as the zero-bubble paper's
+    implementation does; W keeps nothing of a layer norm) or "deferred" (to W,
     like a linear layer's; W keeps the norm's input, mean and rstd)."""
-    if norms not in ("b", "w"):
-        raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
+    if norms not in NORMS:
+        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
     given: list[torch.Tensor | None]
     if grad_output is None:
@@ -562,7 +567,7 @@ def backward_input(
     if not pairs:
         return [None] * len(wanted) if many else None
     roots = [out.grad_fn for out, _ in pairs if out.grad_fn is not None]
-    order, plan = _plan_for(roots, norms == "w")
+    order, plan = _plan_for(roots, norms == "deferred")
     # What W needs from each node, read now (B frees it), in bulk: C calls over lists.
     linear = [(group, group.nodes(order)) for group in plan.linear]
     inputs_of = [list(map(group.input_of, nodes)) for group, nodes in linear]
@@ -749,7 +754,7 @@ def uncovered_parameters(stage: nn.Module, example_input: torch.Tensor) -> list[
 
 def uncovered_in(stage: nn.Module, outputs: Sequence[torch.Tensor]) -> list[str]:
     """Names of `stage`'s trainable parameters whose gradient B computes (the
-    split does not cover them; layer norms' under ``norms="b"`` are covered: B
+    split does not cover them; layer norms' under ``norms="in-b"`` are covered: B
     computes them by choice), found from the graph its forward left in `outputs`
     (made with gradients enabled)."""
     roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
