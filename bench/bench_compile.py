@@ -8,7 +8,7 @@
 - pieces compiled: the linears stay eager, what lies between them (layer norms,
   the attention core, the GELU) is compiled: the split is kept for every linear
   (the compiled layer norms' parameters are "uncovered": B computes them, where
-  the runtime's default, norms="b", computes layer norms' gradients anyway).
+  the runtime's default, norms="in-b", computes layer norms' gradients anyway).
 
 The supported way to compile a stage that a split schedule runs is the third
 (or a fused, BW, schedule for a compiled stage). On CPU the bench compiles with

@@ -7,9 +7,9 @@ other work on the machine does not land in one column only. Each row runs in a
 fresh process: what an earlier row left (a heap grown by 16 MB tensors, caches)
 would otherwise move a later row's numbers by several percent. Targets (issue 8):
 forward within 5% of the plain stage's, activation bytes after F within 1%,
-T_I + T_W <= 1.10 T_B (fused). `norms` is `split.backward_input`'s: "b" (the
+T_I + T_W <= 1.10 T_B (fused). `norms` is `split.backward_input`'s: "in-b" (the
 default, the zero-bubble paper's choice) computes layer norms' weight gradients
-in B, "w" defers them to W too; rows without a layer norm do not depend on it."""
+in B, "deferred" defers them to W too; rows without a layer norm do not depend on it."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ from torch import nn
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.model import build_model
 from ppdsl.runtime.profile import StageTiming, measure_stage
+from ppdsl.runtime.split import NORMS
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 WARMUP, REPEATS = 5, 30
 
 
-def _layer(module: nn.Module, make: Callable[[], torch.Tensor], norms: str = "b") -> StageTiming:
+def _layer(module: nn.Module, make: Callable[[], torch.Tensor], norms: str = "in-b") -> StageTiming:
     torch.manual_seed(0)
     x = make()
     with torch.no_grad():
@@ -68,7 +69,7 @@ def _cases() -> list[tuple[str, str, str, Callable[[], StageTiming]]]:
         ("Linear, tiny", "32x32 -> 96", "",
          lambda: _layer(nn.Linear(32, 96), lambda: torch.randn(32, 32))),
     ]
-    for norms in ("b", "w"):
+    for norms in NORMS:
         cases.append(("LayerNorm", "4096x1024", norms,
                       lambda n=norms: _layer(nn.LayerNorm(1024), lambda: torch.randn(4096, 1024), n)))
     cases += [
@@ -80,7 +81,7 @@ def _cases() -> list[tuple[str, str, str, Callable[[], StageTiming]]]:
          lambda: _layer(nn.Conv2d(32, 32, 3, padding=1), lambda: torch.randn(8, 32, 64, 64))),
     ]
     for stage_index, microbatch in ((0, 2), (1, 2), (1, 32)):
-        for norms in ("b", "w"):
+        for norms in NORMS:
             cases.append((f"tiny_gpt stage {stage_index}/2", f"microbatch {microbatch}", norms,
                           lambda s=stage_index, m=microbatch, n=norms: _tiny(s, m, n)))
     return cases
@@ -97,7 +98,7 @@ def main() -> None:
     print(f"CPU, 1 thread, thread CPU time; median of {REPEATS} after {WARMUP} warm-up;"
           " one process per row")
     print(
-        f"{'layer':<19} {'size':<18} {'norms':<5} {'plain F':>8} {'split F':>8} {'F x':>6}"
+        f"{'layer':<19} {'size':<18} {'norms':<8} {'plain F':>8} {'split F':>8} {'F x':>6}"
         f" {'M_B x':>6} {'T_B':>8} {'T_I':>8} {'T_W':>8} {'(I+W)/B':>7} {'M_W/M_B':>7}"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -107,7 +108,7 @@ def main() -> None:
                                capture_output=True, text=True, env=env, cwd=ROOT, check=True)
         t = StageTiming(**json.loads(child.stdout.strip().splitlines()[-1]))
         print(
-            f"{name:<19} {size:<18} {norms or '-':<5} {t.plain_forward_ms:8.3f} {t.forward_ms:8.3f}"
+            f"{name:<19} {size:<18} {norms or '-':<8} {t.plain_forward_ms:8.3f} {t.forward_ms:8.3f}"
             f" {t.forward_ratio:6.3f} {t.bytes_ratio:6.3f} {t.fused_ms:8.3f} {t.input_ms:8.3f}"
             f" {t.weight_ms:8.3f} {t.backward_ratio:7.3f}"
             f" {t.weight_bytes / max(t.activation_bytes, 1):7.3f}",
@@ -115,7 +116,7 @@ def main() -> None:
         )
     print("times in ms; F x = split F / plain F; M_B x = bytes after F, split / plain;"
           " (I+W)/B = (T_I + T_W) / T_B (fused); norms: where layer norms' weight gradients"
-          " go (b: B, the default; w: W)")
+          " go (in-b: B, the default; deferred: W)")
 
 
 if __name__ == "__main__":

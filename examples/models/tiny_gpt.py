@@ -152,7 +152,7 @@ def stages_long(num_stages: int) -> PipelineModel:
     heads x seq^2 probabilities dominate the activations, as in the zero-bubble
     paper's regime (its 5as^2b term), so B frees most of a microbatch's
     memory (measured M_W/M_B about 0.14 rather than about 0.43 for `stages`; 0.19
-    and 0.56 when W also takes the layer norms' weight gradients, norms="w")."""
+    and 0.56 when W also takes the layer norms' weight gradients, norms="deferred")."""
     return _model(num_stages, 128, explicit_attention=True, heads=8)
 
 

@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--repeats", type=int, default=20,
                         help="timed runs; the report is their median (default 20)")
-    parser.add_argument("--norms", choices=["b", "w"], default="b",
-                        help="when the split computes layer norms' weight gradients: b (in B, as "
-                             "the zero-bubble paper's implementation; default) or w (deferred to W)")
+    parser.add_argument("--norms", choices=["in-b", "deferred"], default="in-b",
+                        help="when the split computes layer norms' weight gradients: in-b (in B, as "
+                             "the zero-bubble paper's implementation; default) or deferred (to W)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                         help="fp32 (default), or the forward and loss under bf16/fp16 autocast, as "
                              "`ppdsl run --precision` trains (a bf16 run needs bf16 costs)")

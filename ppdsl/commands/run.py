@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto (default): CUDA when there is a GPU per rank, else CPU with a note; "
         "cuda with fewer GPUs than ranks is an error (exit 2)",
     )
-    parser.add_argument("--release", choices=["b", "w"], default="b",
-                        help="when a split backward frees activations: b (default) frees at B what W does "
-                        "not need; w keeps the autograd graph until W (M_W = M_B, the "
+    parser.add_argument("--release", choices=["at-b", "at-w"], default="at-b",
+                        help="when a split backward frees activations: at-b (default) frees at B what "
+                        "W does not need; at-w keeps the autograd graph until W (M_W = M_B, the "
                         "controllable-memory paper's accounting)")
     parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
                         help="write each rank's measurements to DIR/rank<N>.json")

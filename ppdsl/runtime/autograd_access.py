@@ -26,7 +26,7 @@ from torch.autograd.graph import GradientEdge
 
 __all__ = [
     "ADDMM", "MM", "LAYER_NORM", "EMBEDDING", "CONVOLUTION",
-    "NodeClasses", "node_classes", "is_split_aware", "is_compiled_region",
+    "NodeClasses", "node_classes", "function_of", "is_compiled_region",
     "embedding_is_sparse", "linear_input", "addmm_scalars",
     "AddmmSaved", "LayerNormSaved", "EmbeddingSaved", "ConvolutionSaved", "read_saved",
     "layer_norm_backward", "embedding_backward", "convolution_backward",
@@ -79,10 +79,10 @@ def node_classes() -> NodeClasses:
         )
 
 
-def is_split_aware(node_class: type) -> bool:
-    """Whether nodes of `node_class` are a ``torch.autograd.Function`` marked by
-    `split.split_aware` (a Function's node class names it as ``_forward_cls``)."""
-    return bool(getattr(getattr(node_class, "_forward_cls", None), "_ppdsl_split_aware", False))
+def function_of(node_class: type) -> type | None:
+    """The ``torch.autograd.Function`` whose backward nodes of `node_class` run
+    (its node class names it as ``_forward_cls``); None for a native node."""
+    return getattr(node_class, "_forward_cls", None)
 
 
 def is_compiled_region(node_class: type) -> bool:

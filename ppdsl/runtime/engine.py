@@ -141,18 +141,18 @@ class Engine:
         *,
         group: dist.ProcessGroup | None = None,
         timeout: float = 60.0,
-        release: str = "b",
+        release: str = "at-b",
         autocast_dtype: torch.dtype | None = None,
         lane_ends: LaneEnds,
         transport: Transport | None = None,
     ) -> None:
-        if release not in ("b", "w"):
-            raise ValueError(f"release must be 'b' or 'w', not {release!r}")
+        if release not in ("at-b", "at-w"):
+            raise ValueError(f"release must be 'at-b' or 'at-w', not {release!r}")
         self.rank = rank
         self.release = release
-        """When a split backward frees a microbatch-stage's activations: "b" (B frees
-        all but the layer inputs its W needs) or "w" (the whole autograd graph is kept
-        until W, as torch.distributed.pipelining's split does and as the
+        """When a split backward frees a microbatch-stage's activations: "at-b" (B
+        frees all but the layer inputs its W needs) or "at-w" (the whole autograd graph
+        is kept until W, as torch.distributed.pipelining's split does and as the
         controllable-memory paper counts: M_W = M_B)."""
         self.ops = tuple(ops)
         self.stage_device = tuple(stage_device)
@@ -483,7 +483,7 @@ class Engine:
             grad_inputs = [x.grad for x in inputs]
         else:
             stash = WStash()
-            hold = self.release == "w"
+            hold = self.release == "at-w"
             grad_inputs = backward_input(outs, grads, inputs, stash, retain_graph=hold)
             if hold:
                 stash.graph = outs[0]  # the graph and its saved activations live until W

@@ -164,7 +164,7 @@ class PipelineRunner:
     batch's *mean* loss; the runner sums loss(mb)/m over the m microbatches.
     `group`: the pipeline's process group (default: the world); its rank r runs
     the schedule's rank r. `precision`: "fp32", "bf16" or "fp16" (forward and loss
-    under autocast; fp16 scales the loss, `scaler`). `release`: "b" or "w" (when a
+    under autocast; fp16 scales the loss, `scaler`). `release`: "at-b" or "at-w" (when a
     split backward frees activations, docs/runtime.md). `tied`: groups of
     parameters shared between stages, each {stage: parameter name}: the runner
     makes those on one rank one Parameter, copies the lowest stage's values to the
@@ -186,7 +186,7 @@ class PipelineRunner:
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         precision: str = "fp32",
-        release: str = "b",
+        release: str = "at-b",
         tied: Sequence[Mapping[int, str]] = (),
         timeout: float = 60.0,
         note: Callable[[str], None] = _default_note,

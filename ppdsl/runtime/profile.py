@@ -49,7 +49,7 @@ from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.precision import autocast_dtype
-from ppdsl.runtime.split import WStash, backward_input, uncovered_parameters
+from ppdsl.runtime.split import NORMS, WStash, backward_input, uncovered_parameters
 
 __all__ = [
     "StageProfile",
@@ -165,8 +165,9 @@ class Profile:
     clock: str = "wall"
     """What the pass times count: "wall" time, or "thread" CPU time (CPU, one
     torch thread: the passes' own work, not time other processes took)."""
-    norms: str = "b"
-    """When the split computes layer norms' weight gradients (`split.backward_input`)."""
+    norms: str = "in-b"
+    """When the split computes layer norms' weight gradients: "in-b" or "deferred"
+    (`split.backward_input`)."""
     dp: int = 1
     """Data-parallel ranks the collectives were measured over (1: not measured)."""
     dp_mode: str = "replicate"
@@ -251,7 +252,7 @@ class Profile:
             f"{self.model}: {self.num_stages} stages, microbatch {self.microbatch_size}, "
             f"{where}, {self.precision}, "
             f"median of {self.repeats} after {self.warmup} warm-up; times in ms ({clock}), "
-            f"memory in bytes; layer norms' weight gradients in {self.norms.upper()}",
+            f"memory in bytes; layer norms' weight gradients in {_norms_pass(self.norms)}",
             head,
         ]
         for s in self.stages:
@@ -349,7 +350,7 @@ def measure_stage(
     repeats: int = 20,
     progress: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
-    norms: str = "b",
+    norms: str = "in-b",
     precision: str = "fp32",
 ) -> StageTiming:
     """Time and measure one stage. `make_input()` gives a fresh input (made to
@@ -452,7 +453,7 @@ def _memory(
     grad_output: torch.Tensor | None,
     *,
     split_backward: bool,
-    norms: str = "b",
+    norms: str = "in-b",
     precision: str = "fp32",
 ) -> tuple[int, int, int]:
     """(bytes after F, bytes after B, stash gradient bytes), by the runtime's meter
@@ -848,7 +849,7 @@ def profile_model(
     repeats: int = 20,
     transfer: bool = True,
     progress: Callable[[str, float], None] | None = None,
-    norms: str = "b",
+    norms: str = "in-b",
     dp: int = 1,
     dp_mode: str = "replicate",
     precision: str = "fp32",
@@ -858,7 +859,7 @@ def profile_model(
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
     torch thread the passes are timed in this thread's CPU time (a busy machine's
     other work does not count), else in wall time. `norms`: when the split
-    computes layer norms' weight gradients ("b" or "w", `split.backward_input`).
+    computes layer norms' weight gradients ("in-b" or "deferred", `split.backward_input`).
     `dp` > 1 also measures each stage's data-parallel collectives over `dp` gloo
     processes (`cost reduce`: all-reduce, or reduce-scatter with `dp_mode`
     "shard"; `cost gather`: all-gather). `precision`: fp32, or bf16/fp16 under
@@ -866,8 +867,8 @@ def profile_model(
     not measured): also measure the step besides passes (`StepCosts`: the
     engine's overhead per pass, that optimizer's step per stage and, with
     `transfer`, the norm all-reduce)."""
-    if norms not in ("b", "w"):
-        raise ValueError(f"norms must be 'b' or 'w', not {norms!r}")
+    if norms not in NORMS:
+        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
     if precision not in ("fp32", "bf16", "fp16"):
         raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
     thread_clock = device.type == "cpu" and torch.get_num_threads() == 1
@@ -989,6 +990,11 @@ def _reduce_ms(row: dict[str, float] | None, dp_mode: str) -> float | None:
 # --- the costs file ----------------------------------------------------------------
 
 
+def _norms_pass(norms: str) -> str:
+    """The pass that computes layer norms' weight gradients under `norms`."""
+    return "B" if norms == "in-b" else "W"
+
+
 def _decimal(x: float, digits: int = 4) -> str:
     """A short exact decimal the language reads (`0.0123`), never 0 for x > 0."""
     if x <= 0:
@@ -1044,7 +1050,7 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         "# Costs in milliseconds ("
         + ("this thread's CPU time" if profile.clock == "thread" else "wall time")
         + "); memory in units of the mean stage's M_B "
-        f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {profile.norms.upper()}.",
+        f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {_norms_pass(profile.norms)}.",
         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
         *([f"# data parallel over {profile.dp} ranks: cost reduce = "
            + ("all-reduce" if profile.dp_mode == "replicate" else "reduce-scatter")

@@ -104,9 +104,9 @@ def parse_options(argv: Sequence[str] | None, prog: str = "launch.py") -> argpar
         "cuda with fewer GPUs than local ranks is an error (exit 2)",
     )
     parser.add_argument(
-        "--release", choices=["b", "w"], default="b",
-        help="when a split backward frees activations: b (default) frees at B what W does "
-        "not need; w keeps the autograd graph until W (M_W = M_B, the controllable-memory "
+        "--release", choices=["at-b", "at-w"], default="at-b",
+        help="when a split backward frees activations: at-b (default) frees at B what W "
+        "does not need; at-w keeps the autograd graph until W (M_W = M_B, the controllable-memory "
         "paper's accounting)",
     )
     parser.add_argument(

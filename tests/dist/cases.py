@@ -23,7 +23,7 @@ def example_files() -> list[Path]:
 def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
                 only: list[str] | None = None,
                 factory: str = "stages",
-                release: str = "b",
+                release: str = "at-b",
                 pipelines: int = 1,
                 paths: list[Path] | None = None) -> list[dict]:
     """The cases for world size d * pipelines (each pipeline of d ranks in its own
@@ -41,7 +41,7 @@ def build_cases(d: int, workdir: Path, *, check_grads: bool = True,
         found.append((path.stem, compiled.schedule, compiled.programs))
     for name, schedule, programs in found:
         case_id = (f"{name}-d{d}" + ("" if factory == "stages" else f"-{factory}")
-                   + ("" if release == "b" else f"-release-{release}")
+                   + ("" if release == "at-b" else f"-release-{release}")
                    + ("" if pipelines == 1 else f"-x{pipelines}"))
         pickle_path = workdir / f"{case_id}.pickle"
         pickle_path.write_bytes(pickle.dumps((schedule, programs, None)))

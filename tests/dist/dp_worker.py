@@ -42,7 +42,7 @@ def dp_case(case: dict, rank: int, world: int) -> dict:
     per_replica = 2 * plan.num_microbatches
     model = _model(case, plan.num_stages)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, mesh=mesh,
-                            dp_mode=case["mode"], release=case.get("release", "b"),
+                            dp_mode=case["mode"], release=case.get("release", "at-b"),
                             note=lambda text: None)
     optimizer = _optimizer(case, runner.parameters())
     stepper = OptimizerStep(runner, optimizer, max_norm=case.get("max_norm"))

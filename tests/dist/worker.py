@@ -94,7 +94,7 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     model = build_model(case.get("model") or MODEL + case.get("factory", "stages"), num_stages)
     compiled = CompiledPipeline(plan, {r: p.ops for r, p in enumerate(programs)}, plan.fingerprint)
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, timeout=60,
-                            release=case.get("release", "b"), group=group,
+                            release=case.get("release", "at-b"), group=group,
                             note=lambda text: None, share_gpu=SHARE_GPU)
     optimizer = torch.optim.SGD(runner.parameters(), lr=LR)
     steps = case.get("steps", 3)

@@ -204,22 +204,22 @@ class _Plain(torch.autograd.Function):
         return 2 * dy
 
 
-_CLASSES: dict[str, tuple[Callable[[], torch.Tensor], bool, bool]] = {
-    "split-aware Function": (lambda: _Gain.apply(_leaf(3), _leaf(3)), True, False),
-    "plain Function": (lambda: _Plain.apply(_leaf(3)), False, False),
-    "native node": (lambda: _leaf(3) * 2, False, False),
+_CLASSES: dict[str, tuple[Callable[[], torch.Tensor], type | None]] = {
+    "split-aware Function": (lambda: _Gain.apply(_leaf(3), _leaf(3)), _Gain),
+    "plain Function": (lambda: _Plain.apply(_leaf(3)), _Plain),
+    "native node": (lambda: _leaf(3) * 2, None),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_CLASSES))
 def test_node_class_predicates(name: str) -> None:
-    """`is_split_aware` is true of a `split_aware` Function's node class only
-    (read through its `_forward_cls`); `is_compiled_region` of none of these (a
-    compiled region's node: test_runtime_split's compiled-regions test)."""
-    make, aware, compiled = _CLASSES[name]
+    """`function_of` names the Function a node class runs the backward of (None
+    for a native node); `is_compiled_region` is true of none of these (a compiled
+    region's node: test_runtime_split's compiled-regions test)."""
+    make, function = _CLASSES[name]
     node_class = type(_node(make()))
-    assert access.is_split_aware(node_class) is aware
-    assert access.is_compiled_region(node_class) is compiled
+    assert access.function_of(node_class) is function
+    assert access.is_compiled_region(node_class) is False
 
 
 def test_foreach_add_adds_in_place() -> None:

@@ -60,9 +60,9 @@ def _stage() -> nn.Module:
     return nn.Sequential(_Block(), _Block()).to(CUDA)
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_split_splits_on_cuda(norms: str) -> None:
-    """On cuda:0: after B no weight has a gradient but, under norms="b", the layer
+    """On cuda:0: after B no weight has a gradient but, under norms="in-b", the layer
     norms' (B ran on autograd's device thread), W sets every one equal to a fused
     backward's, and what B keeps is the meter's M_W: the layer inputs in the
     stash, 0 < M_W < M_B."""
@@ -80,7 +80,7 @@ def test_split_splits_on_cuda(norms: str) -> None:
     torch.cuda.synchronize()
     after_b = {n for n, p in stage.named_parameters() if p.grad is not None}
     norm_params = {n for n, _ in stage.named_parameters() if ".norm" in n}
-    assert len(norm_params) == 8 and after_b == (norm_params if norms == "b" else set())
+    assert len(norm_params) == 8 and after_b == (norm_params if norms == "in-b" else set())
     meter.set_stash((0, 0), stash.tensors, stash.gradients)
     meter.after(PassKind.B, (0, 0), Fraction(1))
     mw, mb = meter.after_b[(0, 0)], meter.f_bytes[(0, 0)]

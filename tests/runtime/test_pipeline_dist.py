@@ -51,7 +51,7 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory):
                 cases += build_cases(d, work, paths=[DUALPIPE_RECOMPUTE])
             if d == 4:  # graphs kept until W
                 cases += build_cases(d, work, only=[V_FILES["half"], V_FILES["min"]],
-                                     release="w")
+                                     release="at-w")
                 # two pipelines of 2 ranks, each in its own process group
                 cases += build_cases(2, work, only=["zb_h1", "zb_v"], pipelines=2)
             cache[d] = harness.run_cases(cases, d, work)
@@ -147,9 +147,9 @@ def _release_w(results: dict, key: str) -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["half", "min"])
 def test_release_w_step_equals_single_process(dist_results, kind: str) -> None:
-    """`--release w` (each microbatch-stage's graph kept until its W) trains the
+    """`--release at-w` (each microbatch-stage's graph kept until its W) trains the
     same: loss, gradients and parameters equal the non-pipelined run at d=4."""
-    for r in _release_w(dist_results(4), f"{V_FILES[kind]}-d4-release-w"):
+    for r in _release_w(dist_results(4), f"{V_FILES[kind]}-d4-release-at-w"):
         assert abs(r["loss"] - r["ref_loss"]) <= TOL * abs(r["ref_loss"]), r
         assert r["grad_rel_err"] <= TOL, r
         assert r["param_rel_err"] <= TOL, r
@@ -159,7 +159,7 @@ def test_release_w_step_equals_single_process(dist_results, kind: str) -> None:
 def test_v_shape_memory_ratios(dist_results, tmp_path: Path, d: int) -> None:
     """At d=4 and d=8 the measured V-Half/1F1B and V-Min/1F1B peak ratios are the
     controllable-memory paper's ((d+2)//2)/d and ((d+4)//3)/d exactly, as are the
-    files' predictions. Measured with `--release w` (graphs kept until W: the
+    files' predictions. Measured with `--release at-w` (graphs kept until W: the
     paper's accounting, M_W = M_B, which is also what the files declare); the
     measured M_W/M_B is then 1 on every stage, read off the tensors, not assumed."""
     files = V_FILES
@@ -168,14 +168,14 @@ def test_v_shape_memory_ratios(dist_results, tmp_path: Path, d: int) -> None:
     else:  # memory only (one step, no reference run): 8 processes on few cores
         cases = build_cases(d, tmp_path, check_grads=False, only=[files["1f1b"]])
         cases += build_cases(d, tmp_path, check_grads=False,
-                             only=[files["half"], files["min"]], release="w")
+                             only=[files["half"], files["min"]], release="at-w")
         results = harness.run_cases(cases, d, tmp_path)
     # A schedule's units are its own stages' M_B; a V-shape chunk is half a 1F1B
     # stage of the same model, so compare in units of the whole model's activation
     # per microbatch: peak / num_stages.
     peak = {}
     for key, stem in files.items():
-        per_rank = _release_w(results, f"{stem}-d{d}" + ("" if key == "1f1b" else "-release-w"))
+        per_rank = _release_w(results, f"{stem}-d{d}" + ("" if key == "1f1b" else "-release-at-w"))
         if key != "1f1b":
             assert all(Fraction(x) == 1 for r in per_rank for x in r["mw_ratio"].values())
         stages = len({s for r in per_rank for s in r["stages"]})

@@ -132,18 +132,18 @@ def test_profile_of_a_failing_model_is_invalid_input(capsys: pytest.CaptureFixtu
 
 
 def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--norms w` defers the layer norms' weight gradients too: W then also keeps
+    """`--norms deferred` defers the layer norms' weight gradients too: W then also keeps
     their inputs, mean and rstd (a larger M_W), and the report says which; on CPU
     with one thread the passes are timed in thread CPU time."""
     found = {}
-    for norms in ("b", "w"):
+    for norms in ("in-b", "deferred"):
         code = main(["profile", "--model", TINY, "--stages", "2", "--json", "--no-transfer",
                      "--warmup", "0", "--repeats", "1", "--norms", norms])
         assert code == 0
         report = json.loads(capsys.readouterr().out)
         assert report["norms"] == norms and report["clock"] == "thread"
         found[norms] = [s["weight_bytes"] for s in report["stages"]]
-    assert all(0 < b < w for b, w in zip(found["b"], found["w"], strict=True)), found
+    assert all(0 < b < w for b, w in zip(found["in-b"], found["deferred"], strict=True)), found
 
 
 def test_precision_option_profiles_under_autocast(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
 """The B/W split (`ppdsl.runtime.split`) and the memory meter, in one process:
-B computes input gradients only (and, under the default ``norms="b"``, layer
+B computes input gradients only (and, under the default ``norms="in-b"``, layer
 norms' weight gradients), W the other weight gradients, together exactly what a
 fused backward computes; on any thread; frozen parameters untouched; what B keeps
 for W is what the meter measures; the plan found for a graph is reused only for a
@@ -50,14 +50,14 @@ def _net() -> nn.Module:
 
 
 def _norm_parameters(stage: nn.Module) -> list[str]:
-    """Names of the trainable parameters of `stage`'s layer norms (B's under "b")."""
+    """Names of the trainable parameters of `stage`'s layer norms (B's under "in-b")."""
     return [f"{m}.{n}" if m else n for m, module in stage.named_modules()
             if isinstance(module, nn.LayerNorm)
             for n, p in module.named_parameters(recurse=False) if p.requires_grad]
 
 
 def _split_then_fused(
-    stage: nn.Module, inputs: torch.Tensor, *, other_thread: bool = False, norms: str = "b"
+    stage: nn.Module, inputs: torch.Tensor, *, other_thread: bool = False, norms: str = "in-b"
 ) -> tuple[dict[str, torch.Tensor | None], list[str], nn.Module]:
     """Run B (optionally on another thread) then W on `stage`, and a fused backward
     on a copy; returns ({name: grad after W}, names with a grad right after B, copy)."""
@@ -96,31 +96,31 @@ def _assert_same_grads(grads: dict[str, torch.Tensor | None], reference: nn.Modu
             torch.testing.assert_close(grads[name], p.grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_b_computes_only_input_grads_and_w_the_weight_grads(norms: str) -> None:
     """After B the input gradient equals plain autograd's and no parameter has a
-    gradient but, under norms="b", the layer norm's; W then sets every one, equal
+    gradient but, under norms="in-b", the layer norm's; W then sets every one, equal
     to a fused backward's."""
     net = _net()
     grads, after_b, reference = _split_then_fused(net, torch.randn(5, 8), norms=norms)
-    assert after_b == (["2.weight", "2.bias"] if norms == "b" else [])
+    assert after_b == (["2.weight", "2.bias"] if norms == "in-b" else [])
     _assert_same_grads(grads, reference)
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 @pytest.mark.parametrize("stage_index", [0, 1])
 def test_split_defers_every_weight_grad_from_another_thread(stage_index: int, norms: str) -> None:
     """The CPU stand-in for CUDA's autograd worker threads: the stash is set up on
     this thread and B runs on another; every weight gradient of a tiny_gpt stage
-    (embeddings, linears; layer norms under norms="w") is still deferred to W and
+    (embeddings, linears; layer norms under norms="deferred") is still deferred to W and
     W's equal a fused backward's."""
     model = build_model(TINY, 2)
     ids, _ = model.batch(0, 2)
     inputs = ids if stage_index == 0 else model.stage(0)(ids).detach()
     stage = model.stage(stage_index)
     grads, after_b, reference = _split_then_fused(stage, inputs, other_thread=True, norms=norms)
-    assert after_b == (_norm_parameters(stage) if norms == "b" else [])
-    assert len(after_b) == (32 if stage_index == 0 else 34) or norms == "w"
+    assert after_b == (_norm_parameters(stage) if norms == "in-b" else [])
+    assert len(after_b) == (32 if stage_index == 0 else 34) or norms == "deferred"
     assert all(g is not None for g in grads.values())
     _assert_same_grads(grads, reference)
 
@@ -139,7 +139,7 @@ def test_conv_and_embedding_split() -> None:
         _assert_same_grads(grads, reference)
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_frozen_parameters_get_no_gradient(norms: str) -> None:
     """LoRA-style fine-tuning: parameters with requires_grad=False get no .grad
     from B or W (issue 10); the trainable ones get a fused backward's."""
@@ -150,8 +150,8 @@ def test_frozen_parameters_get_no_gradient(norms: str) -> None:
     for name, p in stage.named_parameters():
         p.requires_grad_(name not in frozen)
     grads, after_b, reference = _split_then_fused(stage, model.stage(0)(ids).detach(), norms=norms)
-    assert after_b == (_norm_parameters(stage) if norms == "b" else [])
-    assert "0.norm1.bias" in after_b or norms == "w"
+    assert after_b == (_norm_parameters(stage) if norms == "in-b" else [])
+    assert "0.norm1.bias" in after_b or norms == "deferred"
     assert {n for n, g in grads.items() if g is None} == frozen
     _assert_same_grads(grads, reference)
 
@@ -263,10 +263,10 @@ def test_defer_outside_the_runtime_runs_now() -> None:
     assert ran == [1]
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_meter_measures_what_b_keeps_for_w(norms: str) -> None:
     """1 M_B right after F; after B exactly what W reads: each linear's input and,
-    under norms="w", the layer norm's input, mean and rstd (all of F's bytes but
+    under norms="deferred", the layer norm's input, mean and rstd (all of F's bytes but
     GELU's input); nothing after W."""
     net = _net()
     meter = MemoryMeter(net.parameters())
@@ -281,7 +281,7 @@ def test_meter_measures_what_b_keeps_for_w(norms: str) -> None:
     meter.set_stash((0, 0), stash.tensors, stash.gradients)
     meter.after(PassKind.B, (0, 0), Fraction(1))
     gelu_input = 64 * 16 * 4
-    if norms == "w":
+    if norms == "deferred":
         assert meter.after_b[(0, 0)] == meter.f_bytes[(0, 0)] - gelu_input
     else:  # the linears' inputs: x and the layer norm's output
         assert meter.after_b[(0, 0)] == (64 * 8 + 64 * 16) * 4
@@ -314,13 +314,13 @@ def test_meter_counts_a_stage_with_uncovered_parameters() -> None:
 
 
 @pytest.mark.parametrize(("factory", "norms", "low", "high"), [
-    ("stages", "b", 0.38, 0.48), ("stages", "w", 0.5, 0.62),
-    ("stages_long", "b", 0.1, 0.17), ("stages_long", "w", 0.16, 0.25),
+    ("stages", "in-b", 0.38, 0.48), ("stages", "deferred", 0.5, 0.62),
+    ("stages_long", "in-b", 0.1, 0.17), ("stages_long", "deferred", 0.16, 0.25),
 ])
 def test_tiny_gpt_real_mw_ratio(factory: str, norms: str, low: float, high: float) -> None:
     """Measured, not assumed: what a tiny_gpt stage keeps from B to W is about 0.43
     M_B with 16 tokens and fused attention (0.56 when W also needs the layer norms'
-    inputs, norms="w"), about 0.14 (0.19) with 128 tokens and unfused attention
+    inputs, norms="deferred"), about 0.14 (0.19) with 128 tokens and unfused attention
     (whose seq^2 probabilities B frees)."""
     model = build_model(TINY.replace(":stages", f":{factory}"), 4)
     stage = model.stage(1)
@@ -338,10 +338,10 @@ def test_tiny_gpt_real_mw_ratio(factory: str, norms: str, low: float, high: floa
     assert low < ratio < high, ratio
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_autocast_weights_are_split(norms: str) -> None:
     """Under bf16 autocast (weights cast on their way to the matmul) every weight
-    gradient (but, under norms="b", the layer norm's) is still deferred, and W's
+    gradient (but, under norms="in-b", the layer norm's) is still deferred, and W's
     equal a fused backward's."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
@@ -353,7 +353,7 @@ def test_autocast_weights_are_split(norms: str) -> None:
     stash = WStash()
     backward_input(y, torch.ones_like(y), x, stash, norms=norms)
     after_b = [n for n, p in net.named_parameters() if p.grad is not None]
-    assert after_b == (["1.weight", "1.bias"] if norms == "b" else [])
+    assert after_b == (["1.weight", "1.bias"] if norms == "in-b" else [])
     stash.run()
     y_ref.backward(torch.ones_like(y_ref))
     _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
@@ -420,7 +420,7 @@ def test_uncovered_gradient_never_aliases_a_stashed_one(flat: bool) -> None:
     _assert_same_grads({n: p.grad for n, p in net.named_parameters()}, reference)
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_microbatches_accumulate_as_a_fused_backward(norms: str) -> None:
     """Three microbatches of a tiny_gpt stage, every B before any W (the bulk
     accumulation path: `_foreach_add_` into existing gradients), equal three fused
@@ -548,18 +548,18 @@ def test_several_outputs_and_inputs() -> None:
 
 def test_bad_arguments_get_autograds_errors() -> None:
     """What `torch.autograd.grad` rejects, B rejects with its message (the fast
-    engine call is only for arguments it would accept); `norms` is b or w."""
+    engine call is only for arguments it would accept); `norms` is in-b or deferred."""
     lin = nn.Linear(4, 3)
     x = torch.randn(2, 4, requires_grad=True)
     with pytest.raises(RuntimeError, match="Mismatch in shape"):
         backward_input(lin(x), torch.ones(3, 3), x, WStash())
     with pytest.raises(RuntimeError, match="implicitly created only for scalar"):
         backward_input(lin(x), None, x, WStash())
-    with pytest.raises(ValueError, match="norms must be 'b' or 'w'"):
+    with pytest.raises(ValueError, match="norms must be 'in-b' or 'deferred'"):
         backward_input(lin(x), torch.ones(2, 3), x, WStash(), norms="x")
 
 
-@pytest.mark.parametrize("norms", ["b", "w"])
+@pytest.mark.parametrize("norms", ["in-b", "deferred"])
 def test_w_records_no_graph_when_called_with_grad_mode_on(norms: str) -> None:
     """W run outside ``torch.no_grad()`` (as the profile and the GPU memory test call
     it) still records no graph: no weight gradient gets a ``grad_fn``, so nothing
@@ -586,8 +586,8 @@ def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) 
     import ppdsl.runtime.split as split_module
 
     calls: list[int] = []
-    bulk = split_module._linears_weight_grads
-    monkeypatch.setattr(split_module, "_linears_weight_grads",
+    bulk = split_module._linear_weight_grads
+    monkeypatch.setattr(split_module, "_linear_weight_grads",
                         lambda dys, *rest: calls.append(len(dys)) or bulk(dys, *rest))
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 4))
