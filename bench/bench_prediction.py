@@ -68,7 +68,9 @@ def main() -> None:
                         found = json.loads(_ppdsl(
                             "profile", "--model", model, "--stages", str(stages), "--json",
                             "-o", str(costs)).stdout)
-                        forward = sum(s["forward_ms"] for s in found["stages"]) / stages
+                        engine = (found.get("step") or {}).get("engine_pass_ms") or {}
+                        forward = sum(engine.get(f"F{s['stage']}", s["forward_ms"])
+                                      for s in found["stages"]) / stages
                         profiles[stages] = (costs, forward * stages / d)
                     costs, forward = profiles[stages]
                     out = Path(tmp) / f"{stem}-{d}-{model_label[:4]}"
@@ -83,7 +85,8 @@ def main() -> None:
                           f"{predicted:12.1f} {measured / predicted:9.3f} "
                           f"{measured / makespan:13.3f}  {note}", flush=True)
     print(f"load average after: {_load()}")
-    print("T_F ms: a device's forward per microbatch (the profile's, summed over its stages); "
+    print("T_F ms: a device's forward per microbatch (the costs file's, as the engine ran it, "
+          "summed over its stages); "
           "predicted: the simulated step (each device's passes, with the engine's overhead and "
           "the transfers, after its optimizer step; then the norm all-reduce); "
           "makespan only: measured / the simulated makespan without the step's other costs")

@@ -19,6 +19,14 @@ CPU clock, which would time kernel launches only. `precision` "bf16" or "fp16"
 runs the forward (and loss) under autocast, as `ppdsl run --precision` does,
 and the report records it, with the TF32 settings, beside the times.
 
+`measure_engine` then runs the stages' passes through the runtime's own engine
+(`PipelineRunner`, every stage on this process) and times them as `ppdsl run`
+does (wall time on CPU, CUDA events on CUDA): those are the pass costs
+`to_costs_pp` writes when measured (profile = run; the stage runs above stay in
+the report, in this thread's CPU time on one CPU thread, which a pass that
+waits, e.g. sleeps, does not spend), with the engine's overhead per pass, each
+stage's optimizer step and the norm all-reduce (`StepCosts`).
+
 `to_costs_pp` writes the measured costs (milliseconds) and memory (in units of
 the mean stage's M_B) as `cost` and `memory` statements of the language, for
 `--costs-from`.
@@ -137,8 +145,9 @@ class StepCosts:
     engine (`PipelineRunner` on one process, every stage on it), its step time
     less the time inside passes, over the passes."""
     engine_pass_ms: dict[str, float]
-    """The median pass time as the engine ran it, per `KIND` + stage (`F0`),
-    beside the profile's own (same clock: wall time)."""
+    """The median pass time as the engine ran it, per `KIND` + stage (`F0`), timed
+    as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
+    costs `to_costs_pp` writes (profile = run)."""
     optimizer_ms: tuple[float, ...]
     """Per stage, the optimizer step of its parameters (with their norms)."""
     optimizer: str
@@ -710,86 +719,108 @@ def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str)
 
 _ENGINE_SCHEDULE = """\
 # every stage on one process, each microbatch's passes back to back: what
-# `ppdsl profile` runs through the engine to time its work between passes
+# `ppdsl profile` runs through the engine to time its passes and its work
+# between them as `ppdsl run` does
 schedule engine_profile {{
     param d = 1
     param v = {num_stages}
     param m = {num_microbatches}
     place looped(v)
-    backward split
+    backward {backward}
     order {{
         for c in chunks {{ for j in 0..m {{ F(j, c) }} }}
-        for c in reversed(chunks) {{ for j in 0..m {{ B(j, c); W(j, c) }} }}
+        for c in reversed(chunks) {{ for j in 0..m {{ {backward_passes} }} }}
     }}
 }}
 """
 
 
+def _engine_steps(
+    model: Any, folder: Path, backward: str, num_stages: int, microbatch_size: int,
+    device: torch.device, warmup: int, repeats: int, num_microbatches: int, precision: str,
+) -> tuple[Any, list[float], dict[tuple[str, int], list[float]]]:
+    """(the runner, the overhead per pass of each timed step in seconds, the
+    traced pass durations) of the engine profile in `backward` form."""
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+    from ppdsl.runtime.trace import Tracer
+
+    path = folder / f"engine_profile_{backward}.pp"
+    path.write_text(_ENGINE_SCHEDULE.format(
+        num_stages=num_stages, num_microbatches=num_microbatches, backward=backward,
+        backward_passes="B(j, c); W(j, c)" if backward == "split" else "BW(j, c)"))
+    schedule = load_schedule(path)
+    runner = PipelineRunner(schedule, model.stage, model.loss, device=device,
+                            precision=precision, note=lambda text: None)
+    tracer = Tracer(0, device)
+    runner.tracer = tracer
+    tracer.start()
+    inputs, targets = model.batch(0, microbatch_size * num_microbatches)
+    passes = len(schedule.plan.orders[0])
+    overheads: list[float] = []
+    for rep in range(warmup + repeats):
+        for p in runner.parameters():
+            p.grad = None
+        tracer.timed = rep >= warmup
+        runner.step(inputs, targets)
+        result = runner.last_result
+        assert result is not None
+        if rep >= warmup:
+            overheads.append((result.step_time - result.compute_time) / passes)
+    return runner, overheads, tracer.durations
+
+
 def measure_engine(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, *,
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
-    precision: str = "fp32", clock: Callable[[], float] = time.perf_counter,
+    precision: str = "fp32",
 ) -> tuple[float, dict[str, float], tuple[float, ...]]:
     """(engine overhead per pass in ms, the engine's median pass times in ms by
     `KIND` + stage, the optimizer step per stage in ms): the model's stages run
-    as the runtime runs them (`PipelineRunner` over every stage on this one
-    process, in a one-process gloo group), then each stage's `optimizer` step
-    with its gradient norms (as `OptimizerStep` computes them), timed by `clock`."""
+    as `ppdsl run` runs them (`PipelineRunner` over every stage on this one
+    process, in a one-process gloo group; split: F, B, W; fused: F, BW), timed
+    as the run times them (the tracer: wall time on CPU, CUDA events on CUDA);
+    then each stage's `optimizer` step with its gradient norms (as
+    `OptimizerStep` computes them), in wall time as the run's trace has it."""
     import tempfile
 
     import torch.distributed as dist
 
     from ppdsl.runtime.optim import make_optimizer
-    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
-    from ppdsl.runtime.trace import Tracer
 
     if dist.is_initialized():
         raise RuntimeError("measure_engine starts its own one-process group: call it "
                            "outside torch.distributed")
+    durations: dict[tuple[str, int], list[float]] = {}
+    overheads: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "engine_profile.pp"
-        path.write_text(_ENGINE_SCHEDULE.format(num_stages=num_stages,
-                                                num_microbatches=num_microbatches))
-        schedule = load_schedule(path)
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
-            runner = PipelineRunner(schedule, model.stage, model.loss, device=device,
-                                    precision=precision, note=lambda text: None)
-            tracer = Tracer(0, device)
-            runner.tracer = tracer
-            tracer.start()
-            inputs, targets = model.batch(0, microbatch_size * num_microbatches)
-            overheads: list[float] = []
-            for rep in range(warmup + repeats):
-                for p in runner.parameters():
-                    p.grad = None
-                tracer.timed = rep >= warmup
-                runner.step(inputs, targets)
-                result = runner.last_result
-                assert result is not None
-                if rep >= warmup:
-                    passes = len(schedule.plan.orders[0])
-                    overheads.append((result.step_time - result.compute_time) / passes)
-            tracer.events.clear()
+            for backward in ("fused", "split"):
+                runner, found, traced = _engine_steps(
+                    model, Path(folder), backward, num_stages, microbatch_size, device,
+                    warmup, repeats, num_microbatches, precision)
+                overheads += found
+                for key, values in traced.items():
+                    if key[1] >= 0 and not (backward == "split" and key[0] == "F"):
+                        durations.setdefault(key, []).extend(values)
             optimizer_ms = []
-            for stage in range(num_stages):
+            for stage in range(num_stages):  # the split run's gradients
                 params = [p for p in runner.stages[stage].parameters() if p.grad is not None]
                 opt = make_optimizer(optimizer, params, 1e-9)
                 times = []
                 for rep in range(warmup + repeats):
-                    t0 = clock()
+                    t0 = time.perf_counter()
                     with torch.no_grad():
                         if params:
                             torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
                         opt.step()
                     _sync(device)
                     if rep >= warmup:
-                        times.append(clock() - t0)
+                        times.append(time.perf_counter() - t0)
                 optimizer_ms.append(statistics.median(times) * 1e3)
         finally:
             dist.destroy_process_group()
-    engine = {f"{kind}{stage}": statistics.median(v)
-              for (kind, stage), v in sorted(tracer.durations.items()) if stage >= 0}
+    engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
     return statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms)
 
 
@@ -947,7 +978,8 @@ def profile_model(
         try:
             overhead, engine, optimizer_ms = measure_engine(
                 build_model(spec, num_stages), num_stages, microbatch_size, device,
-                optimizer=optimizer, precision=precision, clock=clock,
+                optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
+                repeats=repeats,
             )
         except Exception as exc:  # the user's model under the engine: report, don't crash
             raise ModelError(f"--model {spec!r}: running its stages through the engine "
@@ -1040,6 +1072,14 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
             f"  T_BW {t.fused_ms:.4f} ms;  M_B {t.activation_bytes}  M_W {t.weight_bytes} bytes"
         )
     stages = profile.stages
+    kinds: dict[str, list[float]] = {"F": [], "B": [], "W": [], "BW": []}
+    engine = profile.step.engine_pass_ms if profile.step is not None else {}
+    for kind, values in kinds.items():
+        for st in stages:
+            t = st.timing
+            own = {"F": t.forward_ms, "B": t.input_ms, "W": t.weight_ms, "BW": t.fused_ms}[kind]
+            values.append(engine.get(f"{kind}{st.stage}", own))
+    from_engine = all(f"{k}{st.stage}" in engine for k in kinds for st in stages)
     lines = [
         f"# Measured by ppdsl profile {__version__}"
         + (f": {command}" if command else f": {profile.model}, {profile.num_stages} stages"),
@@ -1057,16 +1097,18 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
            + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
           if profile.dp > 1 else []),
         *rows,
+        *(["# pass costs: the passes as `ppdsl run`'s engine ran them (every stage on one "
+           "process, timed as the run times passes: "
+           + ("CUDA events" if profile.clock == "cuda-events" else "wall time")
+           + "); the stage lines above are the profile's own runs"] if from_engine else []),
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "
            "all-reduce between two gloo processes"] if profile.step is not None else []),
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",
-        "    cost F[s] = " + _per_stage([_decimal(s.timing.forward_ms) for s in stages]),
-        "    cost B[s] = " + _per_stage([_decimal(s.timing.input_ms) for s in stages]),
-        "    cost W[s] = " + _per_stage([_decimal(s.timing.weight_ms) for s in stages]),
-        "    cost BW[s] = " + _per_stage([_decimal(s.timing.fused_ms) for s in stages]),
+        *(f"    cost {kind}[s] = " + _per_stage([_decimal(x) for x in values])
+          for kind, values in kinds.items()),
         f"    cost comm = {_decimal(profile.comm_ms())}",
         *([
             "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),

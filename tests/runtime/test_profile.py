@@ -214,3 +214,21 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
         run = _ppdsl("check", target, "-D", "d=2", "--costs-from", str(costs), cwd=tmp_path)
         assert run.returncode == 0, run.stderr
         assert "ok: schedule" in run.stdout
+
+
+def test_pass_costs_are_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profile = run (docs/runtime.md, "Profiling a model"): the costs file's pass
+    costs are the passes as `ppdsl run`'s engine runs and times them, so stages that
+    sleep 20/20/10 ms cost at least that, though they spend no CPU time (the stage
+    runs' thread clock reads ~0 for them)."""
+    monkeypatch.setenv("PPDSL_SLEEP_MS", "F=20,B=20,W=10")
+    costs = tmp_path / "costs.pp"
+    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
+                 "--stages", "1", "--no-transfer", "--warmup", "1", "--repeats", "2",
+                 "-o", str(costs)])
+    assert code == 0
+    c, _ = evaluate_costs(load_costs_file(costs), 1, "parallel")
+    for kind, sleep in (("forward", 20), ("backward_input", 20), ("backward_weight", 10),
+                        ("fused_backward", 30)):
+        assert all(x >= sleep for x in getattr(c, kind)), (kind, getattr(c, kind))
+    assert "as `ppdsl run`'s engine ran them" in costs.read_text()
