@@ -285,6 +285,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
     """(summary lines, .pp header lines) about the exact engine's result."""
     exact = outcome.exact
+    if exact is None and outcome.heuristic.problem.placement.lanes > 1:
+        return ["exact engine: not run (its model runs every microbatch through every stage, "
+                "not one of DualPipe's lanes)"], []
     if exact is None:
         return ["exact engine: not run (use --exact for a lower bound)"], []
     what = exact.objective
