@@ -133,33 +133,36 @@ def test_killed_rank_restarts_and_ends_bit_identical(
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_checkpoint_of_another_run_setup_is_refused(tmp_path: Path) -> None:
+def test_checkpoint_of_another_run_setup_is_refused(
+    tmp_path: Path, uninterrupted: tuple[str, Path]
+) -> None:
     """Resuming from a checkpoint that another schedule, model, stage placement or
     world size saved stops at start-up (exit 1, no traceback) with a message
-    naming each difference; the same set-up resumes from it."""
-    saved, ckpt = _run(tmp_path, "ckpt", "--steps", "1", model=f"{TINY}:stages",
-                       schedule="examples/1f1b.pp")
-    assert saved.returncode == 0, saved.stdout + saved.stderr
+    naming each difference; the same set-up resumes from it (a copy of the
+    uninterrupted run's checkpoints: ZB-H1, the logged tiny_gpt, 2 ranks)."""
+    import shutil
+
+    shutil.copytree(uninterrupted[1], tmp_path / "ckpt")
     # one run that differs in all four ways: each difference is named on its own line
-    proc, _ = _run(tmp_path, "ckpt", "--steps", "2", "--dp", "2",
+    proc, _ = _run(tmp_path, "ckpt", "--steps", str(STEPS + 2), "--dp", "2",
                    schedule="examples/interleaved_1f1b.pp", model=f"{TINY}:stages_long")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "cannot resume from" in proc.stderr, proc.stderr
     for message in (
-        "  - schedule: saved by 'one_f_one_b' (examples/1f1b.pp), this run is "
+        "  - schedule: saved by 'zb_h1' (examples/zb_h1.pp), this run is "
         "'interleaved_1f1b' (examples/interleaved_1f1b.pp)\n",
         "  - stage placement: stage -> rank [0, 1] in the checkpoint, [0, 1, 0, 1] in this run\n",
         "  - world size: 2 ranks (1 data-parallel replicas) in the checkpoint, 4 ranks "
         "(2 replicas) in this run; resuming with another --dp is not supported\n",
-        f"  - model: '{TINY}:stages' in the checkpoint, '{TINY}:stages_long' in this run\n",
+        f"  - model: '{LOGGED}' in the checkpoint, '{TINY}:stages_long' in this run\n",
         "  - model parameters: stage 0's parameter '0.positions.weight' is float32 [16, 32] "
         "in the checkpoint, float32 [128, 32] in this run\n",
     ):
         assert message in proc.stderr, (message, proc.stderr)
-    again, _ = _run(tmp_path, "ckpt", "--steps", "2", "--resume", model=f"{TINY}:stages",
-                    schedule="examples/1f1b.pp")
-    assert again.returncode == 0 and "(after step 1)" in again.stdout, again.stdout + again.stderr
+    again, _ = _run(tmp_path, "ckpt", "--steps", str(STEPS + 1))
+    assert again.returncode == 0 and f"(after step {STEPS})" in again.stdout, (
+        again.stdout + again.stderr)
 
 
 def test_identity_differences_name_dp_mode_and_fingerprint() -> None:
