@@ -3,7 +3,10 @@
 `PPDSL_FAULT="POINT:STEP:RANK"` makes global rank RANK kill itself (SIGKILL, as
 the kernel's OOM killer or a preemption would) the first time it reaches POINT
 during step STEP (counted from 1), on torchrun's first attempt only
-(`TORCHELASTIC_RESTART_COUNT` 0), so the restarted job runs through. The points:
+(`TORCHELASTIC_RESTART_COUNT` 0), so the restarted job runs through. A
+comma-separated list gives one fault per attempt: the k-th on attempt k (from
+0), none after the list, so one job can be killed at several points in turn
+(under `--max-restarts` at least the list's length). The points:
 
 - `forward`: at the start of a forward pass;
 - `exchange`: in the middle of a transfer exchange (its sends and receives
@@ -28,9 +31,11 @@ POINTS = ("forward", "exchange", "optimizer", "save", "saved")
 
 
 def _parse(text: str | None) -> tuple[str, int, int] | None:
-    if not text or restart_count() != 0:
+    faults = text.split(",") if text else []
+    attempt = restart_count()
+    if attempt >= len(faults):
         return None
-    point, step, rank = text.split(":")
+    point, step, rank = faults[attempt].strip().split(":")
     if point not in POINTS:
         raise ValueError(f"PPDSL_FAULT: unknown point {point!r}; one of {', '.join(POINTS)}")
     if int(rank) != int(os.environ.get("RANK", "0")):

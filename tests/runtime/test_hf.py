@@ -241,19 +241,29 @@ def test_cut_checked_against_the_whole_model(tmp_path: Path) -> None:
 def test_data_parallel_shard_trains_and_saves(tmp_path: Path) -> None:
     """`--dp 2 --dp-mode shard` (FSDP2 per stage: DTensor parameters) with ZB-H1
     at d=2: the saved checkpoint equals the non-pipelined model trained on the
-    documented batches (1e-4), each replica its contiguous share (docs/runtime.md)."""
+    documented batches (1e-4), each replica its contiguous share (docs/runtime.md).
+    The same run takes `--cut balanced` (ppdsl/runtime/cut.py): it profiles once
+    before torchrun, hands the ranks the list it chose, prints it and writes it to
+    the manifest (docs/runtime.md, "Hugging Face models")."""
+    import json
     import subprocess
     import sys
 
     folder = hf_models.write(tmp_path, "llama")
     data = tmp_path / "tokens.bin"
     ids = _tokens(data)
-    out = tmp_path / "trained"
+    out, build = tmp_path / "trained", tmp_path / "build"
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", "examples/zb_h1.pp", "-D", "d=2", "-D", "m=2",
          "--dp", "2", "--dp-mode", "shard", "--model", f"hf:{folder}", "--data", str(data),
          "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--steps", str(STEPS),
-         "--optimizer", "sgd", "--lr", str(LR), "--momentum", "0.9", "--save-model", str(out)],
+         "--optimizer", "sgd", "--lr", str(LR), "--momentum", "0.9", "--save-model", str(out),
+         "--cut", "balanced", "-o", str(build)],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _relative_error(out, _reference(folder, ids)) <= 1e-4
+    chosen = proc.stderr.split("balanced cut from a per-layer profile: ")[1].split()[0]
+    assert f"cut (first decoder layer of each stage): {chosen}" in proc.stdout
+    record = json.loads((build / "manifest.json").read_text())["model"]
+    assert record == {"spec": f"hf:{folder}", "cut": [int(c) for c in chosen.split(",")],
+                      "cut_rule": "balanced"}

@@ -38,10 +38,31 @@ def test_readme_schedule_compiles_as_printed():
     assert compiled.schedule.name == "zb_h1" and compiled.warnings == ()
 
 
+def _assert_trains(stdout: str) -> None:
+    """`ppdsl run` on tiny_gpt as a user sees it: per-step lines with the loss
+    going down, the closing table, and throughput in samples/s and, tiny_gpt's
+    inputs being tokens, tokens/s = 16 x samples/s."""
+    steps = [line for line in stdout.splitlines() if line.startswith("step ")]
+    losses = [float(line.split("loss")[1].split()[0]) for line in steps]
+    assert len(losses) >= 8 and losses[-1] < losses[0], stdout
+    assert "peak predicted" in stdout
+    for line in steps:
+        words = line.split()  # tiny_gpt's inputs are tokens, 16 a sample
+        samples = float(words[words.index("samples/s") - 1])
+        tokens = float(words[words.index("tokens/s") - 1])
+        assert abs(tokens - 16 * samples) <= 16 * 0.05 + 1, line
+
+
+# The README's `ppdsl run` of ZB-V on tiny_gpt is also the test that a plain run
+# trains as a user sees it (_assert_trains): no second run of its own.
+TRAINS = "ppdsl run examples/zb_v.pp -D d=4 -D m=8 --model examples/models/tiny_gpt.py:stages"
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_readme_commands_run(tmp_path: Path) -> None:
-    """Every command line of the README, run as written, exits 0."""
+    """Every command line of the README, run as written, exits 0; its `ppdsl run`
+    of ZB-V on tiny_gpt prints falling losses, the table and its throughput."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     commands = _command_lines()
     assert len(commands) >= 8, commands
@@ -50,6 +71,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         import transformers  # noqa: F401
     except ImportError:  # the hf extra is not installed: its line cannot run
         commands = [c for c in commands if " hf:" not in c]
+    trained = False
     for line in commands:
         argv = shlex.split(line.split("  #", 1)[0])
         if argv[0] == "torchrun":  # on loopback, on a port of its own
@@ -63,6 +85,10 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                               timeout=300)
         assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, (line, proc.stderr[-2000:])
+        if line.startswith(TRAINS):
+            _assert_trains(proc.stdout)
+            trained = True
+    assert trained, f"no README line starts with {TRAINS!r}"
 
 
 @pytest.mark.slow
