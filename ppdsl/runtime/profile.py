@@ -761,7 +761,8 @@ def measure_engine(
     """(engine overhead per pass in ms, the engine's median pass times in ms by
     `KIND` + stage, the optimizer step per stage in ms): the model's stages run
     as `ppdsl run` runs them (`PipelineRunner` over every stage on this one
-    process, in a one-process gloo group; split: F, B, W; fused: F, BW), timed
+    process, in a one-process group, NCCL on CUDA and gloo on CPU; split: F, B,
+    W; fused: F, BW), timed
     as the run times them (the tracer: wall time on CPU, CUDA events on CUDA);
     then each stage's `optimizer` step with its gradient norms (as
     `OptimizerStep` computes them), in wall time as the run's trace has it."""
@@ -777,7 +778,12 @@ def measure_engine(
     durations: dict[tuple[str, int], list[float]] = {}
     overheads: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        # the backend `ppdsl run` serves this device with: NCCL for CUDA, gloo for CPU
+        if device.type == "cuda":
+            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                    device_id=device)
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
             for backward in ("fused", "split"):
                 runner, found, traced = _engine_steps(
@@ -965,11 +971,13 @@ def profile_model(
                 optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
                 repeats=repeats,
             )
-        except Exception as exc:  # the user's model under the engine: report, don't crash
-            raise ModelError(f"--model {spec!r}: running its stages through the engine "
-                             f"failed: {type(exc).__name__}: {exc}") from exc
-        norm = measure_norm_reduce() if transfer and num_stages > 1 else None
-        step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm)
+        except Exception as exc:  # noqa: BLE001 - the stage runs worked: say so, keep them
+            print(f"ppdsl profile: warning: running the stages through the engine failed "
+                  f"({type(exc).__name__}: {exc}); no step costs, and the pass costs are the "
+                  "stage runs' (--optimizer none skips this)", file=sys.stderr)
+        else:
+            norm = measure_norm_reduce() if transfer and num_stages > 1 else None
+            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
