@@ -1049,7 +1049,9 @@ def _step_statements(step: StepCosts | None) -> list[str]:
 def to_costs_pp(profile: Profile, command: str | None = None) -> str:
     """The profile as a `.pp` file of `cost` and `memory` statements (per stage)
     that `--costs-from` reads: costs in milliseconds, memory in units of the mean
-    stage's M_B (the header says how many bytes that is)."""
+    stage's M_B (the header says how many bytes that is). The pass costs are the
+    engine's (`StepCosts.engine_pass_ms`: profile = run) where it measured them,
+    else the stage runs'."""
     unit = profile.memory_unit_bytes()
     rows = []
     for s in profile.stages:
@@ -1061,11 +1063,11 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
     stages = profile.stages
     kinds: dict[str, list[float]] = {"F": [], "B": [], "W": [], "BW": []}
     engine = profile.step.engine_pass_ms if profile.step is not None else {}
-    for kind, values in kinds.items():
-        for st in stages:
-            t = st.timing
-            own = {"F": t.forward_ms, "B": t.input_ms, "W": t.weight_ms, "BW": t.fused_ms}[kind]
-            values.append(engine.get(f"{kind}{st.stage}", own))
+    for st in stages:
+        t = st.timing
+        own = {"F": t.forward_ms, "B": t.input_ms, "W": t.weight_ms, "BW": t.fused_ms}
+        for kind, values in kinds.items():
+            values.append(engine.get(f"{kind}{st.stage}", own[kind]))
     from_engine = all(f"{k}{st.stage}" in engine for k in kinds for st in stages)
     lines = [
         f"# Measured by ppdsl profile {__version__}"
