@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
 _RERUN_NOTE = (
     "Rows whose search names device bounds were rerun alone, after the rest "
     "(`python -m bench exact --only KEY --write`, KEY as `unit, V-shape, V-Min's p=8 m=16`); "
-    "their 'time s' is from that run, four rows in parallel on the shared machine."
+    "their 'time s' is from that run, up to four rows in parallel, niced, on the shared machine "
+    "(load 12 to 16)."
 )
 
 
