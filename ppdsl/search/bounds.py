@@ -73,6 +73,8 @@ def memory_precedences(problem) -> list[tuple[Key, Key]]:
     `exact.ExactProblem`. The one-stage case (c + 1 activations of a stage
     over the budget) is among them."""
     p = problem
+    if p.memory.recompute:
+        return []  # F of a recomputed stage allocates less than M_B: not derived here
     S, m = p.placement.num_stages, p.num_microbatches
     kinds = p.kinds
     reach = _reaches(kinds, S)
