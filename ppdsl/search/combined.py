@@ -70,6 +70,9 @@ class SearchOptions:
     outcome is `capped` (and depends on the machine)."""
     workers: int = 1
     """CP-SAT workers (1, or more interleaved: deterministic either way)."""
+    device_bounds: float = 0.0
+    """Deterministic time per device for the exact engine's one-device bounds
+    and memory precedences (`ExactOptions.device_bounds`); 0: off."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,10 @@ def find(
             cap = max(0.0, options.time_cap - (time.monotonic() - begin))
         exact = solve(
             ep,
-            ExactOptions(options.objective, effort, options.workers, cap, options.seed),
+            ExactOptions(
+                options.objective, effort, options.workers, cap, options.seed,
+                options.device_bounds,
+            ),
             hint=orders,
             progress=solver_progress,
         )

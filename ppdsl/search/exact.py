@@ -49,6 +49,7 @@ import numpy as np
 
 from ppdsl.analysis.simulate import SimulationError, simulate
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
+from ppdsl.search.bounds import device_span_bounds, memory_precedences
 from ppdsl.semantics import allocates_at_start, needs, pass_kinds
 
 __all__ = [
@@ -150,6 +151,11 @@ class ExactOptions:
     result depends on the machine (the result says so)."""
     seed: int = 0
     """CP-SAT's random seed."""
+    device_bounds: float = 0.0
+    """Deterministic time per device for the one-device relaxation
+    (`ppdsl.search.bounds`), run before the whole model: its bounds floor each
+    device's span, and the model then also carries the memory precedences.
+    Counted in `effort`. 0: neither (the model of docs/exact.md alone)."""
 
 
 @dataclass(frozen=True)
@@ -311,7 +317,15 @@ def _weights(problem: ExactProblem, scaled: Costs, objective: str) -> tuple[int,
 class _Model:
     """The CP-SAT model of one problem (see the module docstring)."""
 
-    def __init__(self, problem: ExactProblem, objective: str, scaled: Costs, upper: int | None):
+    def __init__(
+        self,
+        problem: ExactProblem,
+        objective: str,
+        scaled: Costs,
+        upper: int | None,
+        memory_edges: bool = False,
+        span_floors: Sequence[int] | None = None,
+    ):
         from ortools.sat.python import cp_model
 
         self.problem = problem
@@ -334,10 +348,18 @@ class _Model:
         # earliest start of each pass: its dependencies and the FIFO chain
         est = np.zeros(n, dtype=np.int64)
         order = self._topological(p, S, m)
+        self.topological_keys = order
+        implied: dict[tuple[PassKind, int, int], list[tuple[PassKind, int, int]]] = {}
+        for before, after in memory_precedences(p) if memory_edges else ():
+            implied.setdefault(after, []).append(before)
         edges: list[tuple[int, int, int]] = []  # (before, after, lag from before's end)
         for key in order:
             k = self.index[key]
             kind, j, s = key
+            for before in implied.get(key, ()):
+                need = self.index[before]
+                edges.append((need, k, 0))
+                est[k] = max(est[k], est[need] + duration[need])
             # the dependency relation and the transfer rule: ppdsl.semantics
             for need_key in needs(kind, j, s, S):
                 need = self.index[need_key]
@@ -350,6 +372,8 @@ class _Model:
                 est[k] = max(est[k], est[prev] + duration[prev])
         first_pass = [self.index[(_F, 0, p.placement.chunks(x)[0])] for x in range(d)]
         self._first_pass = first_pass
+        self.first_pass = first_pass
+        self.edges = edges
         last_passes = [[self.index[(last_kind, m - 1, s)] for s in p.placement.chunks(x)] for x in range(d)]
         self.lcm, weight = _weights(p, scaled, objective)
         if upper is not None:
@@ -400,6 +424,8 @@ class _Model:
         self.last_passes = last_passes
         self.weight = weight
         self.last = []
+        self.idle_floors: list[int] = []
+        """Per device, the idle time it cannot avoid (`_idle`)."""
         # with an incumbent, only strictly better schedules are asked for (the
         # caller keeps the incumbent; infeasible then means it is optimal)
         self.z = model.new_int_var(
@@ -410,7 +436,11 @@ class _Model:
             self.last.append(last)
             for k in last_passes[x]:
                 model.add(last >= start[k] + int(duration[k]))
-            model.add(last - self.first[x] >= self.busy[x] + self._idle(x, est, duration, mscale))
+            idle = self._idle(x, est, duration, mscale)
+            self.idle_floors.append(idle)
+            model.add(last - self.first[x] >= self.busy[x] + idle)
+            if span_floors is not None:
+                model.add(last - self.first[x] >= span_floors[x])
             if objective == "bubble":
                 model.add(self.z >= weight[x] * (last - self.first[x]))
             else:
@@ -590,6 +620,27 @@ class _Run:
         self.capped = False
         self.infeasible = False
         self.lcm = _weights(problem, scaled, options.objective)[0]
+        self.span_floors: list[int] | None = None
+
+    def model(self) -> _Model:
+        """The whole model under the incumbent (and the device bounds, if run)."""
+        return _Model(
+            self.problem, self.options.objective, self.scaled, self.upper,
+            memory_edges=self.options.device_bounds > 0, span_floors=self.span_floors,
+        )
+
+    def bound_devices(self) -> None:
+        """The one-device relaxation of every device (`ppdsl.search.bounds`):
+        each bound floors that device's span, and for the bubble their worst
+        bounds the objective."""
+        model = _Model(self.problem, self.options.objective, self.scaled, None, memory_edges=True)
+        found = device_span_bounds(model, self.options.device_bounds, self.options.seed)
+        self.span_floors = [span for span, _, _ in found]
+        self.spent += sum(det for _, _, det in found)
+        if self.options.objective == "bubble":
+            floor = max(w * span for w, span in zip(self.weight, self.span_floors, strict=True))
+            upper = self.upper
+            self.bound_z = max(self.bound_z, floor if upper is None else min(floor, upper))
 
     # the objective variable z and the problem's terms
     def value_of(self, z: int) -> Fraction:
@@ -713,7 +764,7 @@ eighth: seven windows cover it."""
 
 def _full(run: _Run, effort: float) -> None:
     """The whole model (bound, proof, and better schedules if any)."""
-    model = _Model(run.problem, run.options.objective, run.scaled, run.upper)
+    model = run.model()
     if run.orders is not None:
         times = _fifo_times(run.problem, run.orders, run.scaled)
         if times is not None:
@@ -739,7 +790,7 @@ def _neighbourhoods(run: _Run, effort: float) -> None:
             return
         orders = _fifo_orders(run.problem, times)
         run.offer(orders)  # the FIFO relabelling, kept if it happens to be better
-        model = _Model(run.problem, run.options.objective, run.scaled, run.upper)
+        model = run.model()
         times = _fifo_times(run.problem, run.orders, run.scaled)
         assert times is not None
         model.hint(times)
@@ -769,7 +820,8 @@ def solve(
     """Solve `problem` under `options`, starting from the orders `hint` (kept
     as the answer when the solver finds nothing better).
 
-    Three steps share the effort: the whole model for a quarter (the lower
+    Three steps share the effort (after the one-device bounds, when
+    `options.device_bounds` asks for them): the whole model for a quarter (the lower
     bound, and often the proof); if the gap is open and there is an
     incumbent, large-neighbourhood steps for up to half; the whole model again
     for the rest, from the improved incumbent."""
@@ -784,10 +836,15 @@ def solve(
         run.offer(hint)
     run.report(0.0)
     effort = float(options.effort)
-    _full(run, effort / 4 if run.best is not None else effort)
+    if options.device_bounds > 0:
+        run.bound_devices()
+        run.report()
+        effort = max(effort - run.spent, 1e-3)
+    if not run.proven():
+        _full(run, effort / 4 if run.best is not None else effort)
     if not run.proven() and run.best is not None and not run.out_of_time():
         _neighbourhoods(run, effort / 2)
-        rest = effort - run.spent
+        rest = float(options.effort) - run.spent
         if rest > 0 and not run.proven() and not run.out_of_time():
             _full(run, rest)
     wall = time.monotonic() - begin
