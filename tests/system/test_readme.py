@@ -19,7 +19,10 @@ from ppdsl.compiler import compile_source
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```\n(.*?)```", README, flags=re.S)
+# the README's plain ``` blocks (a ```python or ```sh block is not one: the
+# data-parallel ```sh lines are run by tests/runtime/test_data_parallel.py)
+BLOCKS = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.S | re.M)
+          if not lang]
 
 
 def _command_lines(blocks: list[str] = BLOCKS) -> list[str]:
@@ -53,16 +56,29 @@ def _assert_trains(stdout: str) -> None:
         assert abs(tokens - 16 * samples) <= 16 * 0.05 + 1, line
 
 
-# The README's `ppdsl run` of ZB-V on tiny_gpt is also the test that a plain run
-# trains as a user sees it (_assert_trains): no second run of its own.
+def _assert_own_loop_trains(stdout: str, folder: Path) -> None:
+    """examples/train_loop.py, a user's own loop (DataLoader on the data ranks only,
+    AdamW, a LambdaLR, post-validated clipping, a checkpoint), under torchrun with
+    2 CPU ranks: 8 steps, the loss falls, the checkpoint is written."""
+    losses = [float(line.split("loss")[1].split()[0]) for line in stdout.splitlines()
+              if "step " in line and "loss" in line]
+    assert len(losses) == 8 and losses[-1] < losses[0], stdout
+    assert (folder / "loop_ckpt" / "step-00000008" / ".metadata").is_file()
+
+
+# Two README lines are also the tests of what they show, with no run of their own:
+# the `ppdsl run` of ZB-V on tiny_gpt (a plain run trains as a user sees it) and
+# examples/train_loop.py under torchrun (a user's own loop).
 TRAINS = "ppdsl run examples/zb_v.pp -D d=4 -D m=8 --model examples/models/tiny_gpt.py:stages"
+OWN_LOOP = "torchrun --nproc-per-node 2 examples/train_loop.py"
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_readme_commands_run(tmp_path: Path) -> None:
     """Every command line of the README, run as written, exits 0; its `ppdsl run`
-    of ZB-V on tiny_gpt prints falling losses, the table and its throughput."""
+    of ZB-V on tiny_gpt prints falling losses, the table and its throughput, and
+    examples/train_loop.py's loss falls and its checkpoint is written."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     commands = _command_lines()
     assert len(commands) >= 8, commands
@@ -71,7 +87,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         import transformers  # noqa: F401
     except ImportError:  # the hf extra is not installed: its line cannot run
         commands = [c for c in commands if " hf:" not in c]
-    trained = False
+    checked = set()
     for line in commands:
         argv = shlex.split(line.split("  #", 1)[0])
         if argv[0] == "torchrun":  # on loopback, on a port of its own
@@ -87,8 +103,11 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr, (line, proc.stderr[-2000:])
         if line.startswith(TRAINS):
             _assert_trains(proc.stdout)
-            trained = True
-    assert trained, f"no README line starts with {TRAINS!r}"
+            checked.add(TRAINS)
+        if line.startswith(OWN_LOOP):
+            _assert_own_loop_trains(proc.stdout, tmp_path)
+            checked.add(OWN_LOOP)
+    assert checked == {TRAINS, OWN_LOOP}, checked
 
 
 @pytest.mark.slow
