@@ -829,6 +829,8 @@ def _predictions(
         "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())
                              if s >= 0},
         "gap_sources": sources,
+        "ranks": len(durations),
+        "cores": os.cpu_count() or 1,
     }
 
 
@@ -862,6 +864,10 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
             + (" and the file's other costs" if plan.costs_from else " (no transfer cost)")
             + f"; measured/predicted {measured / again:.3f}"
         )
+    ranks, cores = mine.get("ranks"), mine.get("cores")
+    if predicted and ranks and cores and ranks > cores:
+        lines.append(f"  oversubscribed ({ranks} ranks on {cores} cores): the ranks share cores, "
+                     "so their passes take longer than profiled; not a prediction check")
     sources = [g for g in mine.get("gap_sources") or () if g["measured_ms"] > g["predicted_ms"]]
     if predicted and measured / predicted > GAP_TO_EXPLAIN and sources:
         lines.append(f"  the gap (more than {GAP_TO_EXPLAIN:.2f}x), largest sources first, per "

@@ -134,9 +134,10 @@ def _timed_slices(tracer: Tracer, slices: list[tuple[str, str, float, tuple[str,
 
 def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     """A costs file that says passes take a tenth of what they take: the run's summary
-    (ppdsl/runtime/train.py `timing_summary`, README's "where the time goes") names
-    the passes as the largest source of the gap, with the rank and both times;
-    under costs that match, measured/predicted stays under 1.10 and no gap is named."""
+    (ppdsl/runtime/train.py `timing_summary`, docs/runtime.md) names the passes as
+    the largest source of the gap, with the rank and both times, and says when the
+    ranks outnumber the cores; under costs that match, measured/predicted stays
+    under 1.10 and no gap is named."""
     from ppdsl.runtime.pipeline import load_schedule
     from ppdsl.runtime.train import _predictions, timing_summary
 
@@ -166,6 +167,9 @@ def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     assert "the gap (more than 1.10x)" in text, text
     first = text.split("the gap")[1].splitlines()[1].strip()
     assert first.startswith("passes: rank ") and "predicted 6.0 ms" in first, text
+    assert "oversubscribed" not in text or (os.cpu_count() or 1) < 2
+    mine["cores"] = 1  # two ranks on one core: the summary says so
+    assert "oversubscribed (2 ranks on 1 cores): " in timing_summary(wrong, mine)  # type: ignore[arg-type]
     right = plan_for(10, 20)
     mine = _predictions(right, durations, [step_ms / 1e3])  # type: ignore[arg-type]
     assert mine["predicted_step_time_ms"] == step_ms
