@@ -81,7 +81,7 @@ def _reference(stages: dict[int, nn.Module]) -> tuple[float, list[torch.Tensor]]
 
 
 @pytest.mark.parametrize(("example", "release"), [
-    ("v_zb", "b"), ("v_zb", "w"), ("interleaved_1f1b", "b"), ("1f1b_recompute", "b"),
+    ("v_zb", "at-b"), ("v_zb", "at-w"), ("interleaved_1f1b", "at-b"), ("1f1b_recompute", "at-b"),
 ])
 def test_step_equals_plain_autograd(one_rank, example: str, release: str) -> None:
     """The engine's F, B, W (split, freeing at B or at W), BW and R passes on two
@@ -138,14 +138,14 @@ def test_hooks_run_at_the_points_the_order_defines(one_rank) -> None:
 def test_measured_memory_in_the_compilers_units(one_rank) -> None:
     """A measured step gives each stage's bytes of one microbatch's activation and
     its M_W/M_B: above 0 and below 1 when B frees what W does not need, 1 when the
-    graph is kept until W (release w)."""
+    graph is kept until W (release at-w)."""
     ratios = {}
-    for release in ("b", "w"):
+    for release in ("at-b", "at-w"):
         stages = _stages(2)
         engine = _engine("v_zb", stages, release=release)
         inputs, targets = _batch()
         engine.step(inputs, targets, measure=True)
         assert set(engine.stage_bytes()) == {0, 1} and min(engine.stage_bytes().values()) > 0
         ratios[release] = engine.measured_mw_ratio()
-    assert all(0 < r < 1 for r in ratios["b"].values())
-    assert all(r == 1 for r in ratios["w"].values())
+    assert all(0 < r < 1 for r in ratios["at-b"].values())
+    assert all(r == 1 for r in ratios["at-w"].values())
