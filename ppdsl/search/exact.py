@@ -635,7 +635,11 @@ class _Run:
         bounds the objective."""
         model = _Model(self.problem, self.options.objective, self.scaled, None, memory_edges=True)
         found = device_span_bounds(model, self.options.device_bounds, self.options.seed)
-        self.span_floors = [span for span, _, _ in found]
+        # a relaxation stopped by its budget may prove less than the idle bound
+        self.span_floors = [
+            max(span, busy + idle)
+            for (span, _, _), busy, idle in zip(found, model.busy, model.idle_floors, strict=True)
+        ]
         self.spent += sum(det for _, _, det in found)
         if self.options.objective == "bubble":
             floor = max(w * span for w, span in zip(self.weight, self.span_floors, strict=True))
