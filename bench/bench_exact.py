@@ -223,7 +223,7 @@ _RERUN_NOTE = (
     "Rows whose search names device bounds were rerun alone, after the rest "
     "(`python -m bench exact --only KEY --write`, KEY as `unit, V-shape, V-Min's p=8 m=16`); "
     "their 'time s' is from that run, up to four rows in parallel, niced, on the shared machine "
-    "(load 12 to 16)."
+    "(load 3 to 16)."
 )
 
 
@@ -245,7 +245,7 @@ def _replace_rows(new: list[str]) -> None:
                and not line.startswith("| case") else line for line in text]
         if by_key:
             raise SystemExit(f"no row of {RESULTS} to replace for {sorted(by_key)}")
-        if _RERUN_NOTE not in out:
+        if not any(line.strip() == _RERUN_NOTE for line in out):
             out.insert(len(out) - 1 if out[-1] == "" else len(out), _RERUN_NOTE)
         handle.seek(0)
         handle.write("\n".join(out))
