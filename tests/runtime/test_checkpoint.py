@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ppdsl.runtime.checkpoint import (
@@ -25,15 +24,6 @@ from ppdsl.runtime.checkpoint import (
 )
 from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
 from tests.paths import ROOT
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _runner(width: int = 4) -> tuple[PipelineRunner, torch.optim.Optimizer, object]:

@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ppdsl.ir.rank import Compute
@@ -22,15 +21,6 @@ from tests.paths import ROOT
 
 M = 2  # microbatches
 ROWS = 3  # rows per microbatch
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _stages(num_stages: int) -> dict[int, nn.Module]:

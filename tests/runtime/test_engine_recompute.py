@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ppdsl.runtime import engine as engine_module
 from ppdsl.runtime.model import build_model
@@ -37,15 +36,6 @@ SOURCE = """schedule two_stages_one_rank {{
     expect peak_memory <= 2 * m * M_B
 }}
 """
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _step(tmp_path: Path, name: str, recompute: str, r0: str, r1: str, device: str = "cpu"):

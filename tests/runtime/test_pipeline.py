@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda
 from ppdsl.runtime.options import check_training_options
@@ -75,15 +74,6 @@ def test_loss_scale_follows_grad_scaler() -> None:
     other = LossScaler(torch.device("cpu"))
     other.load_state_dict(scaler.state_dict())
     assert float(other.scale) == 65536.0
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _setup(validation: str, max_norm: float | None):

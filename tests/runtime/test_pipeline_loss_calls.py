@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
 
@@ -26,15 +25,6 @@ SOURCE = """schedule two_stages_one_rank {{
 """
 SPLIT = "B(j, 1); W(j, 1); B(j, 0); W(j, 0)"
 FUSED = "BW(j, 1); BW(j, 0)"
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("backward,passes", [("backward split", SPLIT), ("backward fused", FUSED)])

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
@@ -26,15 +24,6 @@ SOURCE = """schedule two_stages_one_rank {
 }
 """
 HIDDEN = 512
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):
-    """A one-rank gloo group in this process."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _stage(s: int) -> nn.Module:
