@@ -440,3 +440,130 @@ def brute_force_finishes(
         else:
             posted_phase[r] = False
             pc[r] += 1
+
+
+@st.composite
+def block_sources(draw) -> str:
+    """A schedule in block form: placement, backward, costs, one slot per pass
+    kind and chunk as `a*i + b`, a period, W placed or filled, a memory bound.
+    Half the blocks have free coefficients (mostly rejected: collisions, orders
+    that cannot run); half follow one microbatch's path in slot time (F along the
+    stages, B back, W after its B), so the period and costs decide."""
+    d = draw(st.integers(1, 4))
+    m = draw(st.integers(1, 6))
+    vshape = draw(st.booleans())
+    split = draw(st.booleans())
+    fill = split and draw(st.booleans())
+    kinds = ["F", "B"] if fill else (["F", "B", "W"] if split else ["F", "BW"])
+    S = 2 * d if vshape else d
+    # recomputation: none, every stage, or a condition on s; R written or left to
+    # its default (ending as the backward starts)
+    recompute = draw(st.sampled_from(["", "recompute", "recompute[s] = s % 2 == 0",
+                                      "recompute[s] = s < d"]))
+    write_r = bool(recompute) and draw(st.booleans())
+    if draw(st.booleans()):
+        period = draw(st.integers(1, 14))
+
+        def slot(kind: str, chunk: int) -> str:
+            a = draw(st.integers(-3, 4))
+            b = draw(st.integers(0, 6 * d + 4))
+            return f"{kind} at {a}*i + {b}"
+
+        def r_slot(chunk: int) -> str:
+            return slot("R", chunk)
+    else:
+        x, y = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        gap, wait = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+        b0 = x * (S - 1) + 1 + gap + y * (S - 1)  # B of stage 0
+        period = draw(st.integers(3 * S // d, b0 + 2 * S + 8))
+
+        def slot(kind: str, chunk: int) -> str:
+            # stage s = i (chunk 0) or 2d-1-i (chunk 1): F at x*s, B at b0 - y*s
+            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
+            if kind == "F":
+                return f"{kind} at {x * base} + {sign * x}*i"
+            b = f"{b0 - y * base} + {-sign * y}*i"
+            return f"{kind} at {b}" if kind in ("B", "BW") else f"{kind} at {b} + {1 + wait}"
+
+        def r_slot(chunk: int) -> str:  # R just before the backward, or a slot earlier
+            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
+            return f"R at {b0 - y * base} + {-sign * y}*i - {draw(st.integers(1, 2))}"
+
+    lines = []
+    for chunk in range(2 if vshape else 1):
+        slots = ", ".join(slot(k, chunk) for k in kinds)
+        if write_r and (recompute != "recompute[s] = s < d" or chunk == 0):
+            slots += ", " + r_slot(chunk)
+        lines.append(f"chunk {chunk}: {slots}" if vshape else slots)
+    if fill:
+        lines.append("W fill")
+    costs = []
+    if draw(st.booleans()):
+        for kind in ("F", "B", "W") if split else ("F", "BW"):
+            costs.append(f"cost {kind} = {draw(st.integers(1, 4))}")
+        costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
+    bound = draw(st.integers(1, 2 * m + 1))
+    life = draw(st.one_of(st.none(), st.integers(1, 12 * d + 12)))
+    body = "\n".join(
+        [
+            f"    param d = {d}",
+            f"    param m = {m}",
+            f"    place {'vshape' if vshape else 'parallel'}",
+            f"    backward {'split' if split else 'fused'}",
+            *(f"    {c}" for c in costs),
+            *([f"    {recompute}", f"    memory M_I = {draw(st.sampled_from(['0', '1/4']))}"]
+              if recompute else []),
+            f"    block period {period} {{",
+            *(f"        {line}" for line in lines),
+            "    }",
+            f"    expect peak_memory <= {bound} * M_B",
+            *([f"    expect lifespan <= {life}"] if life is not None else []),
+        ]
+    )
+    return f"schedule random_block {{\n{body}\n}}\n"
+
+
+@st.composite
+def grouped_block_sources(draw) -> str:
+    """A grouped block (`group G every U`) on a looped placement, shaped like
+    Megatron's interleaved 1F1B and the zero-bubble repository's grouped block:
+    forward k of a group (chunk c, microbatch r, k = G c + r) at U k + x i, its
+    backward passes a drawn number of forwards later, chunks reversed; the
+    group size, spacing, period, warm-up and costs are drawn, so some blocks
+    collide or cannot run (located errors) and the rest must keep every
+    guarantee."""
+    d = draw(st.integers(1, 4))
+    v = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 4))
+    m = group * draw(st.integers(1, 3))
+    split = draw(st.booleans())
+    spacing = draw(st.sampled_from([2, 3, 3, 4]))
+    x = draw(st.integers(0, 1))
+    period = spacing * group * v + draw(st.sampled_from([0, 0, 0, -1, 1, spacing]))
+    warm = draw(st.integers(0, 2 * d + v * group))
+    slope = draw(st.integers(0, 2))  # more warm-up forwards on earlier devices
+    back = f"{spacing} * ({warm} + {slope} * ({d - 1} - i) + {group} * ({v - 1} - c))"
+    lines = [f"F at {x}*i + {spacing * group}*c"]
+    if split:
+        lines.append(f"B at {x}*i + 1 + {back}")
+        lines.append(f"W at {x}*i + 2 + {back}" if draw(st.booleans()) else "W fill")
+    else:
+        lines.append(f"BW at {x}*i + 1 + {back}")
+    costs = []
+    if draw(st.booleans()):
+        costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
+    bound = draw(st.integers(m * v // 2 + 1, 2 * m * v + 1))
+    body = "\n".join(
+        [
+            f"    param d = {d}",
+            f"    param m = {m}",
+            f"    place looped({v})",
+            f"    backward {'split' if split else 'fused'}",
+            *(f"    {c}" for c in costs),
+            f"    block period {period} group {group} every {spacing} {{",
+            *(f"        {line}" for line in lines),
+            "    }",
+            f"    expect peak_memory <= {bound} * M_B",
+        ]
+    )
+    return f"schedule random_block {{\n{body}\n}}\n"
