@@ -32,7 +32,7 @@ bench: $(STAMP)
 gpu-check:
 	@$(PY) -c "import lark" 2>/dev/null || ( test -n "$$(ls .gpu-wheels/*.whl 2>/dev/null)" \
 		&& $(PY) -m pip install -q --no-index --target .gpu-deps .gpu-wheels/*.whl ) || true
-	PYTHONPATH=$(CURDIR):$(CURDIR)/.gpu-deps$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m bench.gpu_check
+	PYTHONPATH=$(CURDIR):$(CURDIR)/.gpu-deps$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 gpu-wheels:
 	$(PY) -m pip download -q --no-deps --only-binary :all: -d .gpu-wheels lark

@@ -14,6 +14,7 @@ training silently wrong. Every name used exists in torch 2.11 and 2.13.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -233,6 +234,13 @@ def gradient_edge(node: Any) -> GradientEdge:
 
 # The autograd engine's entry point, as torch.autograd.grad calls it.
 _ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+
+# On CUDA, autograd's device thread makes its first cuBLAS call before any CUDA
+# context is current on that thread; torch then sets the primary context (the
+# one every other thread uses) and warns. Harmless, and once per rank: not the
+# user's to see (seen with torch 2.11 on an H100, `make gpu-check`).
+warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current "
+                        "CUDA context", category=UserWarning)
 
 
 def engine_grad(outputs: list[torch.Tensor], grads: list[torch.Tensor | None],

@@ -73,7 +73,7 @@ def _mode_for(group: dist.ProcessGroup | None, device: torch.device, staged: boo
     backend = backend_for(group, device)
     if backend == "nccl":
         return "ordered"
-    if device.type != "cpu":
+    if device.type != "cpu" and dist.get_world_size(group) > 1:  # one rank sends nothing
         raise ValueError(
             f"tensors on {device} need NCCL to move between ranks, but the process group "
             f"serves them with {backend or 'no backend'} ({dist.get_backend_config(group)}); "

@@ -214,10 +214,11 @@ def test_training_features_on_cuda(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = [sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=1",
             "-D", "m=4", "--model", TINY.replace(":stages", ":stages_dropout"), "--steps", "4",
-            "--device", "cuda", "--clip-grad-norm", "1", "--optimizer-validation", "post",
-            "--checkpoint-dir", str(tmp_path / "ckpt")]
-    for extra in (["--precision", "fp16", "--stop-after", "2"], ["--precision", "fp16", "--resume"],
-                  ["--precision", "bf16"]):
+            "--device", "cuda", "--clip-grad-norm", "1", "--optimizer-validation", "post"]
+    fp16 = ["--precision", "fp16", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    # bf16 in a checkpoint folder of its own: the fp16 one is at step 4 (it would resume there)
+    for extra in ([*fp16, "--stop-after", "2"], [*fp16, "--resume"],
+                  ["--precision", "bf16", "--checkpoint-dir", str(tmp_path / "ckpt-bf16")]):
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, env=env,
                               cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]

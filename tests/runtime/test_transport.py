@@ -1,6 +1,6 @@
 """How tensors move between ranks (`ppdsl.runtime.transport`), in one process: the
 backend is read from the tensors' device, never from the group's reported name;
-a CUDA device without NCCL is refused unless the GPU is shared. The multi-rank
+a CUDA device without NCCL is refused unless the GPU is shared or there is one rank. The multi-rank
 runs of each mode (ordered and staged forced on CPU tensors) are in
 tests/runtime/test_pipeline_training.py."""
 
@@ -38,8 +38,11 @@ def test_group_without_backend_is_read_by_device(no_backend, monkeypatch: pytest
 
 def test_cuda_without_nccl_is_refused_unless_shared(no_backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA tensors in a gloo-only group cannot move point to point: refused with
-    what to do, unless the ranks share the GPU (staged through host memory)."""
+    what to do, unless the ranks share the GPU (staged through host memory) or there
+    is one rank (nothing to send: a one-rank gloo group on a GPU, as the gpu tests make)."""
     monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "cpu:gloo,cuda:gloo")
+    assert Transport(None, torch.device("cuda", 0)).mode == "tagged"
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     with pytest.raises(ValueError, match="share the GPU"):
         Transport(None, torch.device("cuda", 0))
     assert Transport(None, torch.device("cuda", 0), staged=True).staged
