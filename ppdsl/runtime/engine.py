@@ -60,7 +60,7 @@ from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime import faults, progress
 from ppdsl.runtime.buffers import kept_buffers
 from ppdsl.runtime.group import LaneEnds, global_rank, transfer_tag
-from ppdsl.runtime.memory import MemoryMeter
+from ppdsl.runtime.memory import DevicePeak, MemoryMeter
 from ppdsl.runtime.model import LossError
 from ppdsl.runtime.split import WStash, backward_input
 from ppdsl.runtime.structure import Spec, call_stage, flatten, unflatten
@@ -206,6 +206,9 @@ class Engine:
         self.recompute = memory.recompute
         """The stages marked `recompute`: their F keeps only its input, R restores."""
         self.meter = MemoryMeter(self.params)
+        self.device_peak: DevicePeak | None = DevicePeak(self.device) if self.device.type == "cuda" else None
+        """The allocator's peak on CUDA (None elsewhere): a measured step also
+        records each pass's working memory in it (`DevicePeak.pass_window`)."""
         self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
@@ -336,16 +339,20 @@ class Engine:
                     tracer.end("wait", "exchange", {"recvs": [str(waited_for)]}, None)
             if tracer is not None:
                 tracer.begin()
+            window = (self.device_peak.pass_window(op.pass_.kind, op.pass_.stage)
+                      if self._measure and self.device_peak is not None else contextlib.nullcontext())
             if cuda:  # the GPU's time, read at the step's end
                 begin = torch.cuda.Event(enable_timing=True)
                 begin.record()
-                self._compute(op)
+                with window:
+                    self._compute(op)
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
                 self._pass_events.append((op.pass_.kind, begin, end))
             else:
                 t0 = time.perf_counter()
-                self._compute(op)
+                with window:
+                    self._compute(op)
                 dt = time.perf_counter() - t0
                 compute += dt
                 self.compute_time[op.pass_.kind] += dt

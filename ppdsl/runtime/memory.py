@@ -26,17 +26,19 @@ once every microbatch-stage's unit is known.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 import torch
 
-from ppdsl.ir.schedule import PassKind
+from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.semantics import memory_delta
 
-__all__ = ["DevicePeak", "MemoryMeter", "storage_bytes"]
+__all__ = ["DevicePeak", "MemoryMeter", "predicted_device_peak", "storage_bytes"]
 
 
 class _Box:
@@ -87,6 +89,7 @@ class MemoryMeter:
         self._gradient_bytes: dict[tuple[int, int], int] = {}
         self.peak_gradient_bytes = 0
         """Peak of the output gradients held in W stashes (not activations)."""
+        self._stage_gradients: dict[int, int] = {}
         self._copies: dict[int, weakref.ref] = {}
         self.peak_weight_copy_bytes = 0
         """Peak of the low-precision weight copies autocast made that autograd
@@ -157,7 +160,13 @@ class MemoryMeter:
         gradients (counted apart)."""
         self._held.setdefault(key, _Held()).stash = tensors
         self._gradient_bytes[key] = storage_bytes(gradients or [])
+        s = key[1]
+        self._stage_gradients[s] = max(self._stage_gradients.get(s, 0), self._gradient_bytes[key])
         self.peak_gradient_bytes = max(self.peak_gradient_bytes, sum(self._gradient_bytes.values()))
+
+    def stash_gradient_bytes(self) -> dict[int, int]:
+        """Per stage: the most one microbatch's W stash held in output gradients."""
+        return dict(self._stage_gradients)
 
     def set_kept(self, key: tuple[int, int], tensors: list[torch.Tensor]) -> None:
         """What `key`'s F keeps for its R (a recomputed stage's input); [] once R
@@ -224,7 +233,13 @@ class DevicePeak:
     step's passes end, before the optimizer: every step is measured from the
     same state (parameters and optimizer state, no gradients), the first one
     included. `allocated`, `peak` and `reset` default to torch.cuda's counters
-    for `device` (tests give others)."""
+    for `device` (tests give others).
+
+    Inside a window (or outside one), `pass_window(kind, stage)` measures one
+    pass's working memory: what it allocates and frees within itself (a
+    layer's intermediates, the gradients flowing back through it), which the
+    compiler's model of what passes keep does not hold. The engine opens one
+    around each pass of a measured step; the step's peak is kept across them."""
 
     def __init__(self, device: torch.device, *, allocated: Any = None, peak: Any = None,
                  reset: Any = None) -> None:
@@ -233,18 +248,74 @@ class DevicePeak:
         self._peak = peak or (lambda: torch.cuda.max_memory_allocated(device))
         self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
         self._base: int | None = None
+        self._high = 0
+        """The window's peak as read before a pass window reset the counter."""
         self.bytes: int | None = None
         """The largest window peak so far, in bytes above its baseline (None before
         a window closed)."""
+        self.working: dict[tuple[PassKind, int], int] = {}
+        """Per (pass kind, stage): the most one pass rose above the larger of
+        what was allocated before it and after it."""
 
     def start(self) -> None:
         """Open a window: the baseline is what is allocated now."""
         self._base = self._allocated()
         self._reset()
+        self._high = 0
 
     def stop(self) -> None:
         """Close the window opened by `start`."""
         assert self._base is not None, "DevicePeak.stop without start"
-        found = self._peak() - self._base
+        found = max(self._high, self._peak()) - self._base
         self.bytes = found if self.bytes is None else max(self.bytes, found)
         self._base = None
+
+    @contextlib.contextmanager
+    def pass_window(self, kind: PassKind, stage: int) -> Iterator[None]:
+        """Around one pass of `kind` on `stage`: its working memory into `working`."""
+        self._high = max(self._high, self._peak())
+        before = self._allocated()
+        self._reset()
+        yield
+        peak, after = self._peak(), self._allocated()
+        self._high = max(self._high, peak)
+        key = (kind, stage)
+        self.working[key] = max(self.working.get(key, 0), peak - max(before, after))
+
+
+def predicted_device_peak(
+    passes: Iterable[tuple[PassKind, int, int]],
+    memory: MemoryModel,
+    stage_bytes: Mapping[int, int],
+    *,
+    working: Mapping[tuple[PassKind, int], int] | None = None,
+    stash_gradients: Mapping[int, int] | None = None,
+    first_gradients: Mapping[int, int] | None = None,
+) -> int:
+    """The allocator peak one device's order predicts, in bytes above the step's
+    baseline. Between passes the device holds what the memory model says its
+    passes keep (`memory`'s deltas in M_B, a stage's M_B being `stage_bytes[s]`),
+    plus a W stash's output gradients (`stash_gradients[s]` bytes per
+    microbatch, from its B to its W) and the parameters' gradients once a
+    stage's first backward made them (`first_gradients[s]`: 0 where they are in
+    the baseline); during a pass, its working memory (`working[(kind, s)]`,
+    as `DevicePeak.pass_window` measures it) on top of the larger of the levels
+    before and after it. `passes`: (kind, microbatch, stage) in order."""
+    working = working or {}
+    stash_gradients = stash_gradients or {}
+    first = dict(first_gradients or {})
+    level = Fraction(0)
+    peak = Fraction(0)
+    for kind, _mb, stage in passes:
+        kept = memory.kept_input[stage] if memory.kept_input else None
+        units = memory_delta(kind, memory.activation[stage], memory.weight_retained[stage], kept)
+        delta = units / memory.activation[stage] * stage_bytes.get(stage, 0)
+        if kind is PassKind.B:
+            delta += stash_gradients.get(stage, 0)
+        elif kind is PassKind.W:
+            delta -= stash_gradients.get(stage, 0)
+        if kind in (PassKind.W, PassKind.BW):
+            delta += first.pop(stage, 0)
+        before, level = level, level + delta
+        peak = max(peak, max(before, level) + working.get((kind, stage), 0))
+    return round(peak)

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppdsl.backend.plan import Plan
+from ppdsl.backend.plan import PassKeys, Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.runtime import faults, progress
@@ -56,7 +56,7 @@ from ppdsl.runtime.devices import choose_device
 from ppdsl.runtime.engine import PeerError
 from ppdsl.runtime.group import agree, differing, gather, placement_of
 from ppdsl.runtime.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
-from ppdsl.runtime.memory import DevicePeak
+from ppdsl.runtime.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.model import LossError, ModelError, build_model
 from ppdsl.runtime.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.options import add_training_options, check_training_options
@@ -553,7 +553,7 @@ def _start(
         model=model, runner=runner, optimizer=optimizer, scheduler=scheduler, stepper=stepper,
         checkpointer=checkpointer, export=export, first_step=first_step, last_step=last_step,
         batch_size=batch_size, replica=replica, pp_rank=pp_rank, tracer=tracer,
-        device_peak=DevicePeak(device) if device.type == "cuda" else None,
+        device_peak=runner.engine.device_peak,
         last_saved=first_step if first_step else None,
     )
 
@@ -721,6 +721,11 @@ def _summary(run: _Run) -> None:
         "stash_gradient_bytes": meter.peak_gradient_bytes,
         "weight_copy_bytes": meter.peak_weight_copy_bytes,
         "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
+        "predicted_cuda_peak_bytes": (_predicted_cuda_peak(plan, pp_rank, runner, real_memory, device_peak)
+                                      if device_peak is not None else None),
+        "working_bytes": ({f"{k.value}{s}": b for (k, s), b in sorted(device_peak.working.items(),
+                                                                      key=lambda kv: (kv[0][1], kv[0][0].value))}
+                          if device_peak is not None else None),
         "stage_bytes": {str(s): b for s, b in runner.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
@@ -883,6 +888,23 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _predicted_cuda_peak(plan: Plan, pp_rank: int, runner: PipelineRunner, memory: MemoryModel,
+                         device_peak: DevicePeak) -> int:
+    """The CUDA peak of a step the memory model predicts, in bytes above the step's
+    baseline (`memory.predicted_device_peak`): the activations with the measured
+    M_B per stage (and real M_W/M_I), the W stashes' output gradients, the
+    parameters' gradients (made afresh each step: `zero_grad(set_to_none=True)`),
+    and each pass's working memory as the first step measured it."""
+    grads = {}
+    for s, module in runner.stages.items():
+        local = [getattr(p, "to_local", lambda p=p: p)() for p in module.parameters() if p.requires_grad]
+        grads[s] = sum(t.numel() * t.element_size() for t in local)
+    return predicted_device_peak(PassKeys(plan.orders[pp_rank].passes), memory, runner.stage_bytes(),
+                                 working=device_peak.working,
+                                 stash_gradients=runner.engine.meter.stash_gradient_bytes(),
+                                 first_gradients=grads)
+
+
 def _with_real_mw(
     memory: MemoryModel, ratios: dict[int, Fraction], kept: dict[int, Fraction] | None = None
 ) -> MemoryModel:
@@ -929,7 +951,8 @@ def memory_table(plan: Plan, ranks: list[dict[str, Any]]) -> str:
             f"  {'/'.join(ratio) if ratio else '-':>12} {format_ratio(r['predicted_peak_real_mw']):>16}"
             f"  {f'{busy_p:.2f}' if busy_p is not None else '-':>10}"
             f" {f'{busy_m:.2f}' if busy_m is not None else '-':>9}"
-            + (f"  cuda peak {r['cuda_peak_bytes']} B" if r.get("cuda_peak_bytes") else "")
+            + (f"  cuda peak {r['cuda_peak_bytes']} B (predicted {r['predicted_cuda_peak_bytes']} B)"
+               if r.get("cuda_peak_bytes") else "")
         )
     if plan.split_backward:
         real = sorted({v for r in ranks for v in r["mw_ratio"].values()}, key=Fraction)

@@ -11,7 +11,9 @@ ranks share GPU 0 in a gloo group, transfers staged through host memory, as
 `--share-gpu`; CPU tensors when there is no GPU). On CUDA a case with
 "cuda_peak" also measures one more step's CUDA peak from a baseline holding the
 gradients (allocated by the steps before), against the compiler's prediction in
-bytes (its units times the rank's measured M_B per stage).
+bytes (its units times the rank's measured M_B per stage) and against
+`memory.predicted_device_peak` (that, plus the W stashes' gradients and each
+pass's working memory, measured in the same step by the engine's pass windows).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
-from ppdsl.runtime.memory import DevicePeak  # noqa: E402
+from ppdsl.backend.plan import PassKeys, plan_from_schedule  # noqa: E402
+from ppdsl.runtime.memory import predicted_device_peak  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
@@ -163,11 +165,17 @@ def run_case(case: dict, rank: int, world: int) -> dict:
         out["predicted_peak_bytes"] = float(Fraction(out["predicted_peak_real_mw"])) * unit
         if DEVICE.type == "cuda":
             optimizer.zero_grad(set_to_none=False)  # the gradients stay in the baseline
-            peak = DevicePeak(DEVICE)
-            peak.start()
-            runner.step(*data(steps))
+            peak = engine.device_peak
+            assert peak is not None
+            peak.start()  # with each pass's working memory (its own windows)
+            runner.step(*data(steps), measure_memory=True)
             peak.stop()
             out["cuda_peak_bytes"] = peak.bytes
+            real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
+            out["predicted_cuda_peak_bytes"] = predicted_device_peak(
+                PassKeys(plan.orders[rank].passes), real, engine.stage_bytes(), working=peak.working,
+                stash_gradients=engine.meter.stash_gradient_bytes())
+            out["working_bytes"] = {f"{k.value}{s}": b for (k, s), b in peak.working.items()}
     return out
 
 
