@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -195,7 +196,8 @@ def test_run_two_ranks_on_a_one_gpu_machine(tmp_path: Path) -> None:
 
 def test_one_rank_trains_on_cuda_with_nccl(tmp_path: Path) -> None:
     """A one-rank schedule (every stage on cuda:0) trains through the generated
-    program with NCCL, the split on (ZB-H1), and measures its memory."""
+    program with NCCL, the split on (ZB-H1), and measures its memory: the CUDA
+    peak within 5% of the one predicted in bytes (`memory.predicted_device_peak`)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=1",
@@ -204,6 +206,9 @@ def test_one_rank_trains_on_cuda_with_nccl(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cuda (nccl)" in proc.stdout and "cuda peak" in proc.stdout
+    measured, predicted = map(int, re.search(r"cuda peak (\d+) B \(predicted (\d+) B\)",
+                                             proc.stdout).groups())
+    assert abs(measured / predicted - 1) <= 0.05, proc.stdout
 
 
 def test_training_features_on_cuda(tmp_path: Path) -> None:
