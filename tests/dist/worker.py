@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import PassKeys, plan_from_schedule  # noqa: E402
-from ppdsl.runtime.memory import predicted_device_peak  # noqa: E402
+from ppdsl.runtime.memory import DevicePeak, predicted_device_peak  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
 from ppdsl.runtime.train import _with_real_mw  # noqa: E402
+from tests.oracles.allocator import HostAllocator  # noqa: E402
 
 DEVICE = torch.device("cpu")
 SHARE_GPU = False
@@ -80,7 +81,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def run_case(case: dict, rank: int, world: int) -> dict:
+def run_case(case: dict, rank: int, world: int, host: HostAllocator | None = None) -> dict:
     schedule, programs, timeline = _schedule(case)
     group = None
     pipelines = case.get("pipelines", 1)
@@ -98,6 +99,9 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     runner = PipelineRunner(compiled, model.stage, model.loss, device=DEVICE, timeout=60,
                             release=case.get("release", "at-b"), group=group,
                             note=lambda text: None, share_gpu=SHARE_GPU)
+    if host is not None:
+        runner.engine.device_peak = DevicePeak(DEVICE, allocated=host.now, peak=host.high,
+                                               reset=host.reset)
     optimizer = torch.optim.SGD(runner.parameters(), lr=LR)
     steps = case.get("steps", 3)
     out: dict = {"case": case["id"], "rank": rank, "stages": sorted(runner.stages),
@@ -163,12 +167,12 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     if case.get("cuda_peak"):
         unit = sum(engine.stage_bytes().values()) / max(len(engine.stage_bytes()), 1)
         out["predicted_peak_bytes"] = float(Fraction(out["predicted_peak_real_mw"])) * unit
-        if DEVICE.type == "cuda":
+        peak = engine.device_peak
+        if peak is not None:  # CUDA's allocator, or its counters imitated on CPU
             optimizer.zero_grad(set_to_none=False)  # the gradients stay in the baseline
-            peak = engine.device_peak
-            assert peak is not None
+            batch = data(steps)  # made before the window, as `ppdsl run` does
             peak.start()  # with each pass's working memory (its own windows)
-            runner.step(*data(steps), measure_memory=True)
+            runner.step(*batch, measure_memory=True)
             peak.stop()
             out["cuda_peak_bytes"] = peak.bytes
             real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
@@ -198,7 +202,12 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         try:
-            result = run_case(case, rank, world)
+            if case.get("cuda_peak") and DEVICE.type == "cpu":
+                # the CUDA allocator's counters imitated on CPU (tests/oracles/allocator.py)
+                with HostAllocator() as host:
+                    result = run_case(case, rank, world, host)
+            else:
+                result = run_case(case, rank, world)
         except Exception as exc:
             result = {"case": case["id"], "rank": rank, "error": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()}
