@@ -188,6 +188,8 @@ def shared_schedules(cuda: bool, work: Path) -> list[Row]:
         {"PPDSL_GPT_HIDDEN": "64", "PPDSL_GPT_SEQ": "32"}
     sizes["PPDSL_GPT_LAYERS"] = "8"
     os.environ.update(sizes, PPDSL_TEST_BACKEND="shared")
+    if _Budget.logs is not None and cuda:  # what the allocator held at each rank's peak
+        os.environ["PPDSL_CUDA_SNAPSHOTS"] = str(_Budget.logs / "snapshots")
     cases = build_cases(4, work / "cases", only=SCHEDULES)
     for case in cases:
         case.update(model=GPT, cuda_peak=True, batch_per_mb=1)

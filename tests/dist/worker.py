@@ -14,6 +14,8 @@ gradients (allocated by the steps before), against the compiler's prediction in
 bytes (its units times the rank's measured M_B per stage) and against
 `memory.predicted_device_peak` (that, plus the W stashes' gradients and each
 pass's working memory, measured in the same step by the engine's pass windows).
+PPDSL_CUDA_SNAPSHOTS=DIR: that step's allocator history as torch's memory
+snapshots (DIR/CASE.rankR.pickle; `python -m torch.cuda._memory_viz trace_plot`).
 """
 
 from __future__ import annotations
@@ -171,9 +173,16 @@ def run_case(case: dict, rank: int, world: int, host: HostAllocator | None = Non
         if peak is not None:  # CUDA's allocator, or its counters imitated on CPU
             optimizer.zero_grad(set_to_none=False)  # the gradients stay in the baseline
             batch = data(steps)  # made before the window, as `ppdsl run` does
+            snapshots = os.environ.get("PPDSL_CUDA_SNAPSHOTS") if DEVICE.type == "cuda" else None
+            if snapshots:  # every allocation of the step, with its stack (torch's memory viz)
+                torch.cuda.memory._record_memory_history(max_entries=200_000)
             peak.start()  # with each pass's working memory (its own windows)
             runner.step(*batch, measure_memory=True)
             peak.stop()
+            if snapshots:
+                Path(snapshots).mkdir(parents=True, exist_ok=True)
+                torch.cuda.memory._dump_snapshot(str(Path(snapshots) / f"{case['id']}.rank{rank}.pickle"))
+                torch.cuda.memory._record_memory_history(enabled=None)
             out["cuda_peak_bytes"] = peak.bytes
             real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
             out["predicted_cuda_peak_bytes"] = predicted_device_peak(
