@@ -12,7 +12,8 @@
   once at import) is what every numba kernel takes.
 - The transfer rule: a need with a tensor (an activation forward, an input
   gradient backward) between stages on two devices is a transfer; it costs
-  `comm` and the lowering sends and receives it (`receives`, `sends`).
+  `comm` after the sender's pass, and at least `recv` (`DEFAULT_RECV`) after
+  the receiver is free; the lowering sends and receives it (`receives`, `sends`).
 - Memory deltas (`MEMORY_COEFFICIENTS`, `RECOMPUTE_MEMORY_COEFFICIENTS`):
   each pass changes its device's activation memory by a combination of M_B and
   M_W (§2 of the zero-bubble paper), and on a recomputed stage of M_I (the
@@ -95,6 +96,7 @@ __all__ = [
     "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
+    "DEFAULT_RECV",
     "COLLECTIVES",
     "DEFAULT_COLLECTIVE",
     "STEP_COSTS",
@@ -582,6 +584,14 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
 costs of the kinds listed (of the same stage)."""
 DEFAULT_COMM = 0
 """A transfer between devices costs nothing unless the file says `cost comm`."""
+DEFAULT_RECV = 0
+"""`cost recv`, the receiver's own part of a transfer: a pass that needs a pass
+of another device starts no earlier than `recv` after its device is free, even
+when the data was sent long before. A runtime whose receive is a handshake
+(gloo's: the receiver posts, the sender's data then moves) pays it on every
+receive; `ppdsl profile` measures it (a receive posted after its data was
+sent). 0 unless the file says `cost recv`: a transfer costs only `comm` after
+its sender's pass, the papers' rule."""
 COLLECTIVES = ("reduce", "gather")
 """The data-parallel collectives of a stage, once per step each: `reduce` its
 gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),

@@ -3,7 +3,9 @@
 Each device runs its passes in its order. A pass starts as soon as its device
 is free and every pass it depends on has ended, plus `costs.comm` when that
 pass ran on another device (a transfer; none between two stages on one
-device). Nothing else waits: this is the "squeeze" of the controllable-memory
+device), and then no earlier than `costs.recv` after its device is free (the
+receiver's own part of a transfer, `semantics.DEFAULT_RECV`; 0 unless the file
+says `cost recv`). Nothing else waits: this is the "squeeze" of the controllable-memory
 paper, which re-times a fixed order as early as possible. A pass holds its
 device for its cost plus its stage's `overhead` (the runtime's work around a
 pass); the whole step (`Timeline.step_time`, `semantics.step_time`) runs from
@@ -96,7 +98,8 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     table = np.array(schedule.costs.duration_table(), dtype=np.float64)
     # the passes of an overlapped pair take rows of their own: scaled by `overlap`
     table = np.concatenate([table, table * schedule.costs.overlap])
-    start, end, position, _ = run_flat(flat, table, schedule.costs.comm)
+    start, end, position, _ = run_flat(flat, table, schedule.costs.comm,
+                                       recv=schedule.costs.recv)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -136,7 +139,7 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> flo
     if costs.optimizer:
         for stage, device in enumerate(schedule.placement.stage_device):
             optimizer[device] += costs.optimizer[stage]
-    _, end, _, _ = run_flat(flat, table, costs.comm, optimizer)
+    _, end, _, _ = run_flat(flat, table, costs.comm, optimizer, costs.recv)
     last = [max([float(optimizer[dev]), *end[a:b].tolist()])
             for dev, (a, b) in enumerate(itertools.pairwise(flat.offsets.tolist()))]
     return semantics.step_time(last, costs.norm)

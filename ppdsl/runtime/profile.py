@@ -68,6 +68,7 @@ __all__ = [
     "measure_engine",
     "measure_norm_reduce",
     "measure_transfer",
+    "measure_receive",
     "profile_model",
     "to_costs_pp",
     "prepare_device",
@@ -191,6 +192,11 @@ class Profile:
     step: StepCosts | None = None
     """What a training step spends besides passes and transfers (None: not
     measured)."""
+    recv_ms: float | None = None
+    """`cost recv`, the receiver's own part of a transfer: a receive posted after
+    its data was sent, from posting to holding the tensor, between two gloo
+    processes (`measure_receive`; the mean over the stage boundaries; None: not
+    measured, e.g. on CUDA or with --no-transfer)."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -238,6 +244,7 @@ class Profile:
             "norms": self.norms,
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
+            "recv_ms": self.recv_ms,
             "dp": self.dp,
             "dp_mode": self.dp_mode,
             "collective_method": self.collective_method,
@@ -280,6 +287,9 @@ class Profile:
             "bytes x = M_B / plain M_B"
         )
         lines.append(f"transfer: {self.transfer_method}")
+        if self.recv_ms is not None:
+            lines.append(f"receive posted after its data was sent (cost recv): "
+                         f"{self.recv_ms:.3f} ms")
         if self.dp > 1:
             reduce = "all-reduce" if self.dp_mode == "replicate" else "reduce-scatter"
             for s in self.stages:
@@ -684,6 +694,49 @@ def _gloo_transfer(sizes: list[int], repeats: int) -> tuple[list[float], str]:
     )
 
 
+_LATE_RECEIVE = """
+import json, statistics, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+sizes, repeats = json.loads(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+found = []
+for index, size in enumerate(sizes):
+    buf = torch.zeros(max(size // 4, 1))
+    times = []
+    for rep in range(repeats + 3):
+        tag = index * (repeats + 3) + rep
+        dist.barrier()
+        if rank == 1:
+            dist.isend(buf, 0, tag=tag).wait()
+        else:
+            time.sleep(0.002)  # the send is posted: its data waits for this receive
+            t0 = time.perf_counter()
+            dist.irecv(buf, 1, tag=tag).wait()
+            if rep >= 3:
+                times.append(time.perf_counter() - t0)
+    if rank == 0:
+        found.append(statistics.median(times) * 1e3)
+dist.destroy_process_group()
+if rank == 0:
+    print(json.dumps(found))
+"""
+
+
+def measure_receive(sizes: list[int], *, repeats: int = 20) -> list[float]:
+    """Median ms, per size in bytes, of a receive posted after its data was
+    sent (`cost recv`): between two gloo processes on loopback, tagged as
+    `ppdsl run`'s CPU transport posts them, from posting the receive to holding
+    the tensor. gloo moves the data only once the receive is posted, so a rank
+    pays this on every receive, however early its sender finished."""
+    if not sizes:
+        return []
+    return list(_run_gloo(_LATE_RECEIVE, 2, [sizes, repeats], 180,
+                          "the two-process gloo late receive"))
+
+
 def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str) -> Any:
     """Run `script` in `world` gloo processes on loopback (payload as argv[1], JSON);
     what rank 0 prints last, read as JSON."""
@@ -967,8 +1020,9 @@ def profile_model(
         if progress is not None:
             progress("transfer", 1.0)
         measured, method = measure_transfer(sizes, device)
+        late = measure_receive(sizes) if device.type == "cpu" else []
     else:
-        measured, method = [], "not measured"
+        measured, method, late = [], "not measured", []
     by_size = dict(zip(sizes, measured, strict=False))
     collectives: list[dict[str, float] | None] = [None] * num_stages
     collective_method = "not measured"
@@ -1018,6 +1072,7 @@ def profile_model(
         dp_mode=dp_mode,
         collective_method=collective_method,
         step=step,
+        recv_ms=statistics.fmean(late) if late else None,
     )
 
 
@@ -1102,6 +1157,9 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         + "); memory in units of the mean stage's M_B "
         f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {_norms_pass(profile.norms)}.",
         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
+        *(["# cost recv: a receive posted after its data was sent, between two gloo "
+           "processes (the receiver's own part of every transfer)"]
+          if profile.recv_ms is not None else []),
         *([f"# data parallel over {profile.dp} ranks: cost reduce = "
            + ("all-reduce" if profile.dp_mode == "replicate" else "reduce-scatter")
            + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
@@ -1120,6 +1178,7 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         *(f"    cost {kind}[s] = " + _per_stage([_decimal(x) for x in values])
           for kind, values in kinds.items()),
         f"    cost comm = {_decimal(profile.comm_ms())}",
+        *([f"    cost recv = {_decimal(profile.recv_ms)}"] if profile.recv_ms is not None else []),
         *([
             "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),
             "    cost gather[s] = " + _per_stage([_decimal(s.gather_ms or 0.0) for s in stages]),

@@ -782,7 +782,8 @@ def plan_costs(plan: Plan) -> Costs:
     in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
                       costs.get("BW", ()), float(costs.get("comm", 0.0)))
     return in_use.with_step_costs(costs.get("overhead", ()), costs.get("optimizer", ()),
-                                  float(costs.get("norm", 0.0)))
+                                  float(costs.get("norm", 0.0))
+                                  ).with_receive_cost(float(costs.get("recv", 0.0)))
 
 
 def _predictions(
@@ -799,7 +800,7 @@ def _predictions(
     measured = statistics.median(step_times) * 1e3 if step_times else None
     in_use = plan_costs(plan)
     comm = in_use.comm if plan.costs_from else 0.0
-    fallback = replace(in_use, comm=comm)
+    fallback = replace(in_use, comm=comm, recv=in_use.recv if plan.costs_from else 0.0)
     resimulated = None
     sources: list[dict[str, Any]] = []
     num_ranks = plan.num_devices

@@ -24,6 +24,7 @@ from ppdsl.runtime.profile import (
     StageTiming,
     StepCosts,
     measure_collectives,
+    measure_receive,
     measure_stage,
     measure_transfer,
     to_costs_pp,
@@ -92,6 +93,22 @@ def test_step_costs_are_written_as_costs(tmp_path: Path) -> None:
     path.write_text(to_costs_pp(replace(_profile(), step=step)))
     c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
     assert c.overhead == (0.0625, 0.0625) and c.optimizer == (3.5, 4.25) and c.norm == 0.375
+
+
+def test_late_receive_is_measured_and_written_as_cost_recv(tmp_path: Path) -> None:
+    """`cost recv` (docs/runtime.md, "Profiling a model"): a receive posted after
+    its data was sent is timed between two real gloo processes, and the costs
+    file states it as `cost recv`, which the compiler reads back."""
+    (late,) = measure_receive([4096], repeats=3)
+    assert 0 < late < 1000
+    path = tmp_path / "costs.pp"
+    path.write_text(to_costs_pp(replace(_profile(), recv_ms=0.375)))
+    assert "    cost recv = 0.375\n" in path.read_text()
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.recv == 0.375
+    path.write_text(to_costs_pp(_profile()))  # not measured: not stated, 0
+    assert "cost recv" not in path.read_text()
+    assert evaluate_costs(load_costs_file(path), 2, "parallel")[0].recv == 0
 
 
 def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
