@@ -100,6 +100,7 @@ __all__ = [
     "COLLECTIVES",
     "DEFAULT_COLLECTIVE",
     "STEP_COSTS",
+    "JITTER_DRAWS",
     "DEFAULT_STEP_COST",
     "step_time",
     "WRITES_WEIGHT_GRADIENTS",
@@ -599,14 +600,22 @@ gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
 Declared per stage like pass costs (`cost reduce[s] = ...`)."""
 DEFAULT_COLLECTIVE = 0
 """A collective costs nothing unless the file says `cost reduce` / `cost gather`."""
-STEP_COSTS = ("overhead", "optimizer", "norm")
+STEP_COSTS = ("overhead", "optimizer", "norm", "jitter")
 """What a training step spends besides passes and transfers, as `ppdsl profile`
 measures it (milliseconds; 0 unless given): `overhead[s]`, the runtime's own
 work around each pass of stage s (posting its exchanges, hooks, bookkeeping),
 which holds the device like the pass itself; `optimizer[s]`, the optimizer
 step of stage s's parameters (a device's sums its stages'); `norm`, the
 gradient-norm all-reduce every pipeline rank joins after its last pass and
-before its optimizer step (`step_time`)."""
+before its optimizer step (`step_time`); `jitter` (no unit), how much a pass's
+duration varies from one run of it to the next: the standard deviation of
+log(duration / its median). With jitter the step time is the median of
+`JITTER_DRAWS` simulated steps, each pass's cost times a factor drawn from a
+log-normal distribution of median 1 and that spread (seeded: the same file
+gives the same prediction). A rank that runs late holds up the ranks that
+wait for it, so the step's median exceeds the step of the median passes."""
+JITTER_DRAWS = 31
+"""Simulated steps whose median is the step time under `cost jitter`."""
 DEFAULT_STEP_COST = 0
 """A step cost (`STEP_COSTS`) is 0 unless the file gives it."""
 

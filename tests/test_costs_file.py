@@ -91,6 +91,7 @@ def test_stage_count_mismatch_is_located(tmp_path: Path) -> None:
         ("    cost norm[s] = s\n", 2, "'norm' (the step's gradient-norm all-reduce) is one value"),
         ("    cost recv[s] = s\n", 2, "'recv' (the receiver's part of a transfer) is one value"),
         ("    cost recv = -1\n", 2, "must be a number >= 0"),
+        ("    cost jitter[s] = s\n", 2, "'jitter' (how much a pass's duration varies run to run)"),
         ("    cost optimizer[s] = s - 1\n", 2, "must be a number >= 0"),
         ("    cost optimiser = 1\n", 2, "did you mean 'optimizer'"),
     ],
@@ -235,3 +236,23 @@ def test_receive_cost_is_paid_by_the_receiver(tmp_path: Path) -> None:
     assert paid.timeline.makespan == 13
     assert " recv=2" in format_schedule(paid.schedule)  # the IR's text carries it
     assert " recv=" not in format_schedule(plain.schedule)
+
+
+def test_jitter_makes_the_step_the_median_of_draws(tmp_path: Path) -> None:
+    """`cost jitter` (docs/language.md, costs of the whole step): the step time is the
+    median of seeded draws of every pass's duration, so the same file predicts the
+    same step; a rank running late holds up the other, so on 1F1B the step grows with
+    the spread, while the makespan and bubble stay those of the costs."""
+    path = tmp_path / "jitter.pp"
+    steps, makespans = [], []
+    for jitter in ("0", "0.1", "0.4"):
+        path.write_text("schedule c {\n    cost F = 2\n    cost BW = 4\n    cost comm = 1\n"
+                        f"    cost optimizer = 1\n    cost jitter = {jitter}\n}}\n")
+        compiled = compile_file(ONE_F_ONE_B, {"d": "2", "m": "8"}, costs=load_costs_file(path))
+        again = compile_file(ONE_F_ONE_B, {"d": "2", "m": "8"}, costs=load_costs_file(path))
+        assert compiled.timeline.step_time == again.timeline.step_time  # seeded
+        steps.append(compiled.timeline.step_time)
+        makespans.append(compiled.timeline.makespan)
+    assert steps[0] == makespans[0] + 1  # no jitter: the passes after the optimizer step
+    assert steps[0] < steps[1] < steps[2]
+    assert makespans[0] == makespans[1] == makespans[2]

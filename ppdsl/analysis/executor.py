@@ -106,7 +106,7 @@ def needs_of(flat: FlatSchedule, k: int) -> list[int]:
 @kernel
 def run_orders(
     offsets, kind, microbatch, stage, device, table, lane_length, need_kind, need_offset,
-    need_optional, joined, duration, comm, device_start, recv,
+    need_optional, joined, duration, comm, device_start, recv, scale,
 ):  # pragma: no cover - numba
     """Run every device's order, device dev's first pass no earlier than
     `device_start[dev]` (zeros: all from 0). Returns (start, end, position, missing):
@@ -127,7 +127,8 @@ def run_orders(
     whose next pass needs an
     unfinished pass waits. `duration[kind, stage]` is a pass's cost,
     `duration[kind + num_kinds, stage]` (num_kinds: the rows of `need_kind`)
-    that of a pass of an overlapped pair. Sweeping the devices until none
+    that of a pass of an overlapped pair, times `scale[k]` where `scale` is
+    not empty (a drawn duration per pass: `semantics.step_time`'s jitter). Sweeping the devices until none
     moves gives the same times in any sweep order, because each time is a
     function of earlier passes only."""
     num_devices = offsets.shape[0] - 1
@@ -180,7 +181,10 @@ def run_orders(
                 if last > k or (k < joined.shape[0] and joined[k]):
                     row += num_kinds
                 start[k] = ready
-                end[k] = ready + duration[row, stage[k]]
+                took = duration[row, stage[k]]
+                if scale.shape[0] > 0:
+                    took *= scale[k]
+                end[k] = ready + took
                 free[dev] = end[k]
                 done[k] = True
                 missing += absent
@@ -191,10 +195,12 @@ def run_orders(
 
 
 def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
-             device_start: np.ndarray | None = None, recv: float = 0.0):
+             device_start: np.ndarray | None = None, recv: float = 0.0,
+             scale: np.ndarray | None = None):
     """`run_orders` over `flat` (`duration` with 2 * NUM_KINDS rows when a pair
     is overlapped; `device_start`: per device, when it may start, default 0;
-    `recv`: the receiver's part of a transfer, `cost recv`).
+    `recv`: the receiver's part of a transfer, `cost recv`; `scale`: per flat
+    pass, a factor on its duration, default none).
     Assumes microbatches and stages are in range."""
     joined = flat.joined if flat.joined is not None else np.zeros(0, dtype=np.bool_)
     if device_start is None:
@@ -203,7 +209,7 @@ def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
         flat.offsets, flat.kind, flat.microbatch, flat.stage,
         flat.device, flat.index_table(), _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET,
         NEED_OPTIONAL, joined, duration, comm, np.asarray(device_start, dtype=np.float64),
-        float(recv),
+        float(recv), np.zeros(0) if scale is None else np.asarray(scale, dtype=np.float64),
     )
 
 
@@ -260,7 +266,7 @@ def _timed(
     start, end, position, missing = run_orders(
         offsets, kind, microbatch, stage, device, table, num_stages // lanes, need_kind,
         need_offset, need_optional, np.zeros(0, dtype=np.bool_), duration, comm,
-        np.zeros(offsets.shape[0] - 1), 0.0,
+        np.zeros(offsets.shape[0] - 1), 0.0, np.zeros(0),
     )
     # (the count covers every pass when every device finished its order)
     ok = missing == 0

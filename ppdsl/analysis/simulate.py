@@ -10,7 +10,9 @@ paper, which re-times a fixed order as early as possible. A pass holds its
 device for its cost plus its stage's `overhead` (the runtime's work around a
 pass); the whole step (`Timeline.step_time`, `semantics.step_time`) runs from
 one gradient-norm all-reduce to the next: each device's passes start after its
-own optimizer step, and the all-reduce waits for the last pass.
+own optimizer step, and the all-reduce waits for the last pass; under `cost
+jitter` it is the median of seeded draws of every pass's duration
+(`semantics.STEP_COSTS`), the bubble and makespan staying those of the costs.
 
 `simulate` runs a numba kernel over flat arrays; `simulate_reference`
 (tests/oracles/simulate.py) is plain Python written from the definition (a
@@ -133,16 +135,27 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
 
 def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> float:
     """`semantics.step_time`: the orders run again with each device's passes
-    starting after its optimizer step (the sum of its stages')."""
+    starting after its optimizer step (the sum of its stages'); under `cost
+    jitter`, the median of `semantics.JITTER_DRAWS` such steps, each pass's
+    cost times a seeded log-normal draw of median 1."""
     costs = schedule.costs
     optimizer = np.zeros(schedule.num_devices)
     if costs.optimizer:
         for stage, device in enumerate(schedule.placement.stage_device):
             optimizer[device] += costs.optimizer[stage]
-    _, end, _, _ = run_flat(flat, table, costs.comm, optimizer, costs.recv)
-    last = [max([float(optimizer[dev]), *end[a:b].tolist()])
-            for dev, (a, b) in enumerate(itertools.pairwise(flat.offsets.tolist()))]
-    return semantics.step_time(last, costs.norm)
+    bounds = list(itertools.pairwise(flat.offsets.tolist()))
+
+    def one_step(scale: np.ndarray | None) -> float:
+        _, end, _, _ = run_flat(flat, table, costs.comm, optimizer, costs.recv, scale)
+        last = [max([float(optimizer[dev]), *end[a:b].tolist()])
+                for dev, (a, b) in enumerate(bounds)]
+        return semantics.step_time(last, costs.norm)
+
+    if not costs.jitter:
+        return one_step(None)
+    draws = np.random.default_rng(0)
+    return float(np.median([one_step(draws.lognormal(0.0, costs.jitter, flat.kind.shape[0]))
+                            for _ in range(semantics.JITTER_DRAWS)]))
 
 
 def _durations(flat: FlatSchedule, table: np.ndarray, a: int, b: int) -> list[float]:

@@ -159,7 +159,7 @@ def _own_costs(
     comm = costs.comm if costs_in_ms else 0.0
     own = Costs.by_kind(per_kind, comm, overlap=costs.overlap)
     if costs_in_ms:  # the file's step costs (overhead, optimizer, norm) and recv stay
-        own = own.with_step_costs(costs.overhead, costs.optimizer, costs.norm
+        own = own.with_step_costs(costs.overhead, costs.optimizer, costs.norm, costs.jitter
                                   ).with_receive_cost(costs.recv)
     return replace(schedule, costs=own)
 

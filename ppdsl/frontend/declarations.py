@@ -135,6 +135,7 @@ class Declarations:
             [float(x) for x in self.step.get("overhead", ())],
             [float(x) for x in self.step.get("optimizer", ())],
             float(self.step["norm"][0]) if "norm" in self.step else 0.0,
+            float(self.step["jitter"][0]) if "jitter" in self.step else 0.0,
         ).with_receive_cost(float(self.recv))
 
     def memory_model(self) -> MemoryModel:
@@ -353,7 +354,7 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
     """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x`, `cost recv = x`,
     `cost overlap = r`,
     or a step cost: `cost overhead[s] = f(s)`, `cost optimizer[s] = f(s)`,
-    `cost norm = x`."""
+    `cost norm = x`, `cost jitter = x`."""
     if stmt.name not in _COST_NAMES:
         listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
         hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
@@ -376,6 +377,12 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
                 "'norm' (the step's gradient-norm all-reduce) is one value, not per stage",
                 stmt.span)
         state.step["norm"] = _per_stage_values(stmt, state, "a cost")[:1]
+    elif stmt.name == "jitter":
+        if stmt.index is not None:
+            raise ElaborationError(
+                "'jitter' (how much a pass's duration varies run to run) is one value, "
+                "not per stage", stmt.span)
+        state.step["jitter"] = _per_stage_values(stmt, state, "a cost")[:1]
     elif stmt.name in semantics.STEP_COSTS:
         state.step[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "overlap":

@@ -67,6 +67,7 @@ __all__ = [
     "measure_stage",
     "measure_engine",
     "measure_norm_reduce",
+    "pass_jitter",
     "measure_transfer",
     "measure_receive",
     "profile_model",
@@ -156,6 +157,10 @@ class StepCosts:
     norm_ms: float | None
     """The gradient-norm all-reduce between two gloo processes (None: not
     measured, e.g. --no-transfer)."""
+    jitter: float = 0.0
+    """`cost jitter`: how much the engine's passes varied from one run of a pass
+    to the next, the standard deviation of log(duration / that pass's median),
+    pooled over every pass kind and stage (`pass_jitter`)."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,8 @@ class Profile:
                 f"step besides passes: engine overhead {st.overhead_ms:.3f} ms per pass; "
                 f"{st.optimizer} step " + ", ".join(f"{x:.3f}" for x in st.optimizer_ms)
                 + " ms per stage; norm all-reduce "
-                + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured"))
+                + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
+                + f"; passes' jitter {st.jitter:.3f} (sd of log(duration / median))")
             lines.append(f"passes as the engine ran them (wall ms): {engine}")
         for s in self.stages:
             if s.uncovered:
@@ -822,13 +828,25 @@ def _engine_steps(
     return runner, overheads, tracer.durations
 
 
+def pass_jitter(durations: dict[Any, list[float]]) -> float:
+    """The spread of repeated pass durations (`cost jitter`): the standard
+    deviation of log(duration / the median of its pass kind and stage), pooled
+    over every kind and stage; 0 with fewer than two durations."""
+    import math
+
+    logs = [math.log(x / statistics.median(values))
+            for values in durations.values() for x in values if x > 0 and len(values) > 1]
+    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+
+
 def measure_engine(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, *,
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
     precision: str = "fp32",
-) -> tuple[float, dict[str, float], tuple[float, ...]]:
+) -> tuple[float, dict[str, float], tuple[float, ...], float]:
     """(engine overhead per pass in ms, the engine's median pass times in ms by
-    `KIND` + stage, the optimizer step per stage in ms): the model's stages run
+    `KIND` + stage, the optimizer step per stage in ms, the passes' spread:
+    `pass_jitter` of their durations): the model's stages run
     as `ppdsl run` runs them (`PipelineRunner` over every stage on this one
     process, in a one-process group, NCCL on CUDA and gloo on CPU; split: F, B,
     W; fused: F, BW), timed
@@ -880,7 +898,8 @@ def measure_engine(
         finally:
             dist.destroy_process_group()
     engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
-    return statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms)
+    return (statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms),
+            pass_jitter(durations))
 
 
 _NORM = """
@@ -1036,7 +1055,7 @@ def profile_model(
         if progress is not None:
             progress("engine", 1.0)
         try:
-            overhead, engine, optimizer_ms = measure_engine(
+            overhead, engine, optimizer_ms, jitter = measure_engine(
                 build_model(spec, num_stages), num_stages, microbatch_size, device,
                 optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
                 repeats=repeats,
@@ -1047,7 +1066,7 @@ def profile_model(
                   "stage runs' (--optimizer none skips this)", file=sys.stderr)
         else:
             norm = measure_norm_reduce() if transfer and num_stages > 1 else None
-            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm)
+            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm, jitter)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
@@ -1119,6 +1138,8 @@ def _step_statements(step: StepCosts | None) -> list[str]:
              "    cost optimizer[s] = " + _per_stage([_decimal(x) for x in step.optimizer_ms])]
     if step.norm_ms is not None:
         lines.append(f"    cost norm = {_decimal(step.norm_ms)}")
+    if step.jitter > 0:
+        lines.append(f"    cost jitter = {_decimal(step.jitter)}")
     return lines
 
 
@@ -1171,7 +1192,8 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
            + "); the stage lines above are the profile's own runs"] if from_engine else []),
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "
-           "all-reduce between two gloo processes"] if profile.step is not None else []),
+           "all-reduce between two gloo processes, jitter = the spread of the engine's pass "
+           "times (sd of log(duration / median))"] if profile.step is not None else []),
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",

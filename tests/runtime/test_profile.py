@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,6 +28,7 @@ from ppdsl.runtime.profile import (
     measure_receive,
     measure_stage,
     measure_transfer,
+    pass_jitter,
     to_costs_pp,
 )
 
@@ -93,6 +95,22 @@ def test_step_costs_are_written_as_costs(tmp_path: Path) -> None:
     path.write_text(to_costs_pp(replace(_profile(), step=step)))
     c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
     assert c.overhead == (0.0625, 0.0625) and c.optimizer == (3.5, 4.25) and c.norm == 0.375
+
+
+def test_pass_jitter_is_the_spread_of_log_durations(tmp_path: Path) -> None:
+    """`cost jitter` (docs/runtime.md, "Profiling a model"): the standard deviation of
+    log(duration / its pass's median), pooled over passes; the costs file states it."""
+    import math
+
+    found = pass_jitter({("F", 0): [1.0, 2.0, 4.0], ("BW", 0): [3.0, 3.0, 3.0]})
+    logs = [-math.log(2), 0.0, math.log(2), 0.0, 0.0, 0.0]
+    assert found == pytest.approx(statistics.pstdev(logs))
+    assert pass_jitter({("F", 0): [2.0]}) == 0.0
+    path = tmp_path / "costs.pp"
+    step = StepCosts(0.0625, {"F0": 1.0}, (3.5, 4.25), "adam", 0.375, 0.25)
+    path.write_text(to_costs_pp(replace(_profile(), step=step)))
+    assert "    cost jitter = 0.25\n" in path.read_text()
+    assert evaluate_costs(load_costs_file(path), 2, "parallel")[0].jitter == 0.25
 
 
 def test_late_receive_is_measured_and_written_as_cost_recv(tmp_path: Path) -> None:
@@ -216,10 +234,20 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     assert step["norm_ms"] > 0 and {"F0", "F1", "B0", "W1"} <= set(step["engine_pass_ms"])
     text = costs.read_text()
     assert "cost overhead = " in text and "cost optimizer[s] = " in text and "cost norm = " in text
+    assert step["jitter"] > 0 and "cost jitter = " in text
+    assert report["recv_ms"] > 0 and "cost recv = " in text
+    jittered = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                      str(costs), "--json", cwd=tmp_path)
+    assert jittered.returncode == 0, jittered.stderr
+    # without the jitter line the step is one simulated step, bounded as below
+    steady = tmp_path / "steady.pp"
+    steady.write_text("".join(line for line in text.splitlines(keepends=True)
+                              if "cost jitter" not in line))
     run = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
-                 str(costs), "--json", cwd=tmp_path)
+                 str(steady), "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)
+    assert json.loads(jittered.stdout)["makespan"] == stats["makespan"]
     # each device's passes start after its optimizer step, the norm all-reduce ends the step
     low = stats["makespan"] + step["norm_ms"] + min(step["optimizer_ms"])
     assert low - 1e-3 <= stats["step_time"] <= low - min(step["optimizer_ms"]) + max(step["optimizer_ms"]) + 1e-3
