@@ -154,7 +154,8 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> flo
     if not costs.jitter:
         return one_step(None)
     draws = np.random.default_rng(0)
-    return float(np.median([one_step(draws.lognormal(0.0, costs.jitter, flat.kind.shape[0]))
+    size = int(flat.kind.shape[0])
+    return float(np.median([one_step(np.asarray(draws.lognormal(0.0, costs.jitter, size)))
                             for _ in range(semantics.JITTER_DRAWS)]))
 
 
