@@ -16,11 +16,11 @@ Beside the prediction: the same simulation without `cost recv` (what the
 simulator predicted before it charged a receiver its side of a transfer), so
 both ratios come from the same runs; and each run's step spread (the 10th to
 90th percentile of its step times over their median, this machine's jitter).
-`--repeat N` runs every schedule N times in a row: the run-to-run spread of
+`--repeat=N` runs every schedule N times in a row: the run-to-run spread of
 one schedule under one profile. The cores are those this process may run on
 (`taskset` narrows them).
 
-`python -m bench prediction [--quick] [--repeat N]`: --quick runs tiny_gpt at
+`python -m bench prediction [--quick] [--repeat=N]`: --quick runs tiny_gpt at
 d = 2 only."""
 
 from __future__ import annotations
@@ -71,13 +71,15 @@ def _spread(step_times: list[float]) -> float:
 
 
 def _repeats() -> int:
-    if "--repeat" not in sys.argv:
+    """`--repeat=N` (a flag's value joined by '=': `python -m bench` reads every
+    word without a dash as a bench's name)."""
+    given = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--repeat=")]
+    if not given:
         return 1
-    at = sys.argv.index("--repeat")
     try:
-        return max(int(sys.argv[at + 1]), 1)
-    except (IndexError, ValueError):
-        raise SystemExit("--repeat takes a whole number of runs, e.g. --repeat 2") from None
+        return max(int(given[-1]), 1)
+    except ValueError:
+        raise SystemExit("--repeat=N takes a whole number of runs, e.g. --repeat=2") from None
 
 
 def _load() -> str:
