@@ -197,6 +197,12 @@ class Profile:
     step: StepCosts | None = None
     """What a training step spends besides passes and transfers (None: not
     measured)."""
+    peers: int = 0
+    """How many peer processes ran the model's passes beside the engine's
+    timing (`busy_peers`), as a run's other ranks keep their cores busy: the
+    pass costs are then timed as a rank of a run of peers + 1 ranks sees them."""
+    peer_steps: tuple[int, ...] = ()
+    """The steps each peer ran meanwhile (a peer that ran none did not overlap)."""
     recv_ms: float | None = None
     """`cost recv`, the receiver's own part of a transfer: a receive posted after
     its data was sent, from posting to holding the tensor, between two gloo
@@ -250,6 +256,8 @@ class Profile:
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
             "recv_ms": self.recv_ms,
+            "peers": self.peers,
+            "peer_steps": list(self.peer_steps),
             "dp": self.dp,
             "dp_mode": self.dp_mode,
             "collective_method": self.collective_method,
@@ -312,7 +320,11 @@ class Profile:
                 + " ms per stage; norm all-reduce "
                 + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
                 + f"; passes' jitter {st.jitter:.3f} (sd of log(duration / median))")
-            lines.append(f"passes as the engine ran them (wall ms): {engine}")
+            lines.append(f"passes as the engine ran them (wall ms): {engine}"
+                         + (f"; beside {self.peers} peer process"
+                            f"{'es' if self.peers != 1 else ''} running the same passes "
+                            f"({', '.join(map(str, self.peer_steps))} steps)"
+                            if self.peers else ""))
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -828,6 +840,87 @@ def _engine_steps(
     return runner, overheads, tracer.durations
 
 
+_PEER = """
+import json, sys, threading
+from ppdsl.runtime.profile import busy_peer, prepare_device
+spec, num_stages, microbatch_size, precision = json.loads(sys.argv[1])
+prepare_device("cpu")
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print(json.dumps(busy_peer(spec, num_stages, microbatch_size, precision, stop)), flush=True)
+"""
+
+
+def busy_peer(spec: str, num_stages: int, microbatch_size: int, precision: str,
+              stop: Any) -> int:
+    """What a profile's peer process does (`peers`): the model's stages
+    through the engine, step after step (split backward, one-process gloo
+    group), as a run's other rank keeps its core busy, until `stop` (a
+    threading.Event) is set; prints "ready" once the first step is done, and
+    returns how many steps it ran."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+
+    model = build_model(spec, num_stages)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "engine_profile_split.pp"
+            path.write_text(_ENGINE_SCHEDULE.format(
+                num_stages=num_stages, num_microbatches=2, backward="split",
+                backward_passes="B(j, c); W(j, c)"))
+            runner = PipelineRunner(load_schedule(path), model.stage, model.loss,
+                                    device=torch.device("cpu"), precision=precision,
+                                    note=lambda text: None)
+            inputs, targets = model.batch(0, microbatch_size * 2)
+            steps = 0
+            while not stop.is_set():
+                for p in runner.parameters():
+                    p.grad = None
+                runner.step(inputs, targets)
+                steps += 1
+                if steps == 1:
+                    print("ready", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return steps
+
+
+@contextlib.contextmanager
+def busy_peers(count: int, spec: str, num_stages: int, microbatch_size: int,
+               precision: str) -> Iterator[list[int]]:
+    """`count` peer processes running `busy_peer` while the block runs (each
+    ready before it starts); the list then holds the steps each ran."""
+    procs = []
+    ran: list[int] = []
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", _PEER,
+                 json.dumps([spec, num_stages, microbatch_size, precision])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=env))
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline().strip()
+            if line != "ready":
+                err = p.stderr.read() if p.stderr is not None and p.poll() is not None else ""
+                raise RuntimeError(f"a profile peer did not start: {line or err.strip()[-300:]}")
+        yield ran
+    finally:
+        for p in procs:
+            try:
+                out, _ = p.communicate(input="", timeout=120)
+                ran.append(int(json.loads(out.strip().splitlines()[-1])))
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                p.kill()
+                p.communicate()
+
+
 def pass_jitter(durations: dict[Any, list[float]]) -> float:
     """The spread of repeated pass durations (`cost jitter`): the standard
     deviation of log(duration / the median of its pass kind and stage), pooled
@@ -963,6 +1056,7 @@ def profile_model(
     dp_mode: str = "replicate",
     precision: str = "fp32",
     optimizer: str | None = "adam",
+    peers: int | None = None,
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -975,7 +1069,10 @@ def profile_model(
     autocast (as `ppdsl run --precision`). `optimizer` (sgd, adam, adamw; None:
     not measured): also measure the step besides passes (`StepCosts`: the
     engine's overhead per pass, that optimizer's step per stage and, with
-    `transfer`, the norm all-reduce)."""
+    `transfer`, the norm all-reduce). `peers`: processes that run the same
+    passes while the engine's are timed (`busy_peers`), as the run's other
+    ranks do; None: on CPU one per stage beyond the first, up to the cores this
+    process may use less one (a run of d ranks, one per core), on CUDA none."""
     if norms not in NORMS:
         raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
     if precision not in ("fp32", "bf16", "fp16"):
@@ -1051,15 +1148,19 @@ def profile_model(
         found, collective_method = measure_collectives(param_bytes, dp, device=device)
         collectives = list(found)
     step = None
+    ran: list[int] = []
     if optimizer is not None:
         if progress is not None:
             progress("engine", 1.0)
+        if peers is None:
+            peers = 0 if device.type == "cuda" else min(num_stages, _usable_cores()) - 1
         try:
-            overhead, engine, optimizer_ms, jitter = measure_engine(
-                build_model(spec, num_stages), num_stages, microbatch_size, device,
-                optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
-                repeats=repeats,
-            )
+            with busy_peers(peers, spec, num_stages, microbatch_size, precision) as ran:
+                overhead, engine, optimizer_ms, jitter = measure_engine(
+                    build_model(spec, num_stages), num_stages, microbatch_size, device,
+                    optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
+                    repeats=repeats,
+                )
         except Exception as exc:  # noqa: BLE001 - the stage runs worked: say so, keep them
             print(f"ppdsl profile: warning: running the stages through the engine failed "
                   f"({type(exc).__name__}: {exc}); no step costs, and the pass costs are the "
@@ -1092,7 +1193,16 @@ def profile_model(
         collective_method=collective_method,
         step=step,
         recv_ms=statistics.fmean(late) if late else None,
+        peers=(peers or 0) if step is not None else 0,
+        peer_steps=tuple(ran),
     )
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (`taskset` narrows them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _reduce_ms(row: dict[str, float] | None, dp_mode: str) -> float | None:
@@ -1189,6 +1299,8 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         *(["# pass costs: the passes as `ppdsl run`'s engine ran them (every stage on one "
            "process, timed as the run times passes: "
            + ("CUDA events" if profile.clock == "cuda-events" else "wall time")
+           + (f", beside {profile.peers} peer process{'es' if profile.peers != 1 else ''} "
+              "running the same passes, as a run's other ranks" if profile.peers else "")
            + "); the stage lines above are the profile's own runs"] if from_engine else []),
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "

@@ -150,6 +150,7 @@ def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """Impossible arguments are exit 2; a bad --model is exit 1 naming it."""
     assert main(["profile", "--model", TINY, "--stages", "0"]) == 2
     assert main(["profile", "--model", TINY, "--stages", "1", "--dp", "0"]) == 2
+    assert main(["profile", "--model", TINY, "--stages", "1", "--peers", "-1"]) == 2
     if not torch.cuda.is_available():
         assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
@@ -277,3 +278,28 @@ def test_pass_costs_are_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                         ("fused_backward", 30)):
         assert all(x >= sleep for x in getattr(c, kind)), (kind, getattr(c, kind))
     assert "as `ppdsl run`'s engine ran them" in costs.read_text()
+
+
+def test_passes_are_timed_beside_busy_peers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profile in the run's conditions (docs/runtime.md, "Profiling a model"): with
+    `--peers 1` a second process runs the same passes through the engine while the
+    profile times its own, as a run's other rank keeps its core busy; the report
+    and the costs file say so, and the peer is gone afterwards."""
+    monkeypatch.setenv("PPDSL_SLEEP_MS", "F=2,B=2,W=1")
+    costs = tmp_path / "costs.pp"
+    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
+                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
+                 "--peers", "1", "--json", "-o", str(costs)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peers"] == 1 and len(report["peer_steps"]) == 1
+    assert report["peer_steps"][0] >= 1  # it ran while the engine was timed
+    assert "beside 1 peer process running the same passes" in costs.read_text()
+    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
+                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
+                 "--peers", "0", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peers"] == 0 and report["peer_steps"] == []
