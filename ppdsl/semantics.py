@@ -608,8 +608,8 @@ which holds the device like the pass itself; `optimizer[s]`, the optimizer
 step of stage s's parameters (a device's sums its stages'); `norm`, the
 gradient-norm all-reduce every pipeline rank joins after its last pass and
 before its optimizer step (`step_time`); `jitter` (no unit), how much a pass's
-duration varies from one run of it to the next: the standard deviation of
-log(duration / its median). With jitter the step time is the median of
+duration varies from one run of it to the next: the spread (a log-normal's
+sigma) of log(duration / its median). With jitter the step time is the median of
 `JITTER_DRAWS` simulated steps, each pass's cost times a factor drawn from a
 log-normal distribution of median 1 and that spread (seeded: the same file
 gives the same prediction). A rank that runs late holds up the ranks that

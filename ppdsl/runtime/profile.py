@@ -159,8 +159,8 @@ class StepCosts:
     measured, e.g. --no-transfer)."""
     jitter: float = 0.0
     """`cost jitter`: how much the engine's passes varied from one run of a pass
-    to the next, the standard deviation of log(duration / that pass's median),
-    pooled over every pass kind and stage (`pass_jitter`)."""
+    to the next, the spread of log(duration / that pass's median) from its
+    quartiles, pooled over every pass kind and stage (`pass_jitter`)."""
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ class Profile:
                 f"{st.optimizer} step " + ", ".join(f"{x:.3f}" for x in st.optimizer_ms)
                 + " ms per stage; norm all-reduce "
                 + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
-                + f"; passes' jitter {st.jitter:.3f} (sd of log(duration / median))")
+                + f"; passes' jitter {st.jitter:.3f} (IQR / 1.349 of log(duration / median))")
             lines.append(f"passes as the engine ran them (wall ms): {engine}"
                          + (f"; beside {self.peers} peer process"
                             f"{'es' if self.peers != 1 else ''} running the same passes "
@@ -922,14 +922,21 @@ def busy_peers(count: int, spec: str, num_stages: int, microbatch_size: int,
 
 
 def pass_jitter(durations: dict[Any, list[float]]) -> float:
-    """The spread of repeated pass durations (`cost jitter`): the standard
-    deviation of log(duration / the median of its pass kind and stage), pooled
-    over every kind and stage; 0 with fewer than two durations."""
+    """The spread of repeated pass durations (`cost jitter`): of log(duration /
+    the median of its pass kind and stage), pooled over every kind and stage,
+    the interquartile range / 1.349 (a normal distribution's standard
+    deviation from its quartiles: the bulk of the spread, not the rare pass a
+    busy machine descheduled, whose heavy tail the standard deviation follows
+    and a log-normal would then repeat on every pass); 0 with fewer than four
+    durations."""
     import math
 
     logs = [math.log(x / statistics.median(values))
             for values in durations.values() for x in values if x > 0 and len(values) > 1]
-    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    if len(logs) < 4:
+        return 0.0
+    first, _, third = statistics.quantiles(logs, n=4, method="inclusive")
+    return (third - first) / 1.349
 
 
 def measure_engine(
@@ -1305,7 +1312,7 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "
            "all-reduce between two gloo processes, jitter = the spread of the engine's pass "
-           "times (sd of log(duration / median))"] if profile.step is not None else []),
+           "times (IQR / 1.349 of log(duration / median))"] if profile.step is not None else []),
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",
