@@ -12,12 +12,23 @@ check. The header gives the machine's load average before and after: on a
 shared machine the pass times the profile counts (this thread's CPU time) are
 not the wall time a rank waiting for a core takes.
 
-`python -m bench prediction [--quick]`: --quick runs tiny_gpt at d = 2 only."""
+Beside the prediction: the same simulation without `cost recv` (what the
+simulator predicted before it charged a receiver its side of a transfer), so
+both ratios come from the same runs; and each run's step spread (the 10th to
+90th percentile of its step times over their median, this machine's jitter).
+`--repeat=N` runs every schedule N times in a row: the run-to-run spread of
+one schedule under one profile. The cores are those this process may run on
+(`taskset` narrows them).
+
+`python -m bench prediction [--quick] [--repeat=N]`: --quick runs tiny_gpt at
+d = 2 only."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +53,35 @@ def _ppdsl(*argv: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _without_recv(costs: Path) -> Path:
+    """The costs file with its `cost recv` line dropped (the simulator's rule
+    before it charged the receiver's side of a transfer)."""
+    out = costs.with_name(costs.stem + "-norecv.pp")
+    out.write_text(re.sub(r"(?m)^\s*cost recv = .*\n", "", costs.read_text()))
+    return out
+
+
+def _spread(step_times: list[float]) -> float:
+    """(90th - 10th percentile) / median of a run's step times after the first."""
+    times = step_times[1:] or step_times
+    if len(times) < 2:
+        return 0.0
+    deciles = statistics.quantiles(times, n=10)
+    return (deciles[-1] - deciles[0]) / statistics.median(times)
+
+
+def _repeats() -> int:
+    """`--repeat=N` (a flag's value joined by '=': `python -m bench` reads every
+    word without a dash as a bench's name)."""
+    given = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--repeat=")]
+    if not given:
+        return 1
+    try:
+        return max(int(given[-1]), 1)
+    except ValueError:
+        raise SystemExit("--repeat=N takes a whole number of runs, e.g. --repeat=2") from None
+
+
 def _load() -> str:
     one, five, _ = os.getloadavg()
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
@@ -49,11 +89,13 @@ def _load() -> str:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    cores = os.cpu_count() or 1
+    repeat = _repeats()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     print(f"whole-step prediction: gloo CPU ranks on loopback, m = 4d, median step of "
           f"{STEPS - 1} after the first; {cores} cores; load average before: {_load()}")
     print(f"{'model':<21} {'schedule':<6} {'d':>2} {'T_F ms':>7} {'measured ms':>11} "
-          f"{'predicted ms':>12} {'meas/pred':>9} {'makespan only':>13}  note")
+          f"{'predicted ms':>12} {'meas/pred':>9} {'w/o recv':>8} {'makespan only':>13} "
+          f"{'spread':>6}  note")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_label, model in MODELS[:1] if quick else MODELS:
@@ -73,23 +115,31 @@ def main() -> None:
                                       for s in found["stages"]) / stages
                         profiles[stages] = (costs, forward * stages / d)
                     costs, forward = profiles[stages]
-                    out = Path(tmp) / f"{stem}-{d}-{model_label[:4]}"
-                    _ppdsl("run", str(ROOT / "examples" / f"{stem}.pp"), "-D", f"d={d}",
-                           "-D", f"m={4 * d}", "--model", model, "--steps", str(STEPS),
-                           "--device", "cpu", "--costs-from", str(costs), "--json", str(out))
-                    r = json.loads((out / "rank0.json").read_text())
-                    measured, predicted = r["median_step_time_ms"], r["predicted_step_time_ms"]
-                    makespan = r["predicted_makespan"]
-                    rows.append((model_label, label, d, measured / predicted))
-                    print(f"{model_label:<21} {label:<6} {d:>2} {forward:7.2f} {measured:11.1f} "
-                          f"{predicted:12.1f} {measured / predicted:9.3f} "
-                          f"{measured / makespan:13.3f}  {note}", flush=True)
+                    schedule = [str(ROOT / "examples" / f"{stem}.pp"), "-D", f"d={d}",
+                                "-D", f"m={4 * d}"]
+                    before = json.loads(_ppdsl("stats", *schedule, "--costs-from",
+                                               str(_without_recv(costs)), "--json").stdout)
+                    for run in range(repeat):
+                        out = Path(tmp) / f"{stem}-{d}-{model_label[:4]}-{run}"
+                        _ppdsl("run", *schedule, "--model", model, "--steps", str(STEPS),
+                               "--device", "cpu", "--costs-from", str(costs), "--json", str(out))
+                        r = json.loads((out / "rank0.json").read_text())
+                        measured, predicted = r["median_step_time_ms"], r["predicted_step_time_ms"]
+                        makespan = r["predicted_makespan"]
+                        rows.append((model_label, label, d, measured / predicted))
+                        print(f"{model_label:<21} {label:<6} {d:>2} {forward:7.2f} "
+                              f"{measured:11.1f} {predicted:12.1f} {measured / predicted:9.3f} "
+                              f"{measured / before['step_time']:8.3f} "
+                              f"{measured / makespan:13.3f} "
+                              f"{_spread(r.get('step_times_ms') or []):6.2f}  {note}", flush=True)
     print(f"load average after: {_load()}")
     print("T_F ms: a device's forward per microbatch (the costs file's, as the engine ran it, "
           "summed over its stages); "
           "predicted: the simulated step (each device's passes, with the engine's overhead and "
           "the transfers, after its optimizer step; then the norm all-reduce); "
-          "makespan only: measured / the simulated makespan without the step's other costs")
+          "w/o recv: measured / the same simulation without `cost recv`; "
+          "makespan only: measured / the simulated makespan without the step's other costs; "
+          "spread: (90th - 10th percentile) / median of the run's step times")
     checked = [ratio for _, _, d, ratio in rows if d <= cores]
     if checked:
         print(f"d <= {cores} (one rank per core): measured/predicted from {min(checked):.3f} to "

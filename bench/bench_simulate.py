@@ -93,7 +93,8 @@ def _numba_compile_seconds() -> float:
     fresh(
         flat.offsets, flat.kind, flat.microbatch, flat.stage, flat.device, table,
         flat.num_stages // flat.lanes, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL,
-        np.zeros(0, dtype=np.bool_), no_time, 0.0,
+        np.zeros(0, dtype=np.bool_), no_time, 0.0, np.zeros(flat.offsets.shape[0] - 1), 0.0,
+        np.zeros(0),
     )
     return time.perf_counter() - t0
 

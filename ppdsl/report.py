@@ -15,7 +15,7 @@ from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import Diagnostic
 from ppdsl.ir.schedule import torch_actions
 from ppdsl.json_text import Deferred
-from ppdsl.semantics import format_decimal, format_exact
+from ppdsl.semantics import JITTER_DRAWS, format_decimal, format_exact
 
 __all__ = [
     "memory_bounds",
@@ -52,7 +52,10 @@ def stats_table(compiled: Compiled) -> str:
         f"  makespan          {format_decimal(t.makespan)}",
         *([f"  step time         {format_decimal(t.step_time)}   (each device's passes after "
            "its optimizer step, with their engine overhead, then the norm all-reduce "
-           f"{format_decimal(s.costs.norm)})"] if s.costs.models_step else []),
+           f"{format_decimal(s.costs.norm)}"
+           + (f"; the median of {JITTER_DRAWS} draws of the passes under jitter "
+              f"{format_decimal(s.costs.jitter)}" if s.costs.jitter else "")
+           + ")"] if s.costs.models_step else []),
         f"  bubble ratio      {float(t.bubble_ratio):.4f}   (zero-bubble paper: (span - busy) / span of the longest-span device)",
         f"  bubble time       {format_decimal(t.bubble_time)}",
         f"  idle fraction     {float(t.idle_fraction):.4f}   (1 - busy / (devices x makespan))",

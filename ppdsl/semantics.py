@@ -12,7 +12,8 @@
   once at import) is what every numba kernel takes.
 - The transfer rule: a need with a tensor (an activation forward, an input
   gradient backward) between stages on two devices is a transfer; it costs
-  `comm` and the lowering sends and receives it (`receives`, `sends`).
+  `comm` after the sender's pass, and at least `recv` (`DEFAULT_RECV`) after
+  the receiver is free; the lowering sends and receives it (`receives`, `sends`).
 - Memory deltas (`MEMORY_COEFFICIENTS`, `RECOMPUTE_MEMORY_COEFFICIENTS`):
   each pass changes its device's activation memory by a combination of M_B and
   M_W (§2 of the zero-bubble paper), and on a recomputed stage of M_I (the
@@ -95,9 +96,11 @@ __all__ = [
     "read_placement",
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
+    "DEFAULT_RECV",
     "COLLECTIVES",
     "DEFAULT_COLLECTIVE",
     "STEP_COSTS",
+    "JITTER_DRAWS",
     "DEFAULT_STEP_COST",
     "step_time",
     "WRITES_WEIGHT_GRADIENTS",
@@ -582,6 +585,14 @@ DEFAULT_DURATION: dict[PassKind, int | tuple[PassKind, ...]] = {
 costs of the kinds listed (of the same stage)."""
 DEFAULT_COMM = 0
 """A transfer between devices costs nothing unless the file says `cost comm`."""
+DEFAULT_RECV = 0
+"""`cost recv`, the receiver's own part of a transfer: a pass that needs a pass
+of another device starts no earlier than `recv` after its device is free, even
+when the data was sent long before. A runtime whose receive is a handshake
+(gloo's: the receiver posts, the sender's data then moves) pays it on every
+receive; `ppdsl profile` measures it (a receive posted after its data was
+sent). 0 unless the file says `cost recv`: a transfer costs only `comm` after
+its sender's pass, the papers' rule."""
 COLLECTIVES = ("reduce", "gather")
 """The data-parallel collectives of a stage, once per step each: `reduce` its
 gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
@@ -589,14 +600,22 @@ gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
 Declared per stage like pass costs (`cost reduce[s] = ...`)."""
 DEFAULT_COLLECTIVE = 0
 """A collective costs nothing unless the file says `cost reduce` / `cost gather`."""
-STEP_COSTS = ("overhead", "optimizer", "norm")
+STEP_COSTS = ("overhead", "optimizer", "norm", "jitter")
 """What a training step spends besides passes and transfers, as `ppdsl profile`
 measures it (milliseconds; 0 unless given): `overhead[s]`, the runtime's own
 work around each pass of stage s (posting its exchanges, hooks, bookkeeping),
 which holds the device like the pass itself; `optimizer[s]`, the optimizer
 step of stage s's parameters (a device's sums its stages'); `norm`, the
 gradient-norm all-reduce every pipeline rank joins after its last pass and
-before its optimizer step (`step_time`)."""
+before its optimizer step (`step_time`); `jitter` (no unit), how much a pass's
+duration varies from one run of it to the next: the spread (a log-normal's
+sigma) of log(duration / its median). With jitter the step time is the median of
+`JITTER_DRAWS` simulated steps, each pass's cost times a factor drawn from a
+log-normal distribution of median 1 and that spread (seeded: the same file
+gives the same prediction). A rank that runs late holds up the ranks that
+wait for it, so the step's median exceeds the step of the median passes."""
+JITTER_DRAWS = 31
+"""Simulated steps whose median is the step time under `cost jitter`."""
 DEFAULT_STEP_COST = 0
 """A step cost (`STEP_COSTS`) is 0 unless the file gives it."""
 

@@ -187,7 +187,8 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
     """(start, end) per device and pass, from the definition and independently
     of ppdsl's code: a pass starts at the latest of the end of the previous pass
     on its device and the end of each pass it needs (`_needs`, written here from
-    the zero-bubble paper) plus `comm` when that pass ran on another device.
+    the zero-bubble paper) plus `comm` when that pass ran on another device,
+    and then at least `recv` after the end of its device's previous pass.
     Assumes a valid schedule; iterates until nothing changes."""
     where = {p.key: (dev, k) for dev, order in enumerate(s.orders) for k, p in enumerate(order)}
     start: list[list[float | None]] = [[None] * len(o) for o in s.orders]
@@ -212,6 +213,9 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                     qd, qk = where[q]
                     comm = s.costs.comm if qd != dev else 0.0
                     ready.append(None if end[qd][qk] is None else end[qd][qk] + comm)
+                if any(where[q][0] != dev for q in needed):
+                    free = ready[0]
+                    ready.append(None if free is None else free + s.costs.recv)
                 if any(r is None for r in ready):
                     continue
                 begin = max(ready)  # type: ignore[type-var]
@@ -293,10 +297,10 @@ def schedules(
     split = draw(st.booleans())
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    recv = draw(st.sampled_from([0.0, 0.25, 1.5]))  # `cost recv`: the receiver's part
     orders = random_valid_orders(place, m, split, rng, overlap=overlap and draw(st.booleans()))
-    return make_schedule(
-        place, m, orders, split_backward=split, costs=random_costs(place.num_stages, rng, comm)
-    )
+    costs = random_costs(place.num_stages, rng, comm).with_receive_cost(recv)
+    return make_schedule(place, m, orders, split_backward=split, costs=costs)
 
 
 @dataclass(frozen=True)

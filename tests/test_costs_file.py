@@ -13,6 +13,7 @@ from ppdsl.cli import main
 from ppdsl.compiler import compile_file
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError
+from ppdsl.ir.schedule import format_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 ZB_H1 = str(ROOT / "examples" / "zb_h1.pp")
@@ -88,6 +89,9 @@ def test_stage_count_mismatch_is_located(tmp_path: Path) -> None:
         ("    cost X = 1\n", 2, "unknown cost 'X'"),
         ("    memory M_B = -1\n", 2, "must be a number >= 0"),
         ("    cost norm[s] = s\n", 2, "'norm' (the step's gradient-norm all-reduce) is one value"),
+        ("    cost recv[s] = s\n", 2, "'recv' (the receiver's part of a transfer) is one value"),
+        ("    cost recv = -1\n", 2, "must be a number >= 0"),
+        ("    cost jitter[s] = s\n", 2, "'jitter' (how much a pass's duration varies run to run)"),
         ("    cost optimizer[s] = s - 1\n", 2, "must be a number >= 0"),
         ("    cost optimiser = 1\n", 2, "did you mean 'optimizer'"),
     ],
@@ -211,3 +215,44 @@ def test_stats_prints_the_step_time(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, out, _ = _run(capsys, "stats", ONE_F_ONE_B, "-D", "d=2", "--json", "--costs-from",
                         str(path))
     assert code == 0 and '"step_time"' in out
+
+
+def test_receive_cost_is_paid_by_the_receiver(tmp_path: Path) -> None:
+    """`cost recv` (docs/language.md): a pass that needs another device's pass starts
+    `comm` after that pass ends and no earlier than `recv` after its own device is
+    free, so a receive whose data arrived early still costs its receiver `recv`."""
+    path = tmp_path / "recv.pp"
+    # 1F1B, d=2, m=2: device 0 F0 F1 BW0 BW1, device 1 F0 BW0 F1 BW1
+    path.write_text("schedule c {\n    cost F = 1\n    cost BW = 2\n    cost comm = 1\n}\n")
+    plain = compile_file(ONE_F_ONE_B, {"d": "2", "m": "2"}, costs=load_costs_file(path))
+    assert plain.timeline.start == ((0, 1, 6, 9), (2, 3, 5, 6))
+    path.write_text("schedule c {\n    cost F = 1\n    cost BW = 2\n    cost comm = 1\n"
+                    "    cost recv = 2\n}\n")
+    paid = compile_file(ONE_F_ONE_B, {"d": "2", "m": "2"}, costs=load_costs_file(path))
+    assert paid.schedule.costs.recv == 2.0
+    # device 1's F1: its activation came at 3, the device was free at 5: starts at 5 + 2;
+    # device 0's BW1: the gradient comes at 10 + 1, later than 8 + 2: comm decides
+    assert paid.timeline.start == ((0, 1, 6, 11), (2, 3, 7, 8))
+    assert paid.timeline.makespan == 13
+    assert " recv=2" in format_schedule(paid.schedule)  # the IR's text carries it
+    assert " recv=" not in format_schedule(plain.schedule)
+
+
+def test_jitter_makes_the_step_the_median_of_draws(tmp_path: Path) -> None:
+    """`cost jitter` (docs/language.md, costs of the whole step): the step time is the
+    median of seeded draws of every pass's duration, so the same file predicts the
+    same step; a rank running late holds up the other, so on 1F1B the step grows with
+    the spread, while the makespan and bubble stay those of the costs."""
+    path = tmp_path / "jitter.pp"
+    steps, makespans = [], []
+    for jitter in ("0", "0.1", "0.4"):
+        path.write_text("schedule c {\n    cost F = 2\n    cost BW = 4\n    cost comm = 1\n"
+                        f"    cost optimizer = 1\n    cost jitter = {jitter}\n}}\n")
+        compiled = compile_file(ONE_F_ONE_B, {"d": "2", "m": "8"}, costs=load_costs_file(path))
+        again = compile_file(ONE_F_ONE_B, {"d": "2", "m": "8"}, costs=load_costs_file(path))
+        assert compiled.timeline.step_time == again.timeline.step_time  # seeded
+        steps.append(compiled.timeline.step_time)
+        makespans.append(compiled.timeline.makespan)
+    assert steps[0] == makespans[0] + 1  # no jitter: the passes after the optimizer step
+    assert steps[0] < steps[1] < steps[2]
+    assert makespans[0] == makespans[1] == makespans[2]

@@ -5,7 +5,8 @@ the dependency check, the simulator and the search's metrics.
 `semantics.NEED_STAGE_OFFSET`) to flat passes: for each pass, the flat index of
 each pass it waits for. `run_orders` runs every device's order: a pass starts
 when its device is free and every pass it needs has ended, plus `comm` when
-that pass ran on another device (the transfer rule); it applies the same
+that pass ran on another device, and no earlier than `recv` after its device
+is free then (the transfer rule, `semantics.receives`); it applies the same
 relation to each pass as it reaches it, through the index table, so that no
 per-pass array of needs is made (19 MB at 1.6M passes). `run_flat` runs a
 `FlatSchedule`. `measure` is the metrics kernel: makespan,
@@ -105,7 +106,7 @@ def needs_of(flat: FlatSchedule, k: int) -> list[int]:
 @kernel
 def run_orders(
     offsets, kind, microbatch, stage, device, table, lane_length, need_kind, need_offset,
-    need_optional, joined, duration, comm, device_start,
+    need_optional, joined, duration, comm, device_start, recv, scale,
 ):  # pragma: no cover - numba
     """Run every device's order, device dev's first pass no earlier than
     `device_start[dev]` (zeros: all from 0). Returns (start, end, position, missing):
@@ -120,10 +121,14 @@ def run_orders(
     backward that needs its own pair's forward then waits for itself: a cycle,
     which the dependency check reports). A device's next pass starts at
     max(device free, end of each needed pass, plus `comm` when that pass ran on
-    another device: the transfer rule); a device whose next pass needs an
+    another device: the transfer rule, and no earlier than `recv` after the
+    device is free when it needs a pass of another device: the receiver's own
+    part of a transfer, paid even when the data was sent long before); a device
+    whose next pass needs an
     unfinished pass waits. `duration[kind, stage]` is a pass's cost,
     `duration[kind + num_kinds, stage]` (num_kinds: the rows of `need_kind`)
-    that of a pass of an overlapped pair. Sweeping the devices until none
+    that of a pass of an overlapped pair, times `scale[k]` where `scale` is
+    not empty (a drawn duration per pass: `semantics.step_time`'s jitter). Sweeping the devices until none
     moves gives the same times in any sweep order, because each time is a
     function of earlier passes only."""
     num_devices = offsets.shape[0] - 1
@@ -164,8 +169,10 @@ def run_orders(
                         if not done[a]:
                             blocked = True
                             break
-                        wait = comm if device[a] != dev else 0.0
-                        ready = max(ready, end[a] + wait)
+                        if device[a] != dev:
+                            ready = max(ready, end[a] + comm, free[dev] + recv)
+                        else:
+                            ready = max(ready, end[a])
                     if blocked:
                         break
                 if blocked:
@@ -174,7 +181,10 @@ def run_orders(
                 if last > k or (k < joined.shape[0] and joined[k]):
                     row += num_kinds
                 start[k] = ready
-                end[k] = ready + duration[row, stage[k]]
+                took = duration[row, stage[k]]
+                if scale.shape[0] > 0:
+                    took *= scale[k]
+                end[k] = ready + took
                 free[dev] = end[k]
                 done[k] = True
                 missing += absent
@@ -185,9 +195,12 @@ def run_orders(
 
 
 def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
-             device_start: np.ndarray | None = None):
+             device_start: np.ndarray | None = None, recv: float = 0.0,
+             scale: np.ndarray | None = None):
     """`run_orders` over `flat` (`duration` with 2 * NUM_KINDS rows when a pair
-    is overlapped; `device_start`: per device, when it may start, default 0).
+    is overlapped; `device_start`: per device, when it may start, default 0;
+    `recv`: the receiver's part of a transfer, `cost recv`; `scale`: per flat
+    pass, a factor on its duration, default none).
     Assumes microbatches and stages are in range."""
     joined = flat.joined if flat.joined is not None else np.zeros(0, dtype=np.bool_)
     if device_start is None:
@@ -196,6 +209,7 @@ def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
         flat.offsets, flat.kind, flat.microbatch, flat.stage,
         flat.device, flat.index_table(), _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET,
         NEED_OPTIONAL, joined, duration, comm, np.asarray(device_start, dtype=np.float64),
+        float(recv), np.zeros(0) if scale is None else np.asarray(scale, dtype=np.float64),
     )
 
 
@@ -252,7 +266,7 @@ def _timed(
     start, end, position, missing = run_orders(
         offsets, kind, microbatch, stage, device, table, num_stages // lanes, need_kind,
         need_offset, need_optional, np.zeros(0, dtype=np.bool_), duration, comm,
-        np.zeros(offsets.shape[0] - 1),
+        np.zeros(offsets.shape[0] - 1), 0.0, np.zeros(0),
     )
     # (the count covers every pass when every device finished its order)
     ok = missing == 0

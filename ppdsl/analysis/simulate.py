@@ -3,12 +3,16 @@
 Each device runs its passes in its order. A pass starts as soon as its device
 is free and every pass it depends on has ended, plus `costs.comm` when that
 pass ran on another device (a transfer; none between two stages on one
-device). Nothing else waits: this is the "squeeze" of the controllable-memory
+device), and then no earlier than `costs.recv` after its device is free (the
+receiver's own part of a transfer, `semantics.DEFAULT_RECV`; 0 unless the file
+says `cost recv`). Nothing else waits: this is the "squeeze" of the controllable-memory
 paper, which re-times a fixed order as early as possible. A pass holds its
 device for its cost plus its stage's `overhead` (the runtime's work around a
 pass); the whole step (`Timeline.step_time`, `semantics.step_time`) runs from
 one gradient-norm all-reduce to the next: each device's passes start after its
-own optimizer step, and the all-reduce waits for the last pass.
+own optimizer step, and the all-reduce waits for the last pass; under `cost
+jitter` it is the median of seeded draws of every pass's duration
+(`semantics.STEP_COSTS`), the bubble and makespan staying those of the costs.
 
 `simulate` runs a numba kernel over flat arrays; `simulate_reference`
 (tests/oracles/simulate.py) is plain Python written from the definition (a
@@ -96,7 +100,8 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     table = np.array(schedule.costs.duration_table(), dtype=np.float64)
     # the passes of an overlapped pair take rows of their own: scaled by `overlap`
     table = np.concatenate([table, table * schedule.costs.overlap])
-    start, end, position, _ = run_flat(flat, table, schedule.costs.comm)
+    start, end, position, _ = run_flat(flat, table, schedule.costs.comm,
+                                       recv=schedule.costs.recv)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -130,16 +135,28 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
 
 def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> float:
     """`semantics.step_time`: the orders run again with each device's passes
-    starting after its optimizer step (the sum of its stages')."""
+    starting after its optimizer step (the sum of its stages'); under `cost
+    jitter`, the median of `semantics.JITTER_DRAWS` such steps, each pass's
+    cost times a seeded log-normal draw of median 1."""
     costs = schedule.costs
     optimizer = np.zeros(schedule.num_devices)
     if costs.optimizer:
         for stage, device in enumerate(schedule.placement.stage_device):
             optimizer[device] += costs.optimizer[stage]
-    _, end, _, _ = run_flat(flat, table, costs.comm, optimizer)
-    last = [max([float(optimizer[dev]), *end[a:b].tolist()])
-            for dev, (a, b) in enumerate(itertools.pairwise(flat.offsets.tolist()))]
-    return semantics.step_time(last, costs.norm)
+    bounds = list(itertools.pairwise(flat.offsets.tolist()))
+
+    def one_step(scale: np.ndarray | None) -> float:
+        _, end, _, _ = run_flat(flat, table, costs.comm, optimizer, costs.recv, scale)
+        last = [max([float(optimizer[dev]), *end[a:b].tolist()])
+                for dev, (a, b) in enumerate(bounds)]
+        return semantics.step_time(last, costs.norm)
+
+    if not costs.jitter:
+        return one_step(None)
+    draws = np.random.default_rng(0)
+    size = int(flat.kind.shape[0])
+    return float(np.median([one_step(np.asarray(draws.lognormal(0.0, costs.jitter, size)))
+                            for _ in range(semantics.JITTER_DRAWS)]))
 
 
 def _durations(flat: FlatSchedule, table: np.ndarray, a: int, b: int) -> list[float]:

@@ -80,6 +80,12 @@ class TimelineReport:
     """The simulated step under the run's own median pass times."""
     slips: tuple[Slip, ...]
     """The largest slips, largest first."""
+    late_receives_ms: tuple[float, ...] = ()
+    """Per receive whose send its sender had posted before this rank posted
+    the receive, the time from posting it to holding the tensor: what `cost
+    recv` models (docs/language.md)."""
+    recv_ms: float | None = None
+    """The schedule's `cost recv` (None: its costs are not in ms)."""
 
 
 def _median(values: Sequence[float]) -> float:
@@ -142,7 +148,35 @@ def compare_timeline(
         predicted_step_ms=float(timeline.step_time) if costs_in_ms else None,
         resimulated_step_ms=float(resimulated.step_time),
         slips=tuple(_slips(mine, own, resimulated.start, resimulated.end, top)),
+        late_receives_ms=tuple(_late_receives(mine)),
+        recv_ms=schedule.costs.recv if costs_in_ms else None,
     )
+
+
+def _late_receives(steps: Sequence[TraceStep]) -> list[float]:
+    """For each receive that its sender had posted (its exchange ended) before
+    the receiving rank posted it, ms from that post to the end of the wait that
+    hands over the tensor (the post itself when no wait follows)."""
+    posted: dict[tuple[int, str], float] = {}
+    for s in steps:
+        for x in s.posts:
+            for name in x["args"].get("sends", []):
+                posted[(s.step, name)] = x["ts"] + x["dur"]
+    found = []
+    for s in steps:
+        exchanges = s.exchanges
+        for k, x in enumerate(exchanges):
+            if x.get("name") == "wait":
+                continue
+            for name in x["args"].get("recvs", []):
+                sent = posted.get((s.step, name))
+                if sent is None or sent > x["ts"]:
+                    continue
+                held = next((w["ts"] + w["dur"] for w in exchanges[k + 1:]
+                             if w.get("name") == "wait" and name in w["args"].get("recvs", [])),
+                            x["ts"] + x["dur"])
+                found.append((held - x["ts"]) / 1e3)
+    return found
 
 
 def _own_costs(
@@ -158,8 +192,9 @@ def _own_costs(
     }
     comm = costs.comm if costs_in_ms else 0.0
     own = Costs.by_kind(per_kind, comm, overlap=costs.overlap)
-    if costs_in_ms:  # the file's step costs (overhead, optimizer, norm) stay
-        own = own.with_step_costs(costs.overhead, costs.optimizer, costs.norm)
+    if costs_in_ms:  # the file's step costs (overhead, optimizer, norm) and recv stay
+        own = own.with_step_costs(costs.overhead, costs.optimizer, costs.norm, costs.jitter
+                                  ).with_receive_cost(costs.recv)
     return replace(schedule, costs=own)
 
 
@@ -235,6 +270,12 @@ def format_timeline(report: TimelineReport) -> str:
     lines.append(f"      {report.resimulated_step_ms:.3f} ms simulated under the run's own "
                  "median pass times: measured/that "
                  f"{report.measured_step_ms / max(report.resimulated_step_ms, 1e-12):.2f}")
+    if report.late_receives_ms:
+        late = report.late_receives_ms
+        lines.append(f"receives posted after their data was sent: {len(late)}, from posting to "
+                     f"holding the tensor median {_median(late):.3f} ms"
+                     + (f" (cost recv {report.recv_ms:.3f} ms)" if report.recv_ms is not None
+                        else ""))
     if report.slips:
         lines += ["", "passes held longest against the simulation (own pass times):"]
         for s in report.slips:

@@ -288,7 +288,9 @@ def plan_from_schedule(
                **{n: list(row) for n, row in c.declared_collectives().items()},
                **({"overhead": list(c.overhead)} if any(c.overhead) else {}),
                **({"optimizer": list(c.optimizer)} if any(c.optimizer) else {}),
-               **({"norm": c.norm} if c.norm else {})},
+               **({"norm": c.norm} if c.norm else {}),
+               **({"jitter": c.jitter} if c.jitter else {}),
+               **({"recv": c.recv} if c.recv else {})},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
         predicted_step_time=(float(timeline.step_time)
                              if timeline is not None and c.models_step else None),

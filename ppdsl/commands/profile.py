@@ -71,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the optimizer whose step per stage `cost optimizer[s]` measures, "
                         "as `ppdsl run --optimizer` (default adam); none: measure no step costs "
                         "(overhead, optimizer, norm)")
+    parser.add_argument("--peers", type=int, default=None, metavar="N",
+                        help="processes that run the same passes while the engine's are "
+                        "timed, as a run's other ranks keep their cores busy (default on CPU: "
+                        "one per stage beyond the first, up to the usable cores less one; on "
+                        "CUDA 0)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("-o", "--output", metavar="COSTS.pp", default=None,
                         help="write cost and memory statements for --costs-from")
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--dp {args.dp}: need at least 1 rank")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
+    if args.peers is not None and args.peers < 0:
+        raise UsageError(f"--peers {args.peers}: give 0 or more peer processes")
     check_model_file(args.model)
     if args.output:
         output_file(args.output)
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
             precision=args.precision,
             optimizer=None if args.optimizer == "none" else args.optimizer,
+            peers=args.peers,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

@@ -106,7 +106,9 @@ def _compile(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[Compiled, 
             costs = Costs.by_kind(per_kind, float(run_costs.get("comm", 0.0)),
                                   overlap=schedule.costs.overlap).with_step_costs(
                 run_costs.get("overhead", ()), run_costs.get("optimizer", ()),
-                float(run_costs.get("norm", 0.0)))
+                float(run_costs.get("norm", 0.0)),
+                float(run_costs.get("jitter", 0.0))).with_receive_cost(
+                float(run_costs.get("recv", 0.0)))
             return replace(compiled, schedule=replace(schedule, costs=costs)), True
     return compiled, False
 

@@ -53,7 +53,7 @@ __all__ = [
 METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
 _COST_NAMES = (tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES
-               + semantics.STEP_COSTS + ("comm",))
+               + semantics.STEP_COSTS + ("recv", "comm"))
 _MEMORY_NAMES = ("M_B", "M_W", "M_I")
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
@@ -82,8 +82,11 @@ class Declarations:
     costs: dict[PassKind, list[Num]] = field(default_factory=dict)
     """Per pass kind, its cost on each stage (given or by default)."""
     comm: Num = semantics.DEFAULT_COMM
-    overlap: Num = semantics.DEFAULT_OVERLAP
     """The cost of one transfer between devices."""
+    recv: Num = semantics.DEFAULT_RECV
+    """The receiver's own part of a transfer (`cost recv`)."""
+    overlap: Num = semantics.DEFAULT_OVERLAP
+    """The share of F + B an overlapped pair takes (`cost overlap`)."""
     collectives: dict[str, list[Num]] = field(default_factory=dict)
     """Per data-parallel collective (reduce, gather) given, its cost on each stage."""
     step: dict[str, list[Num]] = field(default_factory=dict)
@@ -132,7 +135,8 @@ class Declarations:
             [float(x) for x in self.step.get("overhead", ())],
             [float(x) for x in self.step.get("optimizer", ())],
             float(self.step["norm"][0]) if "norm" in self.step else 0.0,
-        )
+            float(self.step["jitter"][0]) if "jitter" in self.step else 0.0,
+        ).with_receive_cost(float(self.recv))
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it (with M_I of the stages
@@ -347,9 +351,10 @@ def _per_stage_values(
 
 
 def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
-    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x`, `cost overlap = r`,
+    """`cost KIND = x`, `cost KIND[s] = f(s)`, `cost comm = x`, `cost recv = x`,
+    `cost overlap = r`,
     or a step cost: `cost overhead[s] = f(s)`, `cost optimizer[s] = f(s)`,
-    `cost norm = x`."""
+    `cost norm = x`, `cost jitter = x`."""
     if stmt.name not in _COST_NAMES:
         listed = ", ".join(_COST_NAMES[:-1]) + " and comm"
         hint = did_you_mean(stmt.name, _COST_NAMES) or f"; costs are {listed}"
@@ -358,6 +363,12 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
         state.comm = _per_stage_values(stmt, state, "a cost")[0]
+    elif stmt.name == "recv":
+        if stmt.index is not None:
+            raise ElaborationError(
+                "'recv' (the receiver's part of a transfer) is one value, not per stage",
+                stmt.span)
+        state.recv = _per_stage_values(stmt, state, "a cost")[0]
     elif stmt.name in semantics.COLLECTIVES:
         state.collectives[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "norm":
@@ -366,6 +377,12 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
                 "'norm' (the step's gradient-norm all-reduce) is one value, not per stage",
                 stmt.span)
         state.step["norm"] = _per_stage_values(stmt, state, "a cost")[:1]
+    elif stmt.name == "jitter":
+        if stmt.index is not None:
+            raise ElaborationError(
+                "'jitter' (how much a pass's duration varies run to run) is one value, "
+                "not per stage", stmt.span)
+        state.step["jitter"] = _per_stage_values(stmt, state, "a cost")[:1]
     elif stmt.name in semantics.STEP_COSTS:
         state.step[stmt.name] = _per_stage_values(stmt, state, "a cost")
     elif stmt.name == "overlap":

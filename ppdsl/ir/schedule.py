@@ -260,12 +260,19 @@ class Costs:
     """Per stage, its optimizer step (`cost optimizer[s]`; empty: none declared, 0)."""
     norm: float = float(semantics.DEFAULT_STEP_COST)
     """The gradient-norm all-reduce of a step (`cost norm`)."""
+    jitter: float = float(semantics.DEFAULT_STEP_COST)
+    """How much a pass's duration varies run to run (`cost jitter`,
+    `semantics.STEP_COSTS`): the step time is then the median of seeded draws."""
+    recv: float = float(semantics.DEFAULT_RECV)
+    """The receiver's own part of a transfer (`cost recv`): a pass that needs a
+    pass of another device starts no earlier than this after its device is
+    free, even when the data was sent long before (`semantics.receives`)."""
 
     @property
     def models_step(self) -> bool:
         """Whether any step cost (`semantics.STEP_COSTS`) is declared: then the
         simulated step is more than the makespan."""
-        return any(self.overhead) or any(self.optimizer) or self.norm > 0
+        return any(self.overhead) or any(self.optimizer) or self.norm > 0 or self.jitter > 0
 
     def duration_table(self) -> list[list[float]]:
         """`durations` with each stage's `overhead` added to every kind: how
@@ -275,11 +282,17 @@ class Costs:
         return [[x + o for x, o in zip(row, self.overhead, strict=True)] for row in self.durations]
 
     def with_step_costs(
-        self, overhead: Sequence[float] = (), optimizer: Sequence[float] = (), norm: float = 0.0
+        self, overhead: Sequence[float] = (), optimizer: Sequence[float] = (), norm: float = 0.0,
+        jitter: float = 0.0,
     ) -> Costs:
         """These costs with the step costs given (per stage; empty: none)."""
         return replace(self, overhead=tuple(float(x) for x in overhead),
-                       optimizer=tuple(float(x) for x in optimizer), norm=float(norm))
+                       optimizer=tuple(float(x) for x in optimizer), norm=float(norm),
+                       jitter=float(jitter))
+
+    def with_receive_cost(self, recv: float) -> Costs:
+        """These costs with `cost recv` (the receiver's part of a transfer)."""
+        return replace(self, recv=float(recv))
 
     def collective(self, name: str, stage: int) -> float:
         """The cost of stage `stage`'s data-parallel collective `name` (reduce, gather)."""
@@ -616,7 +629,9 @@ def format_schedule(schedule: Schedule) -> str:
         + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items())
         + (f" overhead={_fmt_per_stage(c.overhead)}" if any(c.overhead) else "")
         + (f" optimizer={_fmt_per_stage(c.optimizer)}" if any(c.optimizer) else "")
-        + (f" norm={format_number(c.norm)}" if c.norm else ""),
+        + (f" norm={format_number(c.norm)}" if c.norm else "")
+        + (f" jitter={format_number(c.jitter)}" if c.jitter else "")
+        + (f" recv={format_number(c.recv)}" if c.recv else ""),
         f"  memory M_B={_fmt_per_stage(mem.activation)} M_W={_fmt_per_stage(mem.weight_retained)}"
         + (
             f" recompute [{' '.join(map(str, sorted(mem.recompute)))}]"

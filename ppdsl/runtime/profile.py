@@ -67,7 +67,9 @@ __all__ = [
     "measure_stage",
     "measure_engine",
     "measure_norm_reduce",
+    "pass_jitter",
     "measure_transfer",
+    "measure_receive",
     "profile_model",
     "to_costs_pp",
     "prepare_device",
@@ -155,6 +157,10 @@ class StepCosts:
     norm_ms: float | None
     """The gradient-norm all-reduce between two gloo processes (None: not
     measured, e.g. --no-transfer)."""
+    jitter: float = 0.0
+    """`cost jitter`: how much the engine's passes varied from one run of a pass
+    to the next, the spread of log(duration / that pass's median) from its
+    quartiles, pooled over every pass kind and stage (`pass_jitter`)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,17 @@ class Profile:
     step: StepCosts | None = None
     """What a training step spends besides passes and transfers (None: not
     measured)."""
+    peers: int = 0
+    """How many peer processes ran the model's passes beside the engine's
+    timing (`busy_peers`), as a run's other ranks keep their cores busy: the
+    pass costs are then timed as a rank of a run of peers + 1 ranks sees them."""
+    peer_steps: tuple[int, ...] = ()
+    """The steps each peer ran meanwhile (a peer that ran none did not overlap)."""
+    recv_ms: float | None = None
+    """`cost recv`, the receiver's own part of a transfer: a receive posted after
+    its data was sent, from posting to holding the tensor, between two gloo
+    processes (`measure_receive`; the mean over the stage boundaries; None: not
+    measured, e.g. on CUDA or with --no-transfer)."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""
@@ -238,6 +255,9 @@ class Profile:
             "norms": self.norms,
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
+            "recv_ms": self.recv_ms,
+            "peers": self.peers,
+            "peer_steps": list(self.peer_steps),
             "dp": self.dp,
             "dp_mode": self.dp_mode,
             "collective_method": self.collective_method,
@@ -280,6 +300,9 @@ class Profile:
             "bytes x = M_B / plain M_B"
         )
         lines.append(f"transfer: {self.transfer_method}")
+        if self.recv_ms is not None:
+            lines.append(f"receive posted after its data was sent (cost recv): "
+                         f"{self.recv_ms:.3f} ms")
         if self.dp > 1:
             reduce = "all-reduce" if self.dp_mode == "replicate" else "reduce-scatter"
             for s in self.stages:
@@ -295,8 +318,13 @@ class Profile:
                 f"step besides passes: engine overhead {st.overhead_ms:.3f} ms per pass; "
                 f"{st.optimizer} step " + ", ".join(f"{x:.3f}" for x in st.optimizer_ms)
                 + " ms per stage; norm all-reduce "
-                + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured"))
-            lines.append(f"passes as the engine ran them (wall ms): {engine}")
+                + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
+                + f"; passes' jitter {st.jitter:.3f} (IQR / 1.349 of log(duration / median))")
+            lines.append(f"passes as the engine ran them (wall ms): {engine}"
+                         + (f"; beside {self.peers} peer process"
+                            f"{'es' if self.peers != 1 else ''} running the same passes "
+                            f"({', '.join(map(str, self.peer_steps))} steps)"
+                            if self.peers else ""))
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -684,6 +712,49 @@ def _gloo_transfer(sizes: list[int], repeats: int) -> tuple[list[float], str]:
     )
 
 
+_LATE_RECEIVE = """
+import json, statistics, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+sizes, repeats = json.loads(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+found = []
+for index, size in enumerate(sizes):
+    buf = torch.zeros(max(size // 4, 1))
+    times = []
+    for rep in range(repeats + 3):
+        tag = index * (repeats + 3) + rep
+        dist.barrier()
+        if rank == 1:
+            dist.isend(buf, 0, tag=tag).wait()
+        else:
+            time.sleep(0.002)  # the send is posted: its data waits for this receive
+            t0 = time.perf_counter()
+            dist.irecv(buf, 1, tag=tag).wait()
+            if rep >= 3:
+                times.append(time.perf_counter() - t0)
+    if rank == 0:
+        found.append(statistics.median(times) * 1e3)
+dist.destroy_process_group()
+if rank == 0:
+    print(json.dumps(found))
+"""
+
+
+def measure_receive(sizes: list[int], *, repeats: int = 20) -> list[float]:
+    """Median ms, per size in bytes, of a receive posted after its data was
+    sent (`cost recv`): between two gloo processes on loopback, tagged as
+    `ppdsl run`'s CPU transport posts them, from posting the receive to holding
+    the tensor. gloo moves the data only once the receive is posted, so a rank
+    pays this on every receive, however early its sender finished."""
+    if not sizes:
+        return []
+    return list(_run_gloo(_LATE_RECEIVE, 2, [sizes, repeats], 180,
+                          "the two-process gloo late receive"))
+
+
 def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str) -> Any:
     """Run `script` in `world` gloo processes on loopback (payload as argv[1], JSON);
     what rank 0 prints last, read as JSON."""
@@ -769,13 +840,113 @@ def _engine_steps(
     return runner, overheads, tracer.durations
 
 
+_PEER = """
+import json, sys, threading
+from ppdsl.runtime.profile import busy_peer, prepare_device
+spec, num_stages, microbatch_size, precision = json.loads(sys.argv[1])
+prepare_device("cpu")
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print(json.dumps(busy_peer(spec, num_stages, microbatch_size, precision, stop)), flush=True)
+"""
+
+
+def busy_peer(spec: str, num_stages: int, microbatch_size: int, precision: str,
+              stop: Any) -> int:
+    """What a profile's peer process does (`peers`): the model's stages
+    through the engine, step after step (split backward, one-process gloo
+    group), as a run's other rank keeps its core busy, until `stop` (a
+    threading.Event) is set; prints "ready" once the first step is done, and
+    returns how many steps it ran."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+
+    model = build_model(spec, num_stages)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "engine_profile_split.pp"
+            path.write_text(_ENGINE_SCHEDULE.format(
+                num_stages=num_stages, num_microbatches=2, backward="split",
+                backward_passes="B(j, c); W(j, c)"))
+            runner = PipelineRunner(load_schedule(path), model.stage, model.loss,
+                                    device=torch.device("cpu"), precision=precision,
+                                    note=lambda text: None)
+            inputs, targets = model.batch(0, microbatch_size * 2)
+            steps = 0
+            while not stop.is_set():
+                for p in runner.parameters():
+                    p.grad = None
+                runner.step(inputs, targets)
+                steps += 1
+                if steps == 1:
+                    print("ready", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return steps
+
+
+@contextlib.contextmanager
+def busy_peers(count: int, spec: str, num_stages: int, microbatch_size: int,
+               precision: str) -> Iterator[list[int]]:
+    """`count` peer processes running `busy_peer` while the block runs (each
+    ready before it starts); the list then holds the steps each ran."""
+    procs = []
+    ran: list[int] = []
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", _PEER,
+                 json.dumps([spec, num_stages, microbatch_size, precision])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=env))
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline().strip()
+            if line != "ready":
+                err = p.stderr.read() if p.stderr is not None and p.poll() is not None else ""
+                raise RuntimeError(f"a profile peer did not start: {line or err.strip()[-300:]}")
+        yield ran
+    finally:
+        for p in procs:
+            try:
+                out, _ = p.communicate(input="", timeout=120)
+                ran.append(int(json.loads(out.strip().splitlines()[-1])))
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                p.kill()
+                p.communicate()
+
+
+def pass_jitter(durations: dict[Any, list[float]]) -> float:
+    """The spread of repeated pass durations (`cost jitter`): of log(duration /
+    the median of its pass kind and stage), pooled over every kind and stage,
+    the interquartile range / 1.349 (a normal distribution's standard
+    deviation from its quartiles: the bulk of the spread, not the rare pass a
+    busy machine descheduled, whose heavy tail the standard deviation follows
+    and a log-normal would then repeat on every pass); 0 with fewer than four
+    durations."""
+    import math
+
+    logs = [math.log(x / statistics.median(values))
+            for values in durations.values() for x in values if x > 0 and len(values) > 1]
+    if len(logs) < 4:
+        return 0.0
+    first, _, third = statistics.quantiles(logs, n=4, method="inclusive")
+    return (third - first) / 1.349
+
+
 def measure_engine(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, *,
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
     precision: str = "fp32",
-) -> tuple[float, dict[str, float], tuple[float, ...]]:
+) -> tuple[float, dict[str, float], tuple[float, ...], float]:
     """(engine overhead per pass in ms, the engine's median pass times in ms by
-    `KIND` + stage, the optimizer step per stage in ms): the model's stages run
+    `KIND` + stage, the optimizer step per stage in ms, the passes' spread:
+    `pass_jitter` of their durations): the model's stages run
     as `ppdsl run` runs them (`PipelineRunner` over every stage on this one
     process, in a one-process group, NCCL on CUDA and gloo on CPU; split: F, B,
     W; fused: F, BW), timed
@@ -827,7 +998,8 @@ def measure_engine(
         finally:
             dist.destroy_process_group()
     engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
-    return statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms)
+    return (statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms),
+            pass_jitter(durations))
 
 
 _NORM = """
@@ -891,6 +1063,7 @@ def profile_model(
     dp_mode: str = "replicate",
     precision: str = "fp32",
     optimizer: str | None = "adam",
+    peers: int | None = None,
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -903,7 +1076,10 @@ def profile_model(
     autocast (as `ppdsl run --precision`). `optimizer` (sgd, adam, adamw; None:
     not measured): also measure the step besides passes (`StepCosts`: the
     engine's overhead per pass, that optimizer's step per stage and, with
-    `transfer`, the norm all-reduce)."""
+    `transfer`, the norm all-reduce). `peers`: processes that run the same
+    passes while the engine's are timed (`busy_peers`), as the run's other
+    ranks do; None: on CPU one per stage beyond the first, up to the cores this
+    process may use less one (a run of d ranks, one per core), on CUDA none."""
     if norms not in NORMS:
         raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
     if precision not in ("fp32", "bf16", "fp16"):
@@ -967,8 +1143,9 @@ def profile_model(
         if progress is not None:
             progress("transfer", 1.0)
         measured, method = measure_transfer(sizes, device)
+        late = measure_receive(sizes) if device.type == "cpu" else []
     else:
-        measured, method = [], "not measured"
+        measured, method, late = [], "not measured", []
     by_size = dict(zip(sizes, measured, strict=False))
     collectives: list[dict[str, float] | None] = [None] * num_stages
     collective_method = "not measured"
@@ -978,22 +1155,26 @@ def profile_model(
         found, collective_method = measure_collectives(param_bytes, dp, device=device)
         collectives = list(found)
     step = None
+    ran: list[int] = []
     if optimizer is not None:
         if progress is not None:
             progress("engine", 1.0)
+        if peers is None:
+            peers = 0 if device.type == "cuda" else min(num_stages, _usable_cores()) - 1
         try:
-            overhead, engine, optimizer_ms = measure_engine(
-                build_model(spec, num_stages), num_stages, microbatch_size, device,
-                optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
-                repeats=repeats,
-            )
+            with busy_peers(peers, spec, num_stages, microbatch_size, precision) as ran:
+                overhead, engine, optimizer_ms, jitter = measure_engine(
+                    build_model(spec, num_stages), num_stages, microbatch_size, device,
+                    optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
+                    repeats=repeats,
+                )
         except Exception as exc:  # noqa: BLE001 - the stage runs worked: say so, keep them
             print(f"ppdsl profile: warning: running the stages through the engine failed "
                   f"({type(exc).__name__}: {exc}); no step costs, and the pass costs are the "
                   "stage runs' (--optimizer none skips this)", file=sys.stderr)
         else:
             norm = measure_norm_reduce() if transfer and num_stages > 1 else None
-            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm)
+            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm, jitter)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
@@ -1018,7 +1199,17 @@ def profile_model(
         dp_mode=dp_mode,
         collective_method=collective_method,
         step=step,
+        recv_ms=statistics.fmean(late) if late else None,
+        peers=(peers or 0) if step is not None else 0,
+        peer_steps=tuple(ran),
     )
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (`taskset` narrows them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _reduce_ms(row: dict[str, float] | None, dp_mode: str) -> float | None:
@@ -1064,6 +1255,8 @@ def _step_statements(step: StepCosts | None) -> list[str]:
              "    cost optimizer[s] = " + _per_stage([_decimal(x) for x in step.optimizer_ms])]
     if step.norm_ms is not None:
         lines.append(f"    cost norm = {_decimal(step.norm_ms)}")
+    if step.jitter > 0:
+        lines.append(f"    cost jitter = {_decimal(step.jitter)}")
     return lines
 
 
@@ -1102,6 +1295,9 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         + "); memory in units of the mean stage's M_B "
         f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {_norms_pass(profile.norms)}.",
         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
+        *(["# cost recv: a receive posted after its data was sent, between two gloo "
+           "processes (the receiver's own part of every transfer)"]
+          if profile.recv_ms is not None else []),
         *([f"# data parallel over {profile.dp} ranks: cost reduce = "
            + ("all-reduce" if profile.dp_mode == "replicate" else "reduce-scatter")
            + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
@@ -1110,16 +1306,20 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         *(["# pass costs: the passes as `ppdsl run`'s engine ran them (every stage on one "
            "process, timed as the run times passes: "
            + ("CUDA events" if profile.clock == "cuda-events" else "wall time")
+           + (f", beside {profile.peers} peer process{'es' if profile.peers != 1 else ''} "
+              "running the same passes, as a run's other ranks" if profile.peers else "")
            + "); the stage lines above are the profile's own runs"] if from_engine else []),
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "
-           "all-reduce between two gloo processes"] if profile.step is not None else []),
+           "all-reduce between two gloo processes, jitter = the spread of the engine's pass "
+           "times (IQR / 1.349 of log(duration / median))"] if profile.step is not None else []),
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",
         *(f"    cost {kind}[s] = " + _per_stage([_decimal(x) for x in values])
           for kind, values in kinds.items()),
         f"    cost comm = {_decimal(profile.comm_ms())}",
+        *([f"    cost recv = {_decimal(profile.recv_ms)}"] if profile.recv_ms is not None else []),
         *([
             "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),
             "    cost gather[s] = " + _per_stage([_decimal(s.gather_ms or 0.0) for s in stages]),

@@ -146,7 +146,8 @@ def median_costs(
         pick("W", fallback.backward_weight),
         pick("BW", fallback.fused_backward),
         fallback.comm,
-    ).with_step_costs(fallback.overhead, fallback.optimizer, fallback.norm)
+    ).with_step_costs(fallback.overhead, fallback.optimizer, fallback.norm, fallback.jitter
+                      ).with_receive_cost(fallback.recv)
 
 
 def simulated_makespan(

@@ -745,6 +745,7 @@ def _summary(run: _Run) -> None:
         "predicted_busy_share": plan.predicted_busy_share[pp_rank] if plan.predicted_busy_share else None,
         "measured_busy_share": sum(shares) / len(shares) if shares else None,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else None,
+        "step_times_ms": [t * 1e3 for t in step_times],
         "losses": {str(k + 1): v.hex() for k, v in sorted(run.losses.items())},
         "eval_losses": {str(k + 1): v.hex() for k, v in sorted(run.evals.items())},
         "parameters_sha256": _parameters_digest(runner),
@@ -800,7 +801,8 @@ def plan_costs(plan: Plan) -> Costs:
     in_use = Costs.of(costs.get("F", ()), costs.get("B", ()), costs.get("W", ()),
                       costs.get("BW", ()), float(costs.get("comm", 0.0)))
     return in_use.with_step_costs(costs.get("overhead", ()), costs.get("optimizer", ()),
-                                  float(costs.get("norm", 0.0)))
+                                  float(costs.get("norm", 0.0)), float(costs.get("jitter", 0.0))
+                                  ).with_receive_cost(float(costs.get("recv", 0.0)))
 
 
 def _predictions(
@@ -817,7 +819,7 @@ def _predictions(
     measured = statistics.median(step_times) * 1e3 if step_times else None
     in_use = plan_costs(plan)
     comm = in_use.comm if plan.costs_from else 0.0
-    fallback = replace(in_use, comm=comm)
+    fallback = replace(in_use, comm=comm, recv=in_use.recv if plan.costs_from else 0.0)
     resimulated = None
     sources: list[dict[str, Any]] = []
     num_ranks = plan.num_devices

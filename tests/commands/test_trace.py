@@ -194,3 +194,34 @@ def test_engine_that_reorders_passes_fails_the_check(one_rank, tmp_path: Path) -
         assert code == int(swapped), err
     assert "rank 0, step 0: pass 16 of the step was B2 (stage 0), the proven order runs " \
            "W2 (stage 1) there" in err, err
+
+
+def test_late_receives_are_timed_against_cost_recv(tmp_path: Path) -> None:
+    """`cost recv` checked against a run (docs/language.md): the report times each
+    receive whose send was posted before the receiver posted it, from that post to
+    the end of the wait that hands over the tensor, beside the costs' `recv`."""
+    from ppdsl.analysis.trace_check import steps_of
+    from ppdsl.analysis.trace_timeline import compare_timeline, format_timeline
+    from ppdsl.costs_file import load_costs_file
+
+    costs = tmp_path / "costs.pp"
+    costs.write_text("schedule c {\n    cost F = 1\n    cost B = 1\n    cost W = 1\n"
+                     "    cost recv = 0.25\n}\n")
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"}, costs=load_costs_file(costs))
+    trace = trace_of_programs(compiled, 2, ZB_H1)
+    # step 1: rank 0 posts each act(mb j) 0.1-0.2 ms before rank 1 posts its receive
+    # (mb 1, 2, 3), rank 1 each grad(mb j) before rank 0 (mb 1, 2): five late receives
+    # of 0.1 ms (the post); rank 1 then waits 0.4 ms for act(mb 2), and rank 0 posts
+    # act(mb 3) only after rank 1 posted its receive
+    for e in trace["traceEvents"]:
+        if e["args"]["step"] == 1 and e["pid"] == 0 and "act(mb 3, stage 0->1, rank 0->1)" in \
+                e["args"].get("sends", []):
+            e["ts"] = 21700.0
+    trace["traceEvents"].append({
+        "name": "wait", "cat": "exchange", "ph": "X", "pid": 1, "tid": 0, "ts": 18600.0,
+        "dur": 400.0, "args": {"step": 1, "recvs": ["act(mb 2, stage 0->1, rank 0->1)"]}})
+    report = compare_timeline(steps_of(trace), compiled.schedule, costs_in_ms=True)
+    assert sorted(report.late_receives_ms) == pytest.approx([0.1, 0.1, 0.1, 0.5])
+    assert report.recv_ms == 0.25
+    assert ("receives posted after their data was sent: 4, from posting to holding the "
+            "tensor median 0.100 ms (cost recv 0.250 ms)") in format_timeline(report)

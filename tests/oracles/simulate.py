@@ -16,8 +16,9 @@ __all__ = ["simulate_reference"]
 
 def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     """The same simulation in plain Python, from the definition: a pass starts
-    at the max of (end of the previous pass on its device) and (end of each
-    pass it depends on + transfer cost). Evaluated depth-first with an explicit
+    at the max of (end of the previous pass on its device), (end of each
+    pass it depends on + transfer cost) and, when one of those ran on another
+    device, (end of the previous pass on its device + `cost recv`). Evaluated depth-first with an explicit
     stack; a cycle raises SimulationError."""
     placement = schedule.placement
     orders = [tuple(order) for order in schedule.orders]  # Pass objects, read once
@@ -25,6 +26,8 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
     for dev, order in enumerate(orders):
         for k, p in enumerate(order):
             where[p.key] = (dev, k)
+
+    received_by: dict[tuple[int, int], bool] = {}
 
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
         order = orders[dev]
@@ -44,19 +47,24 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))
+        received = False
         for key in found_keys:
             if key not in where:
                 raise SimulationError(
                     f"cannot simulate: {key[0].value}{key[1]}:s{key[2]} is missing"
                 )
             other = where[key]
-            cost = (
-                0.0
-                if placement.stage_device[key[2]] == placement.stage_device[p.stage]
-                else float(schedule.costs.comm)
-            )
-            found.append((other, cost))
+            remote = placement.stage_device[key[2]] != dev
+            received = received or remote
+            found.append((other, float(schedule.costs.comm) if remote else 0.0))
+        received_by[(dev, k)] = received
+        if received and k > 0:
+            found.append(((dev, k - 1), float(schedule.costs.recv)))
         return found
+
+    def floor(dev: int, k: int) -> float:
+        """A device's first pass that receives starts no earlier than `cost recv`."""
+        return float(schedule.costs.recv) if k == 0 and received_by[(dev, k)] else 0.0
 
     def duration_of(dev: int, k: int) -> float:
         order = orders[dev]
@@ -88,7 +96,8 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
                 on_stack.discard(node)
                 if node in ends:
                     continue
-                begin = max((ends[n] + c for n, c in needs(*node)), default=0.0)
+                begin = max([ends[n] + c for n, c in needs(*node)], default=0.0)
+                begin = max(begin, floor(*node))
                 starts[node] = begin
                 ends[node] = begin + duration_of(*node)
     start = tuple(

@@ -24,8 +24,10 @@ from ppdsl.runtime.profile import (
     StageTiming,
     StepCosts,
     measure_collectives,
+    measure_receive,
     measure_stage,
     measure_transfer,
+    pass_jitter,
     to_costs_pp,
 )
 
@@ -94,6 +96,43 @@ def test_step_costs_are_written_as_costs(tmp_path: Path) -> None:
     assert c.overhead == (0.0625, 0.0625) and c.optimizer == (3.5, 4.25) and c.norm == 0.375
 
 
+def test_pass_jitter_is_the_spread_of_log_durations(tmp_path: Path) -> None:
+    """`cost jitter` (docs/runtime.md, "Profiling a model"): the spread of log(duration /
+    its pass's median) from its quartiles (IQR / 1.349), pooled over passes, so one
+    descheduled pass does not set it; the costs file states it."""
+    import math
+
+    durations = {("F", 0): [1.0, 2.0, 4.0], ("BW", 0): [1.5, 3.0, 6.0]}
+    # logs -ln 2, 0, ln 2 twice: inclusive quartiles -0.75 ln 2 and 0.75 ln 2
+    assert pass_jitter(durations) == pytest.approx(1.5 * math.log(2) / 1.349)
+    steady = {("F", 0): [1.9, 2.0, 2.1] * 7}
+    calm = pass_jitter(steady)
+    steady[("F", 0)].append(1000.0)  # one pass that waited for a core barely moves it
+    assert calm > 0 and pass_jitter(steady) == pytest.approx(calm, rel=0.1)
+    assert pass_jitter({("F", 0): [2.0, 2.0]}) == 0.0
+    path = tmp_path / "costs.pp"
+    step = StepCosts(0.0625, {"F0": 1.0}, (3.5, 4.25), "adam", 0.375, 0.25)
+    path.write_text(to_costs_pp(replace(_profile(), step=step)))
+    assert "    cost jitter = 0.25\n" in path.read_text()
+    assert evaluate_costs(load_costs_file(path), 2, "parallel")[0].jitter == 0.25
+
+
+def test_late_receive_is_measured_and_written_as_cost_recv(tmp_path: Path) -> None:
+    """`cost recv` (docs/runtime.md, "Profiling a model"): a receive posted after
+    its data was sent is timed between two real gloo processes, and the costs
+    file states it as `cost recv`, which the compiler reads back."""
+    (late,) = measure_receive([4096], repeats=3)
+    assert 0 < late < 1000
+    path = tmp_path / "costs.pp"
+    path.write_text(to_costs_pp(replace(_profile(), recv_ms=0.375)))
+    assert "    cost recv = 0.375\n" in path.read_text()
+    c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
+    assert c.recv == 0.375
+    path.write_text(to_costs_pp(_profile()))  # not measured: not stated, 0
+    assert "cost recv" not in path.read_text()
+    assert evaluate_costs(load_costs_file(path), 2, "parallel")[0].recv == 0
+
+
 def test_collectives_are_measured_and_written_as_costs(tmp_path: Path) -> None:
     """`--dp`: each stage's all-reduce, reduce-scatter and all-gather are timed
     among real gloo processes; the costs file states `cost reduce[s]` and `cost
@@ -115,6 +154,7 @@ def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """Impossible arguments are exit 2; a bad --model is exit 1 naming it."""
     assert main(["profile", "--model", TINY, "--stages", "0"]) == 2
     assert main(["profile", "--model", TINY, "--stages", "1", "--dp", "0"]) == 2
+    assert main(["profile", "--model", TINY, "--stages", "1", "--peers", "-1"]) == 2
     if not torch.cuda.is_available():
         assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
@@ -199,10 +239,20 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     assert step["norm_ms"] > 0 and {"F0", "F1", "B0", "W1"} <= set(step["engine_pass_ms"])
     text = costs.read_text()
     assert "cost overhead = " in text and "cost optimizer[s] = " in text and "cost norm = " in text
+    assert step["jitter"] > 0 and "cost jitter = " in text
+    assert report["recv_ms"] > 0 and "cost recv = " in text
+    jittered = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                      str(costs), "--json", cwd=tmp_path)
+    assert jittered.returncode == 0, jittered.stderr
+    # without the jitter line the step is one simulated step, bounded as below
+    steady = tmp_path / "steady.pp"
+    steady.write_text("".join(line for line in text.splitlines(keepends=True)
+                              if "cost jitter" not in line))
     run = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
-                 str(costs), "--json", cwd=tmp_path)
+                 str(steady), "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)
+    assert json.loads(jittered.stdout)["makespan"] == stats["makespan"]
     # each device's passes start after its optimizer step, the norm all-reduce ends the step
     low = stats["makespan"] + step["norm_ms"] + min(step["optimizer_ms"])
     assert low - 1e-3 <= stats["step_time"] <= low - min(step["optimizer_ms"]) + max(step["optimizer_ms"]) + 1e-3
@@ -232,3 +282,28 @@ def test_pass_costs_are_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                         ("fused_backward", 30)):
         assert all(x >= sleep for x in getattr(c, kind)), (kind, getattr(c, kind))
     assert "as `ppdsl run`'s engine ran them" in costs.read_text()
+
+
+def test_passes_are_timed_beside_busy_peers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profile in the run's conditions (docs/runtime.md, "Profiling a model"): with
+    `--peers 1` a second process runs the same passes through the engine while the
+    profile times its own, as a run's other rank keeps its core busy; the report
+    and the costs file say so, and the peer is gone afterwards."""
+    monkeypatch.setenv("PPDSL_SLEEP_MS", "F=2,B=2,W=1")
+    costs = tmp_path / "costs.pp"
+    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
+                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
+                 "--peers", "1", "--json", "-o", str(costs)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peers"] == 1 and len(report["peer_steps"]) == 1
+    assert report["peer_steps"][0] >= 1  # it ran while the engine was timed
+    assert "beside 1 peer process running the same passes" in costs.read_text()
+    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
+                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
+                 "--peers", "0", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peers"] == 0 and report["peer_steps"] == []
