@@ -629,9 +629,10 @@ def _loop(run: _Run) -> int | None:
         # Every step from the same state (no gradients); the first step of several
         # left out: it allocates once for the whole run (cuBLAS's workspaces, one
         # per thread and stream: ~64 MiB on an H200, 25x a tiny model's step).
-        peak_window = device_peak is not None and (step > first_step or last_step - first_step == 1)
-        if peak_window:
-            device_peak.start()
+        peak_window = (device_peak if step > first_step or last_step - first_step == 1
+                       else None)
+        if peak_window is not None:
+            peak_window.start()
         t0 = time.perf_counter()
         if dp > 1 and inputs is not None:
             inputs, targets = _share(inputs, run.share), _share(targets, run.share)
@@ -643,8 +644,8 @@ def _loop(run: _Run) -> int | None:
             fail(run.watchdog, rank, str(exc))
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return _startup_error(rank, str(exc))
-        if peak_window:  # the passes' peak, before the optimizer allocates
-            device_peak.stop()
+        if peak_window is not None:  # the passes' peak, before the optimizer allocates
+            peak_window.stop()
         tracer.begin()
         progress.at("the optimizer step")
         faults.reached("optimizer")
