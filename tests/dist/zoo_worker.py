@@ -6,7 +6,8 @@ rank's parameters AND buffers with a non-pipelined run on one process that
 processes the same microbatches in order: each stage's forwards in microbatch
 order, each pipeline rank's dropout drawn from that rank's own RNG stream in
 the order its F passes run, and under data parallelism the buffers of replica 0
-(the policy of `ppdsl.runtime.buffers`).
+(the policy of `ppdsl.runtime.buffers`). That run is computed by one rank per
+case, in turn, and broadcast to the others.
 
     python tests/dist/zoo_worker.py CASES.json OUTDIR   (under 4 ranks)
 """
@@ -160,7 +161,26 @@ def _error(got: torch.Tensor, want: torch.Tensor) -> float:
     return _rel(got, want)
 
 
-def zoo_case(case: dict, rank: int) -> dict:
+def shared_reference(case: dict, owner: int) -> dict | str:
+    """The case's `reference`, run once, on rank `owner`, and sent to every rank
+    (it is the same on each: seeded stages, batches and RNG streams); the error
+    as a string if it failed there. Every rank calls this before anything of the
+    case that may raise, so the broadcast always pairs up."""
+    found: list[Any] = [None]
+    if dist.get_rank() == owner:
+        try:
+            plan = _compiled(case).plan
+            model = getattr(zoo, case["model"])(plan.num_stages)
+            found = [reference(model, plan, case.get("dp", 1), 4 * plan.num_microbatches)]
+        except Exception as exc:
+            found = [f"reference: {type(exc).__name__}: {exc}"]
+    dist.broadcast_object_list(found, src=owner)
+    return found[0]
+
+
+def zoo_case(case: dict, rank: int, ref: dict | str) -> dict:
+    if isinstance(ref, str):
+        raise RuntimeError(ref)
     compiled = _compiled(case)
     plan = compiled.plan
     dp = case.get("dp", 1)
@@ -193,7 +213,6 @@ def zoo_case(case: dict, rank: int) -> dict:
         losses.append(float(loss) if loss is not None else None)
         optimizer.step()
     evals.append(evaluate())
-    ref = reference(model, plan, dp, per_replica)
     errors = {}
     for s, st in sorted(runner.stages.items()):
         for n, p in st.named_parameters():
@@ -211,9 +230,10 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
-    for case in cases:
+    for index, case in enumerate(cases):
+        ref = shared_reference(case, owner=index % dist.get_world_size())
         try:
-            result = zoo_case(case, rank)
+            result = zoo_case(case, rank, ref)
         except Exception as exc:
             result = {"case": case["id"], "rank": rank, "error": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()}

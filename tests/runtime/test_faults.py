@@ -34,7 +34,8 @@ def _run(tmp: Path, name: str, *extra: str, fault: str | None = None,
     proc = subprocess.run(
         [sys.executable, "-m", "ppdsl", "run", schedule, "-D", "d=2", "-D", "m=4",
          "--model", model, "--steps", str(STEPS), "--optimizer", "adamw",
-         "--lr-schedule", "warmup-cosine", "--warmup-steps", "1",
+         "--weight-decay", "0.1", "--lr-schedule", "warmup-cosine", "--warmup-steps", "1",
+         "--clip-grad-norm", "0.5", "--optimizer-validation", "post",
          "--checkpoint-dir", str(tmp / name), "--checkpoint-every", "1", "--keep-checkpoints", "2",
          "--json", str(tmp / f"{name}.json"), "--timeout", "30", *extra],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
@@ -69,6 +70,9 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     tmp = tmp_path_factory.mktemp("whole")
     proc, ckpt = _run(tmp, "whole")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the clipping is live: a step whose rolled-back update a resume must not replay
+    optimizer_steps = json.loads((tmp / "whole.json" / "rank0.json").read_text())["optimizer_steps"]
+    assert any(step["clipped"] for step in optimizer_steps), optimizer_steps
     return proc.stdout, ckpt
 
 
@@ -89,8 +93,9 @@ def test_killed_rank_restarts_and_ends_bit_identical(
     """A rank SIGKILLed in a forward, mid-exchange, in the optimizer step, during a
     save and right after one (one point per attempt, --max-restarts 5): each
     restart resumes from the newest complete checkpoint (never a partial save),
-    and the job ends with parameters, optimizer state, LR schedule and RNGs
-    bit-identical to an uninterrupted run; every printed step's loss equals the
+    and the job ends with parameters, optimizer state (AdamW with weight decay,
+    post-validated clipping), LR schedule and RNGs (dropout) bit-identical to an
+    uninterrupted run; every printed step's loss equals the
     uninterrupted one, and each attempt trains exactly the steps after its
     checkpoint, each once."""
     whole_out, whole_ckpt = uninterrupted

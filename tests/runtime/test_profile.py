@@ -6,9 +6,7 @@ loop profile -> search --costs-from -> check --costs-from closed on tiny_gpt.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,10 +33,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"
 
 
-def _ppdsl(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "ppdsl", *argv], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+def _ppdsl(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """`ppdsl ARGV` in this process: `main` is what the console script calls, its
+    return value the exit code (the console script itself: tests/system/test_packaging.py)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["ppdsl", *argv], code, out, err)
 
 
 def test_measure_stage_measures_both_runs() -> None:
@@ -212,14 +213,16 @@ def test_collectives_of_a_cuda_run_without_a_gpu_each_say_so(monkeypatch: pytest
 
 
 @pytest.mark.slow
-def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
+def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The zero-bubble paper's loop on tiny_gpt: `ppdsl profile --json -o` reports
     T_W > 0 and M_W > 0 for every stage and split forward bytes equal to the plain
     stage's; `search --costs-from` finds a schedule under the measured costs; `check
     --costs-from` accepts it and ZB-H1."""
+    monkeypatch.chdir(tmp_path)
     costs = tmp_path / "costs.pp"
-    run = _ppdsl("profile", "--model", TINY, "--stages", "2", "--json", "-o", str(costs),
-                 "--warmup", "1", "--repeats", "3", cwd=tmp_path)
+    run = _ppdsl(capsys, "profile", "--model", TINY, "--stages", "2", "--json", "-o", str(costs),
+                 "--warmup", "1", "--repeats", "3")
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["num_stages"] == 2 and len(report["stages"]) == 2
@@ -241,15 +244,15 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     assert "cost overhead = " in text and "cost optimizer[s] = " in text and "cost norm = " in text
     assert step["jitter"] > 0 and "cost jitter = " in text
     assert report["recv_ms"] > 0 and "cost recv = " in text
-    jittered = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
-                      str(costs), "--json", cwd=tmp_path)
+    jittered = _ppdsl(capsys, "stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                      str(costs), "--json")
     assert jittered.returncode == 0, jittered.stderr
     # without the jitter line the step is one simulated step, bounded as below
     steady = tmp_path / "steady.pp"
     steady.write_text("".join(line for line in text.splitlines(keepends=True)
                               if "cost jitter" not in line))
-    run = _ppdsl("stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
-                 str(steady), "--json", cwd=tmp_path)
+    run = _ppdsl(capsys, "stats", str(ROOT / "examples" / "zb_h1.pp"), "-D", "d=2", "--costs-from",
+                 str(steady), "--json")
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)
     assert json.loads(jittered.stdout)["makespan"] == stats["makespan"]
@@ -257,11 +260,11 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path) -> None:
     low = stats["makespan"] + step["norm_ms"] + min(step["optimizer_ms"])
     assert low - 1e-3 <= stats["step_time"] <= low - min(step["optimizer_ms"]) + max(step["optimizer_ms"]) + 1e-3
     found = tmp_path / "found.pp"
-    run = _ppdsl("search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
-                 "--costs-from", str(costs), "-o", str(found), cwd=tmp_path)
+    run = _ppdsl(capsys, "search", "-d", "2", "-m", "8", "--memory", "2p", "--time", "0",
+                 "--costs-from", str(costs), "-o", str(found))
     assert run.returncode == 0, run.stderr
     for target in (str(found), str(ROOT / "examples" / "zb_h1.pp")):
-        run = _ppdsl("check", target, "-D", "d=2", "--costs-from", str(costs), cwd=tmp_path)
+        run = _ppdsl(capsys, "check", target, "-D", "d=2", "--costs-from", str(costs))
         assert run.returncode == 0, run.stderr
         assert "ok: schedule" in run.stdout
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -107,14 +108,17 @@ def test_cli_frontier_writes_json_svg_and_pp_files_the_same_in_two_processes(tmp
     the same bytes (determinism, README)."""
     outputs = []
     for run in ("a", "b"):
-        folder = tmp_path / run
-        folder.mkdir()
-        done = _run(
+        (tmp_path / run).mkdir()
+    # both at once: each has a core, and sharing one would not change what they write
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda run: _run(
             ["-d", "2", "-m", "4", "--placement", "parallel,vshape", "--evaluations", "100",
              "--json", "--svg", "f.svg", "--pp-dir", "pp",
              "--named", str(REPO / "examples/zb_h1.pp")],
-            folder,
-        )
+            tmp_path / run,
+        ), ("a", "b")))
+    for run, done in zip(("a", "b"), runs, strict=True):
+        folder = tmp_path / run
         assert done.returncode == 0, done.stderr
         files = {p.name: p.read_bytes() for p in sorted((folder / "pp").iterdir())}
         outputs.append((done.stdout, (folder / "f.svg").read_bytes(), files))
