@@ -10,7 +10,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     # flags (--quick, --write) are for the modules, which read sys.argv themselves
-    names = [a for a in argv if not a.startswith("-")]
+    values = {i + 1 for i, a in enumerate(argv) if a == "--only"}  # --only KEY: a flag's value
+    names = [a for i, a in enumerate(argv) if not a.startswith("-") and i not in values]
     names = names or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
     for name in names:
         module = importlib.import_module(f"bench.{name if name.startswith('bench_') else 'bench_' + name}")
