@@ -23,10 +23,11 @@ one 1F1B stage's activation (a V-shape chunk holds half of one).
   with the worst device's span as its objective, docs/exact.md), against the
   examples' figures (examples/v_min.pp, examples/v_half.pp).
 
-The p=8 V-Min and V-Half rows run with the exact engine's one-device bounds and
-memory precedences (ppdsl/search/bounds.py, 1 deterministic unit per device, in
-an effort of 10): the whole model alone never raised their bound above the
-warm-up/cool-down idle bound.
+The p=8 V-Min and V-Half rows run the exact engine's span bound (the whole
+model with the worst device's span as its objective, docs/exact.md), 40
+deterministic units in an effort of 45: it proves them optimal in 5.6 to 9.6
+units and stops there. The whole model alone never raised their bound above
+the warm-up/cool-down idle bound, the one-device bounds only part of the way.
 
 `python -m bench exact [--quick] [--only KEY] [--write]` (`--write` also writes
 bench/results/exact.md; with `--only`, just the rows whose key, as
@@ -65,11 +66,6 @@ AUTHORS_V_MIN = {
 
 RESULTS = Path(__file__).parent / "results" / "exact.md"
 
-_P8_EFFORT = {16: 10.0, 24: 25.0}
-"""Effort of the p=8 V-Min/V-Half rows per m, the one-device bounds included."""
-_P8_DEVICE_BOUNDS = {16: 1.0, 24: 2.5}
-"""Deterministic time per device for their one-device bounds per m (at m=24,
-V-Min's device 0 is proven at 2.3 units: 1.5 stopped below the idle bound)."""
 
 _P8_SPAN = {(8, 16): 40.0, (8, 24): 40.0}
 """Deterministic time of the span bound (docs/exact.md) on the p=8 V-Min and
@@ -124,23 +120,15 @@ def _rows(quick: bool) -> list[Row]:
         for m in (2 * p, 3 * p):
             vmin, vhalf = AUTHORS_V_MIN[p, m], AUTHORS_V_HALF[p, m]
             # at p=8 the whole model raises no bound within any effort we tried
-            # (docs/exact.md): the one-device bounds give it, 1 unit per device
-            effort = None if p == 4 else _P8_EFFORT[m]
-            bounds = 0.0 if p == 4 else _P8_DEVICE_BOUNDS[m]
-            min_effort, min_bounds, min_span = effort, bounds, 0.0
-            if (p, m) in _P8_SPAN:  # the span bound instead of the one-device ones
-                min_span = _P8_SPAN[p, m]
-                min_effort, min_bounds = min_span + 5.0, 0.0
+            # (docs/exact.md): the span bound proves them
+            span = _P8_SPAN.get((p, m), 0.0)
+            effort = span + 5.0 if span else None
             rows.append(Row("unit, V-shape, V-Min's", p, m, "vshape", None, str((p + 4) // 3),
-                            "1", f"V-Min (authors) {vmin:.4f}", vmin, effort=min_effort,
-                            device_bounds=min_bounds, span_bound=min_span))
-            half_effort, half_bounds, half_span = effort, bounds, 0.0
-            if (p, m) in _P8_SPAN:  # the span bound instead of the one-device ones
-                half_span = _P8_SPAN[p, m]
-                half_effort, half_bounds = half_span + 5.0, 0.0
+                            "1", f"V-Min (authors) {vmin:.4f}", vmin, effort=effort,
+                            span_bound=span))
             rows.append(Row("unit, V-shape, V-Half's", p, m, "vshape", None, str((p + 2) // 2),
-                            "1", f"V-Half (authors) {vhalf:.4f}", vhalf, effort=half_effort,
-                            device_bounds=half_bounds, span_bound=half_span))
+                            "1", f"V-Half (authors) {vhalf:.4f}", vhalf, effort=effort,
+                            span_bound=span))
             rows.append(Row("unit, V-shape, V-ZB's", p, m, "vshape", None, str(p), "1",
                             "V-ZB 0", 0.0))
     if not quick:
