@@ -18,12 +18,16 @@ one 1F1B stage's activation (a V-shape chunk holds half of one).
   V-Min from v_auto_schedule.py, V-Half from zbv_greedy.py, run at unit costs) and
   V-ZB's 0;
 - the issue's remaining quality points (plain search): V-Half p=4 m=16, p=8 m=32,
-  V-Min p=8 m=32.
+  V-Min p=8 m=32;
+- V-Min's and V-Half's memory at p=8, m=8, with the span bound (the whole model
+  with the worst device's span as its objective, docs/exact.md), against the
+  examples' figures (examples/v_min.pp, examples/v_half.pp).
 
-The p=8 V-Min and V-Half rows run with the exact engine's one-device bounds and
-memory precedences (ppdsl/search/bounds.py, 1 deterministic unit per device, in
-an effort of 10): the whole model alone never raised their bound above the
-warm-up/cool-down idle bound.
+The p=8 V-Min and V-Half rows run the exact engine's span bound (the whole
+model with the worst device's span as its objective, docs/exact.md), 40
+deterministic units in an effort of 45: it proves them optimal in 5.6 to 9.6
+units and stops there. The whole model alone never raised their bound above
+the warm-up/cool-down idle bound, the one-device bounds only part of the way.
 
 `python -m bench exact [--quick] [--only KEY] [--write]` (`--write` also writes
 bench/results/exact.md; with `--only`, just the rows whose key, as
@@ -62,11 +66,11 @@ AUTHORS_V_MIN = {
 
 RESULTS = Path(__file__).parent / "results" / "exact.md"
 
-_P8_EFFORT = {16: 10.0, 24: 25.0}
-"""Effort of the p=8 V-Min/V-Half rows per m, the one-device bounds included."""
-_P8_DEVICE_BOUNDS = {16: 1.0, 24: 2.5}
-"""Deterministic time per device for their one-device bounds per m (at m=24,
-V-Min's device 0 is proven at 2.3 units: 1.5 stopped below the idle bound)."""
+
+_P8_SPAN = {(8, 16): 40.0, (8, 24): 40.0}
+"""Deterministic time of the span bound (docs/exact.md) on the p=8 V-Min and
+V-Half rows, per (p, m); their effort is 5 more (the span bound proves them
+optimal within a few units: it stops there)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class Row:
     device_bounds: float = 0.0
     """Deterministic time per device for the one-device bounds and memory
     precedences (ppdsl/search/bounds.py); 0: the plain model."""
+    span_bound: float = 0.0
+    """Deterministic time for the whole model with the worst device's span as
+    its objective (ExactOptions.span_bound); 0: not run."""
 
     @property
     def key(self) -> str:
@@ -113,18 +120,26 @@ def _rows(quick: bool) -> list[Row]:
         for m in (2 * p, 3 * p):
             vmin, vhalf = AUTHORS_V_MIN[p, m], AUTHORS_V_HALF[p, m]
             # at p=8 the whole model raises no bound within any effort we tried
-            # (docs/exact.md): the one-device bounds give it, 1 unit per device
-            effort = None if p == 4 else _P8_EFFORT[m]
-            bounds = 0.0 if p == 4 else _P8_DEVICE_BOUNDS[m]
+            # (docs/exact.md): the span bound proves them
+            span = _P8_SPAN.get((p, m), 0.0)
+            effort = span + 5.0 if span else None
             rows.append(Row("unit, V-shape, V-Min's", p, m, "vshape", None, str((p + 4) // 3),
                             "1", f"V-Min (authors) {vmin:.4f}", vmin, effort=effort,
-                            device_bounds=bounds))
+                            span_bound=span))
             rows.append(Row("unit, V-shape, V-Half's", p, m, "vshape", None, str((p + 2) // 2),
                             "1", f"V-Half (authors) {vhalf:.4f}", vhalf, effort=effort,
-                            device_bounds=bounds))
+                            span_bound=span))
             rows.append(Row("unit, V-shape, V-ZB's", p, m, "vshape", None, str(p), "1",
                             "V-ZB 0", 0.0))
     if not quick:
+        # m = p at p=8: the span bound proves the schedules optimal (docs/exact.md);
+        # the figures are the examples' (the authors' at every other (p, m) above)
+        rows.append(Row("unit, V-shape, V-Min's", 8, 8, "vshape", None, "4", "1",
+                        "V-Min (examples/v_min.pp) 0.3600", 0.3600, effort=10.0,
+                        span_bound=5.0))
+        rows.append(Row("unit, V-shape, V-Half's", 8, 8, "vshape", None, "5", "1",
+                        "V-Half (examples/v_half.pp) 0.2615", 0.2615, effort=10.0,
+                        span_bound=5.0))
         rows.append(Row("unit, V-shape, V-Half's", 4, 16, "vshape", None, "3", "1",
                         "V-Half (authors) 0.0495", 0.0495, exact=False))
         rows.append(Row("unit, V-shape, V-Half's", 8, 32, "vshape", None, "5", "1",
@@ -153,7 +168,12 @@ def _run(row: Row) -> tuple[str, bool]:
     begin = time.monotonic()
     outcome = find(
         problem,
-        SearchOptions(exact=row.exact, effort=row.effort, device_bounds=row.device_bounds),
+        SearchOptions(
+            exact=row.exact,
+            effort=row.effort,
+            device_bounds=row.device_bounds,
+            span_bound=row.span_bound,
+        ),
     )
     took = time.monotonic() - begin
     bubble = outcome.metrics.bubble
@@ -168,6 +188,8 @@ def _run(row: Row) -> tuple[str, bool]:
     )
     if row.device_bounds:
         mode += f", device bounds {row.device_bounds:g}/device"
+    if row.span_bound:
+        mode += f", span bound {row.span_bound:g}"
     memory = f"{float(problem.budget):g}"
     line = (
         f"| {row.label} | {row.d} | {row.m} | {memory} | {mode} | {bubble:.4f} | {bound} | "
@@ -220,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _RERUN_NOTE = (
-    "Rows whose search names device bounds were rerun alone, after the rest "
+    "Rows whose search names device bounds or a span bound were rerun alone, after the rest "
     "(`python -m bench exact --only KEY --write`, KEY as `unit, V-shape, V-Min's p=8 m=16`); "
     "their 'time s' is from that run, up to four rows in parallel, niced, on the shared machine "
     "(load 3 to 16)."
@@ -229,8 +251,9 @@ _RERUN_NOTE = (
 
 def _replace_rows(new: list[str]) -> None:
     """Put `new` in place of the rows of bench/results/exact.md with the same
-    case, p, m and search mode's first word (the file locked: parallel runs of
-    single rows may write at once)."""
+    case, p, m and search mode's first word, and add those it does not have
+    after its last row (the file locked: parallel runs of single rows may write
+    at once)."""
     import fcntl
 
     def key(line: str) -> tuple[str, ...]:
@@ -243,8 +266,9 @@ def _replace_rows(new: list[str]) -> None:
         by_key = {key(line): line for line in new}
         out = [by_key.pop(key(line), line) if line.startswith("| ") and "---" not in line
                and not line.startswith("| case") else line for line in text]
-        if by_key:
-            raise SystemExit(f"no row of {RESULTS} to replace for {sorted(by_key)}")
+        if by_key:  # rows new to the table go after its last row, in run order
+            last = max(i for i, line in enumerate(out) if line.startswith("| "))
+            out[last + 1 : last + 1] = [line for line in new if key(line) in by_key]
         if not any(line.strip() == _RERUN_NOTE for line in out):
             out.insert(len(out) - 1 if out[-1] == "" else len(out), _RERUN_NOTE)
         handle.seek(0)

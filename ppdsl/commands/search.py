@@ -175,6 +175,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default 0)",
     )
     parser.add_argument(
+        "--span-bound",
+        type=float,
+        default=0.0,
+        metavar="UNITS",
+        help="before the exact engine's whole model, spend UNITS of its --effort on the "
+        "same model with one device's span (the worst in the best schedule so far) as "
+        "the objective: a stronger lower bound where the bubble's own stays at the idle "
+        "bound (docs/exact.md, \"One device's span on the whole model\"; default 0: off)",
+    )
+    parser.add_argument(
         "--time",
         type=float,
         default=None,
@@ -240,6 +250,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         wrong.append(f"--evaluations {args.evaluations}: must be >= 0")
     if args.effort is not None and args.effort < 0:
         wrong.append(f"--effort {args.effort:g}: must be >= 0")
+    if args.span_bound < 0:
+        wrong.append(f"--span-bound {args.span_bound:g}: must be >= 0")
     if args.output:
         output_file(args.output)
     frontier_only = [flag for flag, given in (
@@ -256,6 +268,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.time is not None:
             wrong.append("--time caps one search; a frontier's work is --evaluations and "
                          "--effort per level")
+        if args.span_bound:
+            wrong.append("--span-bound bounds one search; a frontier's levels run --effort only")
         if args.levels < 1:
             wrong.append(f"--levels {args.levels}: must be >= 1")
         if args.parameter_memory is not None:
@@ -357,6 +371,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         exact=args.exact,
         effort=args.effort,
         time_cap=args.time,
+        span_bound=args.span_bound,
     )
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:

@@ -73,6 +73,9 @@ class SearchOptions:
     device_bounds: float = 0.0
     """Deterministic time per device for the exact engine's one-device bounds
     and memory precedences (`ExactOptions.device_bounds`); 0: off."""
+    span_bound: float = 0.0
+    """Deterministic time for the exact engine's whole model with the worst
+    device's span as its objective (`ExactOptions.span_bound`); 0: off."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def find(
             ep,
             ExactOptions(
                 options.objective, effort, options.workers, cap, options.seed,
-                options.device_bounds,
+                options.device_bounds, span_bound=options.span_bound,
             ),
             hint=orders,
             progress=solver_progress,

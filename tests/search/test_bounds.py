@@ -136,3 +136,38 @@ def test_device_bound_raises_the_v_min_bound():
     bounds = [b for b, _, _ in device_span_bounds(model, 1.0)]
     assert max(bounds) <= 59
     assert max(bounds) > max(b + i for b, i in zip(plain.busy, plain.idle_floors, strict=True))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10**6))
+def test_span_bound_never_exceeds_a_valid_schedules_bubble(seed):
+    """The whole model with one device's span as its objective (docs/exact.md,
+    "One device's span on the whole model") bounds the bubble of a random valid
+    schedule within the budgets (the schedule's own peaks) from below."""
+    problem, orders = _random_case(seed)
+    measured = exact_module.measure(problem, orders)
+    assert measured is not None
+    result = solve(problem, ExactOptions("bubble", effort=1.0, span_bound=1.0))
+    assert result.bound <= measured
+
+
+def test_span_bound_reaches_the_v_half_optimum_at_p4():
+    """V-shape, unit costs, V-Half's memory (3, M_W = M_B), p=4, m=8: the span
+    bound of device 0 alone (2 units, no other search) is the proven optimum
+    5/53 of bench/results/exact.md, above the warm-up/cool-down idle bound
+    (device 0 idle 2 of its 48 busy units)."""
+    problem = exact_problem(
+        build_problem(
+            devices=4,
+            microbatches=8,
+            placement="vshape",
+            costs=None,
+            memory="3",
+            weight_fraction="1",
+        )
+    )
+    scaled = exact_module._scaled_costs(problem, 1)
+    plain = exact_module._Model(problem, "bubble", scaled, None)
+    assert plain.idle_floors[0] == 2
+    result = solve(problem, ExactOptions("bubble", effort=2.0, span_bound=2.0))
+    assert result.bound == Fraction(5, 53)

@@ -381,3 +381,17 @@ def test_cli_search_on_dualpipe_writes_a_file_whose_lanes_hold_their_own_microba
     line = next(x for x in printed.splitlines() if x.startswith("peak memory per device"))
     printed_peaks = tuple(Fraction(x) for x in line.split(":")[1].split("(")[0].split())
     assert printed_peaks == tuple(peak_memory(schedule)) and max(printed_peaks) <= 3
+
+
+def test_span_bound_flag_proves_the_v_half_bound(capsys):
+    """--span-bound at p=4, m=8, V-Half's memory (V-shape, M_W = M_B): the
+    summary's lower bound is the proven optimum 5/53 (bench/results/exact.md);
+    a negative value is a usage error (docs/exact.md)."""
+    code = main(["search", "-d", "4", "-m", "8", "--placement", "vshape", "--memory", "3",
+                 "--weight-memory", "1", "--exact", "--effort", "2", "--span-bound", "2",
+                 "--evaluations", "200"])
+    assert code == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert "lower bound 0.0943396" in text or "0.0943396 is optimal" in text
+    assert main(["search", "-d", "4", "-m", "8", "--span-bound", "-1"]) == 2
