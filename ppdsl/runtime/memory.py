@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime.data_parallel import local_tensor
 from ppdsl.semantics import memory_delta
 
 __all__ = ["DevicePeak", "MemoryMeter", "predicted_device_peak", "storage_bytes"]
@@ -100,9 +101,7 @@ class MemoryMeter:
         sharded stage's gathered parameters live in storage that changes at each
         gather). A DTensor counts by its local shard."""
         for p in params:
-            to_local = getattr(p, "to_local", None)
-            local = to_local() if callable(to_local) else p
-            self._param_ptrs.add(local.untyped_storage().data_ptr())
+            self._param_ptrs.add(local_tensor(p).untyped_storage().data_ptr())
 
     def saving(self, key: tuple[int, int]) -> torch.autograd.graph.saved_tensors_hooks:
         """Context for the forward of `key`: boxes every saved non-parameter tensor."""
@@ -231,9 +230,10 @@ class DevicePeak:
     since minus that baseline (the largest over all windows is `bytes`). The
     training loop opens the window after `zero_grad` and closes it when the
     step's passes end, before the optimizer: every step is measured from the
-    same state (parameters and optimizer state, no gradients), the first one
-    included. `allocated`, `peak` and `reset` default to torch.cuda's counters
-    for `device` (tests give others).
+    same state (parameters and optimizer state, no gradients); it leaves out the
+    first step when there are several (what it allocates once for the run).
+    `allocated`, `peak` and `reset` default to torch.cuda's counters for
+    `device` (tests give others).
 
     Inside a window (or outside one), `pass_window(kind, stage)` measures one
     pass's working memory: what it allocates and frees within itself (a
@@ -269,6 +269,11 @@ class DevicePeak:
         found = max(self._high, self._peak()) - self._base
         self.bytes = found if self.bytes is None else max(self.bytes, found)
         self._base = None
+
+    def working_by_pass(self) -> dict[str, int]:
+        """`working` keyed as the summary prints passes ("B3"), by stage then kind."""
+        order = sorted(self.working.items(), key=lambda kv: (kv[0][1], kv[0][0].value))
+        return {f"{kind.value}{stage}": b for (kind, stage), b in order}
 
     @contextlib.contextmanager
     def pass_window(self, kind: PassKind, stage: int) -> Iterator[None]:

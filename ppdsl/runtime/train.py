@@ -737,9 +737,7 @@ def _summary(run: _Run) -> None:
         "cuda_peak_bytes": device_peak.bytes if device_peak is not None else None,
         "predicted_cuda_peak_bytes": (_predicted_cuda_peak(plan, pp_rank, runner, real_memory, device_peak)
                                       if device_peak is not None else None),
-        "working_bytes": ({f"{k.value}{s}": b for (k, s), b in sorted(device_peak.working.items(),
-                                                                      key=lambda kv: (kv[0][1], kv[0][0].value))}
-                          if device_peak is not None else None),
+        "working_bytes": device_peak.working_by_pass() if device_peak is not None else None,
         "stage_bytes": {str(s): b for s, b in runner.stage_bytes().items()},
         "mw_ratio": {str(s): str(r) for s, r in ratios.items()},
         "mi_ratio": {str(s): str(r) for s, r in kept_ratios.items()},
@@ -905,16 +903,18 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
 
 
 def _predicted_cuda_peak(plan: Plan, pp_rank: int, runner: PipelineRunner, memory: MemoryModel,
-                         device_peak: DevicePeak) -> int:
+                         device_peak: DevicePeak, *, fresh_gradients: bool = True) -> int:
     """The CUDA peak of a step the memory model predicts, in bytes above the step's
     baseline (`memory.predicted_device_peak`): the activations with the measured
     M_B per stage (and real M_W/M_I), the W stashes' output gradients, the
-    parameters' gradients (made afresh each step: `zero_grad(set_to_none=True)`),
-    and each pass's working memory as the first step measured it."""
+    parameters' gradients where the step makes them afresh (`fresh_gradients`:
+    `zero_grad(set_to_none=True)`, as here; else they are in the baseline), and
+    each pass's working memory as a measured step's pass windows read it."""
     grads = {}
-    for s, module in runner.stages.items():
-        local = [getattr(p, "to_local", lambda p=p: p)() for p in module.parameters() if p.requires_grad]
-        grads[s] = sum(t.numel() * t.element_size() for t in local)
+    if fresh_gradients:
+        for s, module in runner.stages.items():
+            local = [local_tensor(p) for p in module.parameters() if p.requires_grad]
+            grads[s] = sum(t.numel() * t.element_size() for t in local)
     return predicted_device_peak(PassKeys(plan.orders[pp_rank].passes), memory, runner.stage_bytes(),
                                  working=device_peak.working,
                                  stash_gradients=runner.engine.meter.stash_gradient_bytes(),

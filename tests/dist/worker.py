@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import PassKeys, plan_from_schedule  # noqa: E402
-from ppdsl.runtime.memory import DevicePeak, predicted_device_peak  # noqa: E402
+from ppdsl.runtime.memory import DevicePeak  # noqa: E402
 from ppdsl.runtime.model import build_model  # noqa: E402
 from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
-from ppdsl.runtime.train import _with_real_mw  # noqa: E402
+from ppdsl.runtime.train import _predicted_cuda_peak, _with_real_mw  # noqa: E402
 from tests.oracles.allocator import HostAllocator  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -195,10 +195,9 @@ def run_case(case: dict, rank: int, world: int, host: HostAllocator | None = Non
                 torch.cuda.memory._record_memory_history(enabled=None)
             out["cuda_peak_bytes"] = peak.bytes
             real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
-            out["predicted_cuda_peak_bytes"] = predicted_device_peak(
-                PassKeys(plan.orders[rank].passes), real, engine.stage_bytes(), working=peak.working,
-                stash_gradients=engine.meter.stash_gradient_bytes())
-            out["working_bytes"] = {f"{k.value}{s}": b for (k, s), b in peak.working.items()}
+            out["predicted_cuda_peak_bytes"] = _predicted_cuda_peak(plan, rank, runner, real, peak,
+                                                                    fresh_gradients=False)
+            out["working_bytes"] = peak.working_by_pass()
     return out
 
 

@@ -71,8 +71,8 @@ def test_every_step_measured_from_the_same_state() -> None:
 
 def test_pass_windows_keep_the_step_peak() -> None:
     """A pass window resets the counter; the step's window still reads the
-    highest point of the step, and each pass's working memory is its rise above
-    the larger of its before and after."""
+    highest point of the step (also one reached between passes), and each
+    pass's working memory is its rise above the larger of its before and after."""
     a = _Allocator()
     peak = DevicePeak(torch.device("cuda", 0), allocated=lambda: a.now, peak=lambda: a.high,
                       reset=a.reset)
@@ -81,11 +81,13 @@ def test_pass_windows_keep_the_step_peak() -> None:
         a.alloc(500)  # a transient
         a.now -= 500
         a.alloc(100)  # what F keeps
+    a.alloc(700)  # between passes (a receive buffer, say), gone before the next
+    a.now -= 700
     with peak.pass_window(PassKind.B, 0):
         a.alloc(50)
         a.now -= 150
     peak.stop()
-    assert peak.bytes == 500
+    assert peak.bytes == 800
     assert peak.working == {(PassKind.F, 0): 400, (PassKind.B, 0): 50}
 
 

@@ -115,21 +115,18 @@ def test_bounds_stay_below_the_proven_optimum_and_keep_it(d, m, place, memory, w
     assert bounded.optimal and bounded.value == plain.value
 
 
+def _vshape_p4_m8(memory: str):
+    """V-shape, unit costs, p=4, m=8, M_W = M_B, at `memory` M_B per device."""
+    return exact_problem(build_problem(devices=4, microbatches=8, placement="vshape", costs=None,
+                                       memory=memory, weight_fraction="1"))
+
+
 def test_device_bound_raises_the_v_min_bound():
     """V-shape, unit costs, V-Min's memory (2, M_W = M_B), p=4, m=8: the
     one-device bound of device 0 is above the warm-up/cool-down idle bound of
     the plain model and at most the proven optimum 59 (bubble 11/59,
     bench/results/exact.md)."""
-    problem = exact_problem(
-        build_problem(
-            devices=4,
-            microbatches=8,
-            placement="vshape",
-            costs=None,
-            memory="2",
-            weight_fraction="1",
-        )
-    )
+    problem = _vshape_p4_m8("2")
     scaled = exact_module._scaled_costs(problem, 1)
     plain = exact_module._Model(problem, "bubble", scaled, None)
     model = exact_module._Model(problem, "bubble", scaled, None, memory_edges=True)
@@ -156,16 +153,7 @@ def test_span_bound_reaches_the_v_half_optimum_at_p4():
     bound of device 0 alone (2 units, no other search) is the proven optimum
     5/53 of bench/results/exact.md, above the warm-up/cool-down idle bound
     (device 0 idle 2 of its 48 busy units)."""
-    problem = exact_problem(
-        build_problem(
-            devices=4,
-            microbatches=8,
-            placement="vshape",
-            costs=None,
-            memory="3",
-            weight_fraction="1",
-        )
-    )
+    problem = _vshape_p4_m8("3")
     scaled = exact_module._scaled_costs(problem, 1)
     plain = exact_module._Model(problem, "bubble", scaled, None)
     assert plain.idle_floors[0] == 2
