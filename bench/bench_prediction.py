@@ -50,6 +50,9 @@ def _ppdsl(*argv: str) -> subprocess.CompletedProcess[str]:
                           env=env, cwd=ROOT, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"ppdsl {' '.join(argv)} failed:\n{proc.stderr[-2000:]}")
+    for line in proc.stderr.splitlines():  # e.g. the profile's engine did not run
+        if "warning: running the stages through the engine failed" in line:
+            raise RuntimeError(line)
     return proc
 
 
@@ -95,7 +98,7 @@ def main() -> None:
           f"{STEPS - 1} after the first; {cores} cores; load average before: {_load()}")
     print(f"{'model':<21} {'schedule':<6} {'d':>2} {'T_F ms':>7} {'measured ms':>11} "
           f"{'predicted ms':>12} {'meas/pred':>9} {'w/o recv':>8} {'makespan only':>13} "
-          f"{'spread':>6}  note")
+          f"{'spread':>6} {'passes':>6}  note")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_label, model in MODELS[:1] if quick else MODELS:
@@ -113,8 +116,8 @@ def main() -> None:
                         engine = (found.get("step") or {}).get("engine_pass_ms") or {}
                         forward = sum(engine.get(f"F{s['stage']}", s["forward_ms"])
                                       for s in found["stages"]) / stages
-                        profiles[stages] = (costs, forward * stages / d)
-                    costs, forward = profiles[stages]
+                        profiles[stages] = (costs, forward * stages / d, engine)
+                    costs, forward, engine = profiles[stages]
                     schedule = [str(ROOT / "examples" / f"{stem}.pp"), "-D", f"d={d}",
                                 "-D", f"m={4 * d}"]
                     before = json.loads(_ppdsl("stats", *schedule, "--costs-from",
@@ -127,11 +130,15 @@ def main() -> None:
                         measured, predicted = r["median_step_time_ms"], r["predicted_step_time_ms"]
                         makespan = r["predicted_makespan"]
                         rows.append((model_label, label, d, measured / predicted))
+                        ran = r.get("measured_pass_ms") or {}
+                        passes = statistics.median(
+                            [ran[k] / engine[k] for k in ran if engine.get(k)] or [float("nan")])
                         print(f"{model_label:<21} {label:<6} {d:>2} {forward:7.2f} "
                               f"{measured:11.1f} {predicted:12.1f} {measured / predicted:9.3f} "
                               f"{measured / before['step_time']:8.3f} "
                               f"{measured / makespan:13.3f} "
-                              f"{_spread(r.get('step_times_ms') or []):6.2f}  {note}", flush=True)
+                              f"{_spread(r.get('step_times_ms') or []):6.2f} {passes:6.2f}  {note}",
+                              flush=True)
     print(f"load average after: {_load()}")
     print("T_F ms: a device's forward per microbatch (the costs file's, as the engine ran it, "
           "summed over its stages); "
@@ -139,7 +146,9 @@ def main() -> None:
           "the transfers, after its optimizer step; then the norm all-reduce); "
           "w/o recv: measured / the same simulation without `cost recv`; "
           "makespan only: measured / the simulated makespan without the step's other costs; "
-          "spread: (90th - 10th percentile) / median of the run's step times")
+          "spread: (90th - 10th percentile) / median of the run's step times; "
+          "passes: the median over pass kinds and stages of the run's median pass time / "
+          "the profile's")
     checked = [ratio for _, _, d, ratio in rows if d <= cores]
     if checked:
         print(f"d <= {cores} (one rank per core): measured/predicted from {min(checked):.3f} to "

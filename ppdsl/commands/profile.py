@@ -8,8 +8,10 @@ passes (`cost overhead`: the engine's work per pass, its passes run through
 profile then schedule, on your model and your hardware.
 
 On CPU the profile runs on one thread unless OMP_NUM_THREADS says otherwise, as
-`ppdsl run`'s ranks do, and then times passes in that thread's CPU time (other
-work on the machine does not count). On CUDA passes are timed by CUDA events and
+`ppdsl run`'s ranks do, and then times its stage runs in that thread's CPU time
+(other work on the machine does not count); the pass costs it writes are the
+engine's, timed in wall time on a pipeline of gloo processes, one per core
+(`--devices`), as a run's ranks run them. On CUDA passes are timed by CUDA events and
 the TF32 settings are recorded; `--precision bf16|fp16` profiles under autocast."""
 
 from __future__ import annotations
@@ -71,11 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the optimizer whose step per stage `cost optimizer[s]` measures, "
                         "as `ppdsl run --optimizer` (default adam); none: measure no step costs "
                         "(overhead, optimizer, norm)")
-    parser.add_argument("--peers", type=int, default=None, metavar="N",
-                        help="processes that run the same passes while the engine's are "
-                        "timed, as a run's other ranks keep their cores busy (default on CPU: "
-                        "one per stage beyond the first, up to the usable cores less one; on "
-                        "CUDA 0)")
+    parser.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="time the passes as a run of N ranks runs them: a pipeline of N "
+                        "gloo processes, the stages placed looped (N divides --stages; CPU "
+                        "only). Default on CPU: the most that divide --stages without "
+                        "outnumbering the usable cores; on CUDA 1 (every stage on this process)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("-o", "--output", metavar="COSTS.pp", default=None,
                         help="write cost and memory statements for --costs-from")
@@ -100,14 +102,18 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--dp {args.dp}: need at least 1 rank")
     if args.warmup < 0 or args.repeats < 1:
         raise UsageError("--warmup must be >= 0 and --repeats >= 1")
-    if args.peers is not None and args.peers < 0:
-        raise UsageError(f"--peers {args.peers}: give 0 or more peer processes")
+    if args.devices is not None and (args.devices < 1 or args.stages % args.devices):
+        raise UsageError(f"--devices {args.devices}: give a number of processes that divides "
+                         f"--stages {args.stages} (each holds --stages / N stages, looped)")
     check_model_file(args.model)
     if args.output:
         output_file(args.output)
     device, error = prepare_device(args.device)
     if error is not None:
         raise UsageError(error)
+    if device.type == "cuda" and (args.devices or 1) > 1:
+        raise UsageError(f"--devices {args.devices}: the pipeline of processes runs on CPU; "
+                         "on CUDA the engine's passes are timed on this process (--devices 1)")
     bar = ProgressBar(args.progress or sys.stderr.isatty())
     try:
         profile = profile_model(
@@ -116,7 +122,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             progress=bar, norms=args.norms, dp=args.dp, dp_mode=args.dp_mode,
             precision=args.precision,
             optimizer=None if args.optimizer == "none" else args.optimizer,
-            peers=args.peers,
+            devices=args.devices,
         )
     except ModelError as exc:
         raise CompileError([Diagnostic("error", str(exc))]) from None

@@ -19,9 +19,10 @@ CPU clock, which would time kernel launches only. `precision` "bf16" or "fp16"
 runs the forward (and loss) under autocast, as `ppdsl run --precision` does,
 and the report records it, with the TF32 settings, beside the times.
 
-`measure_engine` then runs the stages' passes through the runtime's own engine
-(`PipelineRunner`, every stage on this process) and times them as `ppdsl run`
-does (wall time on CPU, CUDA events on CUDA): those are the pass costs
+`measure_pipeline` then runs the stages' passes through the runtime's own engine
+(`PipelineRunner`) on a pipeline of gloo processes, one per core (on CUDA, and
+with one core, `measure_engine`: every stage on this process), and times them
+as `ppdsl run` does (wall time on CPU, CUDA events on CUDA): those are the pass costs
 `to_costs_pp` writes when measured (profile = run; the stage runs above stay in
 the report, in this thread's CPU time on one CPU thread, which a pass that
 waits, e.g. sleeps, does not spend), with the engine's overhead per pass, each
@@ -66,6 +67,8 @@ __all__ = [
     "StepCosts",
     "measure_stage",
     "measure_engine",
+    "measure_pipeline",
+    "pipeline_devices",
     "measure_norm_reduce",
     "pass_jitter",
     "measure_transfer",
@@ -144,8 +147,8 @@ class StepCosts:
 
     overhead_ms: float
     """The runtime's own work per pass: the stages' passes run through the
-    engine (`PipelineRunner` on one process, every stage on it), its step time
-    less the time inside passes, over the passes."""
+    engine (`PipelineRunner`, `Profile.devices` processes), its step time less
+    the time inside passes and exchanges, over the passes."""
     engine_pass_ms: dict[str, float]
     """The median pass time as the engine ran it, per `KIND` + stage (`F0`), timed
     as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
@@ -197,12 +200,10 @@ class Profile:
     step: StepCosts | None = None
     """What a training step spends besides passes and transfers (None: not
     measured)."""
-    peers: int = 0
-    """How many peer processes ran the model's passes beside the engine's
-    timing (`busy_peers`), as a run's other ranks keep their cores busy: the
-    pass costs are then timed as a rank of a run of peers + 1 ranks sees them."""
-    peer_steps: tuple[int, ...] = ()
-    """The steps each peer ran meanwhile (a peer that ran none did not overlap)."""
+    devices: int = 1
+    """The processes the engine's passes were timed on (`measure_pipeline`):
+    1, this one with every stage; more, a pipeline of that many gloo ranks
+    with the stages placed looped, as a run of that many ranks runs them."""
     recv_ms: float | None = None
     """`cost recv`, the receiver's own part of a transfer: a receive posted after
     its data was sent, from posting to holding the tensor, between two gloo
@@ -256,8 +257,7 @@ class Profile:
             "transfer_method": self.transfer_method,
             "comm_ms": self.comm_ms(),
             "recv_ms": self.recv_ms,
-            "peers": self.peers,
-            "peer_steps": list(self.peer_steps),
+            "devices": self.devices,
             "dp": self.dp,
             "dp_mode": self.dp_mode,
             "collective_method": self.collective_method,
@@ -320,11 +320,8 @@ class Profile:
                 + " ms per stage; norm all-reduce "
                 + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
                 + f"; passes' jitter {st.jitter:.3f} (IQR / 1.349 of log(duration / median))")
-            lines.append(f"passes as the engine ran them (wall ms): {engine}"
-                         + (f"; beside {self.peers} peer process"
-                            f"{'es' if self.peers != 1 else ''} running the same passes "
-                            f"({', '.join(map(str, self.peer_steps))} steps)"
-                            if self.peers else ""))
+            lines.append(f"passes as the engine ran them (wall ms): {engine}; "
+                         + _engine_where(self.devices))
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -789,12 +786,12 @@ def _run_gloo(script: str, world: int, payload: object, timeout: int, what: str)
 # --- the step besides passes ------------------------------------------------------
 
 _ENGINE_SCHEDULE = """\
-# every stage on one process, each microbatch's passes back to back: what
-# `ppdsl profile` runs through the engine to time its passes and its work
-# between them as `ppdsl run` does
+# the model's stages on {devices} process(es), looped (stage s on rank s mod d),
+# each local stage's microbatches back to back: what `ppdsl profile` runs through
+# the engine to time its passes, and its work between them, as `ppdsl run` does
 schedule engine_profile {{
-    param d = 1
-    param v = {num_stages}
+    param d = {devices}
+    param v = {chunks}
     param m = {num_microbatches}
     place looped(v)
     backward {backward}
@@ -809,116 +806,97 @@ schedule engine_profile {{
 def _engine_steps(
     model: Any, folder: Path, backward: str, num_stages: int, microbatch_size: int,
     device: torch.device, warmup: int, repeats: int, num_microbatches: int, precision: str,
+    devices: int = 1,
 ) -> tuple[Any, list[float], dict[tuple[str, int], list[float]]]:
     """(the runner, the overhead per pass of each timed step in seconds, the
-    traced pass durations) of the engine profile in `backward` form."""
+    traced pass durations) of the engine profile in `backward` form, this
+    process being one of `devices` ranks of the current process group. The
+    overhead is the step's time outside its passes and exchanges (posting
+    sends, waiting on receives: the transfers' costs, not the engine's)."""
+    import torch.distributed as dist
+
     from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
     from ppdsl.runtime.trace import Tracer
 
     path = folder / f"engine_profile_{backward}.pp"
     path.write_text(_ENGINE_SCHEDULE.format(
-        num_stages=num_stages, num_microbatches=num_microbatches, backward=backward,
+        devices=devices, chunks=num_stages // devices, num_microbatches=num_microbatches,
+        backward=backward,
         backward_passes="B(j, c); W(j, c)" if backward == "split" else "BW(j, c)"))
     schedule = load_schedule(path)
     runner = PipelineRunner(schedule, model.stage, model.loss, device=device,
                             precision=precision, note=lambda text: None)
-    tracer = Tracer(0, device)
+    tracer = Tracer(dist.get_rank(), device)
     runner.tracer = tracer
+    dist.barrier()
     tracer.start()
     inputs, targets = model.batch(0, microbatch_size * num_microbatches)
-    passes = len(schedule.plan.orders[0])
+    passes = len(schedule.plan.orders[dist.get_rank()])
     overheads: list[float] = []
     for rep in range(warmup + repeats):
         for p in runner.parameters():
             p.grad = None
         tracer.timed = rep >= warmup
+        exchanged = sum(tracer.durations.get(("exchange", -1), ()))
         runner.step(inputs, targets)
         result = runner.last_result
         assert result is not None
         if rep >= warmup:
-            overheads.append((result.step_time - result.compute_time) / passes)
+            exchanges = (sum(tracer.durations.get(("exchange", -1), ())) - exchanged) / 1e3
+            overheads.append((result.step_time - result.compute_time - exchanges) / passes)
+        if devices > 1:  # a run's ranks meet once a step (the norm all-reduce)
+            dist.barrier()
     return runner, overheads, tracer.durations
 
 
-_PEER = """
-import json, sys, threading
-from ppdsl.runtime.profile import busy_peer, prepare_device
-spec, num_stages, microbatch_size, precision = json.loads(sys.argv[1])
-prepare_device("cpu")
-stop = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-print(json.dumps(busy_peer(spec, num_stages, microbatch_size, precision, stop)), flush=True)
-"""
-
-
-def busy_peer(spec: str, num_stages: int, microbatch_size: int, precision: str,
-              stop: Any) -> int:
-    """What a profile's peer process does (`peers`): the model's stages
-    through the engine, step after step (split backward, one-process gloo
-    group), as a run's other rank keeps its core busy, until `stop` (a
-    threading.Event) is set; prints "ready" once the first step is done, and
-    returns how many steps it ran."""
+def _engine_measure(
+    model: Any, num_stages: int, microbatch_size: int, device: torch.device, devices: int,
+    optimizer: str, warmup: int, repeats: int, num_microbatches: int, precision: str,
+) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, float]]:
+    """This rank's part of the engine profile, inside a process group of
+    `devices` ranks: (the overheads per pass in seconds, the pass durations in
+    ms by (kind, stage), the optimizer step in ms per stage this rank holds)."""
     import tempfile
 
-    import torch.distributed as dist
+    from ppdsl.runtime.optim import make_optimizer
 
-    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+    durations: dict[tuple[str, int], list[float]] = {}
+    overheads: list[float] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for backward in ("fused", "split"):
+            runner, found, traced = _engine_steps(
+                model, Path(folder), backward, num_stages, microbatch_size, device,
+                warmup, repeats, num_microbatches, precision, devices)
+            overheads += found
+            for key, values in traced.items():
+                if key[1] >= 0 and not (backward == "split" and key[0] == "F"):
+                    durations.setdefault(key, []).extend(values)
+    optimizer_ms = {}
+    for stage, module in sorted(runner.stages.items()):  # the split run's gradients
+        params = [p for p in module.parameters() if p.grad is not None]
+        opt = make_optimizer(optimizer, params, 1e-9)
+        times = []
+        for rep in range(warmup + repeats):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                if params:
+                    torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
+                opt.step()
+            _sync(device)
+            if rep >= warmup:
+                times.append(time.perf_counter() - t0)
+        optimizer_ms[stage] = statistics.median(times) * 1e3
+    return overheads, durations, optimizer_ms
 
-    model = build_model(spec, num_stages)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "engine_profile_split.pp"
-            path.write_text(_ENGINE_SCHEDULE.format(
-                num_stages=num_stages, num_microbatches=2, backward="split",
-                backward_passes="B(j, c); W(j, c)"))
-            runner = PipelineRunner(load_schedule(path), model.stage, model.loss,
-                                    device=torch.device("cpu"), precision=precision,
-                                    note=lambda text: None)
-            inputs, targets = model.batch(0, microbatch_size * 2)
-            steps = 0
-            while not stop.is_set():
-                for p in runner.parameters():
-                    p.grad = None
-                runner.step(inputs, targets)
-                steps += 1
-                if steps == 1:
-                    print("ready", flush=True)
-    finally:
-        dist.destroy_process_group()
-    return steps
 
-
-@contextlib.contextmanager
-def busy_peers(count: int, spec: str, num_stages: int, microbatch_size: int,
-               precision: str) -> Iterator[list[int]]:
-    """`count` peer processes running `busy_peer` while the block runs (each
-    ready before it starts); the list then holds the steps each ran."""
-    procs = []
-    ran: list[int] = []
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    try:
-        for _ in range(count):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", _PEER,
-                 json.dumps([spec, num_stages, microbatch_size, precision])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=env))
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline().strip()
-            if line != "ready":
-                err = p.stderr.read() if p.stderr is not None and p.poll() is not None else ""
-                raise RuntimeError(f"a profile peer did not start: {line or err.strip()[-300:]}")
-        yield ran
-    finally:
-        for p in procs:
-            try:
-                out, _ = p.communicate(input="", timeout=120)
-                ran.append(int(json.loads(out.strip().splitlines()[-1])))
-            except (subprocess.TimeoutExpired, ValueError, IndexError):
-                p.kill()
-                p.communicate()
+def _engine_summary(
+    overheads: list[float], durations: dict[tuple[str, int], list[float]],
+    optimizer_ms: dict[int, float], num_stages: int,
+) -> tuple[float, dict[str, float], tuple[float, ...], float]:
+    """`measure_engine`'s answer from what the ranks measured."""
+    engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
+    return (statistics.median(overheads) * 1e3, engine,
+            tuple(optimizer_ms[s] for s in range(num_stages)), pass_jitter(durations))
 
 
 def pass_jitter(durations: dict[Any, list[float]]) -> float:
@@ -952,54 +930,95 @@ def measure_engine(
     W; fused: F, BW), timed
     as the run times them (the tracer: wall time on CPU, CUDA events on CUDA);
     then each stage's `optimizer` step with its gradient norms (as
-    `OptimizerStep` computes them), in wall time as the run's trace has it."""
-    import tempfile
-
+    `OptimizerStep` computes them), in wall time as the run's trace has it.
+    `measure_pipeline` runs the same over several processes."""
     import torch.distributed as dist
-
-    from ppdsl.runtime.optim import make_optimizer
 
     if dist.is_initialized():
         raise RuntimeError("measure_engine starts its own one-process group: call it "
                            "outside torch.distributed")
-    durations: dict[tuple[str, int], list[float]] = {}
-    overheads: list[float] = []
-    with tempfile.TemporaryDirectory() as folder:
-        # the backend `ppdsl run` serves this device with: NCCL for CUDA, gloo for CPU
-        if device.type == "cuda":
-            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                                    device_id=device)
-        else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        try:
-            for backward in ("fused", "split"):
-                runner, found, traced = _engine_steps(
-                    model, Path(folder), backward, num_stages, microbatch_size, device,
-                    warmup, repeats, num_microbatches, precision)
-                overheads += found
-                for key, values in traced.items():
-                    if key[1] >= 0 and not (backward == "split" and key[0] == "F"):
-                        durations.setdefault(key, []).extend(values)
-            optimizer_ms = []
-            for stage in range(num_stages):  # the split run's gradients
-                params = [p for p in runner.stages[stage].parameters() if p.grad is not None]
-                opt = make_optimizer(optimizer, params, 1e-9)
-                times = []
-                for rep in range(warmup + repeats):
-                    t0 = time.perf_counter()
-                    with torch.no_grad():
-                        if params:
-                            torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
-                        opt.step()
-                    _sync(device)
-                    if rep >= warmup:
-                        times.append(time.perf_counter() - t0)
-                optimizer_ms.append(statistics.median(times) * 1e3)
-        finally:
-            dist.destroy_process_group()
-    engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
-    return (statistics.median(overheads) * 1e3, engine, tuple(optimizer_ms),
-            pass_jitter(durations))
+    # the backend `ppdsl run` serves this device with: NCCL for CUDA, gloo for CPU
+    if device.type == "cuda":
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        found = _engine_measure(model, num_stages, microbatch_size, device, 1, optimizer,
+                                warmup, repeats, num_microbatches, precision)
+    finally:
+        dist.destroy_process_group()
+    return _engine_summary(*found, num_stages)
+
+
+_PIPELINE = """
+import json, os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from ppdsl.runtime.profile import pipeline_rank
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # a failed rank's peers
+rank = dist.get_rank()
+found = pipeline_rank(*json.loads(sys.argv[1]))
+dist.barrier()
+if rank == 0:
+    print(json.dumps(found), flush=True)
+sys.stderr.flush()
+# every rank has its answer: skip the interpreter's teardown, where gloo's
+# threads may end the process with "terminate called without an active exception"
+os._exit(0)
+"""
+
+
+def pipeline_rank(spec: str, num_stages: int, microbatch_size: int, optimizer: str,
+                  warmup: int, repeats: int, num_microbatches: int, precision: str) -> Any:
+    """One rank of `measure_pipeline` (its process group started): this rank's
+    stages through the engine, then everything the ranks measured, gathered
+    (JSON: overheads, [kind, stage, durations] rows, [stage, optimizer ms] rows)."""
+    import torch.distributed as dist
+
+    device, _ = prepare_device("cpu")
+    overheads, durations, optimizer_ms = _engine_measure(
+        build_model(spec, num_stages), num_stages, microbatch_size, device,
+        dist.get_world_size(), optimizer, warmup, repeats, num_microbatches, precision)
+    mine = [overheads, [[k, s, v] for (k, s), v in durations.items()],
+            [[s, ms] for s, ms in optimizer_ms.items()]]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return [sum((r[0] for r in every), []), sum((r[1] for r in every), []),
+            sum((r[2] for r in every), [])]
+
+
+def measure_pipeline(
+    spec: str, num_stages: int, microbatch_size: int, devices: int, *,
+    optimizer: str = "adam", warmup: int = 2, repeats: int = 5,
+    num_microbatches: int | None = None, precision: str = "fp32",
+) -> tuple[float, dict[str, float], tuple[float, ...], float]:
+    """What `measure_engine` returns, measured as a CPU run of `devices` ranks
+    sees it: `devices` gloo processes on loopback (one torch thread each, freed
+    memory kept, as `ppdsl run`'s ranks), the model's stages placed looped
+    (stage s on rank s mod `devices`, which must divide `num_stages`), each
+    rank running its stages' microbatches back to back (m = 4 x `devices` by
+    default) with real transfers between ranks and a barrier between steps.
+    A pass then runs with what a run's pass runs with: the other ranks' work on
+    the other cores, the transfers' threads, and the idle waits on receives
+    before it; the overhead leaves the exchanges out."""
+    if devices < 1 or num_stages % devices:
+        raise ValueError(f"{devices} processes cannot hold {num_stages} stages looped: "
+                         "give a divisor of the stage count")
+    m = num_microbatches if num_microbatches is not None else 4 * devices
+    overheads, rows, optimizer_rows = _run_gloo(
+        _PIPELINE, devices,
+        [spec, num_stages, microbatch_size, optimizer, warmup, repeats, m, precision],
+        900, f"the engine's passes over {devices} processes")
+    durations = {(k, s): v for k, s, v in rows}
+    return _engine_summary(overheads, durations, {s: ms for s, ms in optimizer_rows}, num_stages)
+
+
+def pipeline_devices(num_stages: int, cores: int) -> int:
+    """The processes `profile_model` times the engine's passes on by default on
+    CPU: the most that divide `num_stages` without outnumbering `cores` (a run
+    of one rank per core)."""
+    return max(d for d in range(1, max(min(num_stages, cores), 1) + 1) if num_stages % d == 0)
 
 
 _NORM = """
@@ -1063,7 +1082,7 @@ def profile_model(
     dp_mode: str = "replicate",
     precision: str = "fp32",
     optimizer: str | None = "adam",
-    peers: int | None = None,
+    devices: int | None = None,
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -1076,10 +1095,11 @@ def profile_model(
     autocast (as `ppdsl run --precision`). `optimizer` (sgd, adam, adamw; None:
     not measured): also measure the step besides passes (`StepCosts`: the
     engine's overhead per pass, that optimizer's step per stage and, with
-    `transfer`, the norm all-reduce). `peers`: processes that run the same
-    passes while the engine's are timed (`busy_peers`), as the run's other
-    ranks do; None: on CPU one per stage beyond the first, up to the cores this
-    process may use less one (a run of d ranks, one per core), on CUDA none."""
+    `transfer`, the norm all-reduce). `devices`: the processes the engine's
+    passes are timed on (`measure_pipeline`, CPU only; 1: `measure_engine`,
+    this process), as a run of that many ranks runs them; None: on CPU the
+    most that divide `num_stages` without outnumbering the cores this process
+    may use (`pipeline_devices`), on CUDA 1."""
     if norms not in NORMS:
         raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
     if precision not in ("fp32", "bf16", "fp16"):
@@ -1155,14 +1175,17 @@ def profile_model(
         found, collective_method = measure_collectives(param_bytes, dp, device=device)
         collectives = list(found)
     step = None
-    ran: list[int] = []
     if optimizer is not None:
         if progress is not None:
             progress("engine", 1.0)
-        if peers is None:
-            peers = 0 if device.type == "cuda" else min(num_stages, _usable_cores()) - 1
+        if devices is None:
+            devices = 1 if device.type == "cuda" else pipeline_devices(num_stages, _usable_cores())
         try:
-            with busy_peers(peers, spec, num_stages, microbatch_size, precision) as ran:
+            if devices > 1:
+                overhead, engine, optimizer_ms, jitter = measure_pipeline(
+                    spec, num_stages, microbatch_size, devices, optimizer=optimizer,
+                    precision=precision, warmup=max(warmup, 1), repeats=repeats)
+            else:
                 overhead, engine, optimizer_ms, jitter = measure_engine(
                     build_model(spec, num_stages), num_stages, microbatch_size, device,
                     optimizer=optimizer, precision=precision, warmup=max(warmup, 1),
@@ -1200,9 +1223,15 @@ def profile_model(
         collective_method=collective_method,
         step=step,
         recv_ms=statistics.fmean(late) if late else None,
-        peers=(peers or 0) if step is not None else 0,
-        peer_steps=tuple(ran),
+        devices=(devices or 1) if step is not None else 1,
     )
+
+
+def _engine_where(devices: int) -> str:
+    """Where the engine's passes were timed, in words."""
+    if devices == 1:
+        return "every stage on one process"
+    return f"a pipeline of {devices} gloo processes, the stages placed looped"
 
 
 def _usable_cores() -> int:
@@ -1303,11 +1332,9 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
            + f" of a stage's gradients, cost gather = all-gather; {profile.collective_method}"]
           if profile.dp > 1 else []),
         *rows,
-        *(["# pass costs: the passes as `ppdsl run`'s engine ran them (every stage on one "
-           "process, timed as the run times passes: "
+        *(["# pass costs: the passes as `ppdsl run`'s engine ran them ("
+           + _engine_where(profile.devices) + ", timed as the run times passes: "
            + ("CUDA events" if profile.clock == "cuda-events" else "wall time")
-           + (f", beside {profile.peers} peer process{'es' if profile.peers != 1 else ''} "
-              "running the same passes, as a run's other ranks" if profile.peers else "")
            + "); the stage lines above are the profile's own runs"] if from_engine else []),
         *([f"# step besides passes: overhead = the engine's work per pass (wall time), "
            f"optimizer = {profile.step.optimizer}'s step per stage, norm = the gradient-norm "

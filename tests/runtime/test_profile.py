@@ -6,6 +6,7 @@ loop profile -> search --costs-from -> check --costs-from closed on tiny_gpt.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from ppdsl.runtime.profile import (
     measure_stage,
     measure_transfer,
     pass_jitter,
+    pipeline_devices,
     to_costs_pp,
 )
 
@@ -155,7 +157,9 @@ def test_profile_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """Impossible arguments are exit 2; a bad --model is exit 1 naming it."""
     assert main(["profile", "--model", TINY, "--stages", "0"]) == 2
     assert main(["profile", "--model", TINY, "--stages", "1", "--dp", "0"]) == 2
-    assert main(["profile", "--model", TINY, "--stages", "1", "--peers", "-1"]) == 2
+    assert main(["profile", "--model", TINY, "--stages", "4", "--devices", "3"]) == 2
+    assert "--devices 3: give a number of processes that divides --stages 4" in capsys.readouterr().err
+    assert main(["profile", "--model", TINY, "--stages", "1", "--devices", "0"]) == 2
     if not torch.cuda.is_available():
         assert main(["profile", "--model", TINY, "--stages", "1", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
@@ -287,26 +291,59 @@ def test_pass_costs_are_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "as `ppdsl run`'s engine ran them" in costs.read_text()
 
 
-def test_passes_are_timed_beside_busy_peers(
+_PID_MODEL = """
+import os, torch
+from torch import nn
+from ppdsl.runtime import PipelineModel
+
+class Stage(nn.Module):
+    def __init__(self, index):
+        super().__init__()
+        self.index = index
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):  # which process ran this stage's forward
+        open(os.path.join(os.environ["PIDS"], f"{self.index}-{os.getpid()}"), "w").close()
+        return self.lin(x)
+
+def stages(n):
+    return PipelineModel(n, Stage, lambda out, y: ((out - y) ** 2).mean(),
+                         lambda step, b: (torch.randn(b, 4), torch.randn(b, 4)))
+"""
+
+
+def test_passes_are_timed_on_a_pipeline_of_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Profile in the run's conditions (docs/runtime.md, "Profiling a model"): with
-    `--peers 1` a second process runs the same passes through the engine while the
-    profile times its own, as a run's other rank keeps its core busy; the report
-    and the costs file say so, and the peer is gone afterwards."""
-    monkeypatch.setenv("PPDSL_SLEEP_MS", "F=2,B=2,W=1")
+    `--devices 2` the engine's passes run on two processes, neither the profile's,
+    the stages placed looped (0 and 2 on one, 1 and 3 on the other), as a run of
+    two ranks holds them; the report and the costs file say so."""
+    model = tmp_path / "pids.py"
+    model.write_text(_PID_MODEL)
+    (tmp_path / "pids").mkdir()
+    monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
     costs = tmp_path / "costs.pp"
-    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
-                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
-                 "--peers", "1", "--json", "-o", str(costs)])
+    code = main(["profile", "--model", f"{model}:stages", "--stages", "4", "--no-transfer",
+                 "--warmup", "1", "--repeats", "2", "--devices", "2", "--json", "-o", str(costs)])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["peers"] == 1 and len(report["peer_steps"]) == 1
-    assert report["peer_steps"][0] >= 1  # it ran while the engine was timed
-    assert "beside 1 peer process running the same passes" in costs.read_text()
-    code = main(["profile", "--model", str(ROOT / "examples" / "models" / "sleepy.py") + ":stages",
-                 "--stages", "2", "--no-transfer", "--warmup", "1", "--repeats", "3",
-                 "--peers", "0", "--json"])
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["peers"] == 0 and report["peer_steps"] == []
+    assert report["devices"] == 2
+    assert sorted(report["step"]["engine_pass_ms"]) == sorted(
+        f"{k}{s}" for k in ("F", "B", "W", "BW") for s in range(4))
+    assert "a pipeline of 2 gloo processes, the stages placed looped" in costs.read_text()
+    ran: dict[int, set[int]] = {}
+    for f in (tmp_path / "pids").iterdir():
+        stage, pid = map(int, f.name.split("-"))
+        ran.setdefault(stage, set()).add(pid)
+    engine = {s: pids - {os.getpid()} for s, pids in ran.items()}  # the stage runs are ours
+    assert all(len(pids) == 1 for pids in engine.values()), engine
+    assert engine[0] == engine[2] and engine[1] == engine[3] and engine[0] != engine[1]
+
+
+def test_default_pipeline_is_one_process_per_core() -> None:
+    """The default `--devices` (docs/runtime.md): the most processes that divide
+    the stages without outnumbering the cores."""
+    assert pipeline_devices(2, 2) == 2 and pipeline_devices(4, 2) == 2
+    assert pipeline_devices(3, 2) == 1 and pipeline_devices(6, 4) == 3
+    assert pipeline_devices(1, 8) == 1 and pipeline_devices(8, 1) == 1
