@@ -15,7 +15,10 @@ not the wall time a rank waiting for a core takes.
 Beside the prediction: the same simulation without `cost recv` (what the
 simulator predicted before it charged a receiver its side of a transfer), so
 both ratios come from the same runs; and each run's step spread (the 10th to
-90th percentile of its step times over their median, this machine's jitter).
+90th percentile of its step times over their median, this machine's jitter);
+the run's pass times against the profile's (`passes`); and the step simulated
+under the run's own pass times (`own`: what the model misses once the pass
+costs are right, from `ppdsl run`'s own re-simulation).
 `--repeat=N` runs every schedule N times in a row: the run-to-run spread of
 one schedule under one profile. The cores are those this process may run on
 (`taskset` narrows them).
@@ -98,7 +101,7 @@ def main() -> None:
           f"{STEPS - 1} after the first; {cores} cores; load average before: {_load()}")
     print(f"{'model':<21} {'schedule':<6} {'d':>2} {'T_F ms':>7} {'measured ms':>11} "
           f"{'predicted ms':>12} {'meas/pred':>9} {'w/o recv':>8} {'makespan only':>13} "
-          f"{'spread':>6} {'passes':>6}  note")
+          f"{'spread':>6} {'passes':>6} {'own':>5}  note")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_label, model in MODELS[:1] if quick else MODELS:
@@ -130,6 +133,7 @@ def main() -> None:
                         measured, predicted = r["median_step_time_ms"], r["predicted_step_time_ms"]
                         makespan = r["predicted_makespan"]
                         rows.append((model_label, label, d, measured / predicted))
+                        own = r.get("resimulated_step_time_ms") or float("nan")
                         ran = r.get("measured_pass_ms") or {}
                         passes = statistics.median(
                             [ran[k] / engine[k] for k in ran if engine.get(k)] or [float("nan")])
@@ -137,8 +141,8 @@ def main() -> None:
                               f"{measured:11.1f} {predicted:12.1f} {measured / predicted:9.3f} "
                               f"{measured / before['step_time']:8.3f} "
                               f"{measured / makespan:13.3f} "
-                              f"{_spread(r.get('step_times_ms') or []):6.2f} {passes:6.2f}  {note}",
-                              flush=True)
+                              f"{_spread(r.get('step_times_ms') or []):6.2f} {passes:6.2f} "
+                              f"{measured / own:5.3f}  {note}", flush=True)
     print(f"load average after: {_load()}")
     print("T_F ms: a device's forward per microbatch (the costs file's, as the engine ran it, "
           "summed over its stages); "
@@ -148,7 +152,9 @@ def main() -> None:
           "makespan only: measured / the simulated makespan without the step's other costs; "
           "spread: (90th - 10th percentile) / median of the run's step times; "
           "passes: the median over pass kinds and stages of the run's median pass time / "
-          "the profile's")
+          "the profile's; own: measured / the step simulated under the run's own median pass "
+          "times and the profile's other costs (the model's error once the pass costs are "
+          "right)")
     checked = [ratio for _, _, d, ratio in rows if d <= cores]
     if checked:
         print(f"d <= {cores} (one rank per core): measured/predicted from {min(checked):.3f} to "
