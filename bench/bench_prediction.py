@@ -23,8 +23,8 @@ costs are right, from `ppdsl run`'s own re-simulation).
 one schedule under one profile. The cores are those this process may run on
 (`taskset` narrows them).
 
-`python -m bench prediction [--quick] [--repeat=N]`: --quick runs tiny_gpt at
-d = 2 only."""
+`python -m bench prediction [--quick | --long] [--repeat=N]`: --quick runs
+tiny_gpt at d = 2 only, --long the ~10x model (d = 2) only."""
 
 from __future__ import annotations
 
@@ -95,6 +95,7 @@ def _load() -> str:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    models = MODELS[:1] if quick else MODELS[1:] if "--long" in sys.argv else MODELS
     repeat = _repeats()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     print(f"whole-step prediction: gloo CPU ranks on loopback, m = 4d, median step of "
@@ -104,7 +105,7 @@ def main() -> None:
           f"{'spread':>6} {'passes':>6} {'own':>5}  note")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model_label, model in MODELS[:1] if quick else MODELS:
+        for model_label, model in models:
             for d in (2,) if quick or model_label != "tiny_gpt" else (2, 4):
                 note = ("" if d <= cores else
                         f"oversubscribed ({d} ranks on {cores} cores): not a prediction check")
