@@ -148,7 +148,8 @@ class StepCosts:
     overhead_ms: float
     """The runtime's own work per pass: the stages' passes run through the
     engine (`PipelineRunner`, `Profile.devices` processes), its step time less
-    the time inside passes and exchanges, over the passes."""
+    the time inside passes and waiting on receives, over the passes (posting
+    transfers counts)."""
     engine_pass_ms: dict[str, float]
     """The median pass time as the engine ran it, per `KIND` + stage (`F0`), timed
     as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
@@ -811,8 +812,9 @@ def _engine_steps(
     """(the runner, the overhead per pass of each timed step in seconds, the
     traced pass durations) of the engine profile in `backward` form, this
     process being one of `devices` ranks of the current process group. The
-    overhead is the step's time outside its passes and exchanges (posting
-    sends, waiting on receives: the transfers' costs, not the engine's)."""
+    overhead is the step's time outside its passes and its waits on receives
+    (the transfers' latency, `cost comm`): posting sends and receives is the
+    rank's own work between passes, and counts."""
     import torch.distributed as dist
 
     from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
@@ -837,13 +839,13 @@ def _engine_steps(
         for p in runner.parameters():
             p.grad = None
         tracer.timed = rep >= warmup
-        exchanged = sum(tracer.durations.get(("exchange", -1), ()))
+        traced = len(tracer.events)
         runner.step(inputs, targets)
         result = runner.last_result
         assert result is not None
-        if rep >= warmup:
-            exchanges = (sum(tracer.durations.get(("exchange", -1), ())) - exchanged) / 1e3
-            overheads.append((result.step_time - result.compute_time - exchanges) / passes)
+        if rep >= warmup:  # the step's slices: posting transfers is this rank's work
+            waited = sum(e["dur"] for e in tracer.events[traced:] if e["name"] == "wait") / 1e6
+            overheads.append((result.step_time - result.compute_time - waited) / passes)
         if devices > 1:  # a run's ranks meet once a step (the norm all-reduce)
             dist.barrier()
     return runner, overheads, tracer.durations
@@ -1001,7 +1003,7 @@ def measure_pipeline(
     default) with real transfers between ranks and a barrier between steps.
     A pass then runs with what a run's pass runs with: the other ranks' work on
     the other cores, the transfers' threads, and the idle waits on receives
-    before it; the overhead leaves the exchanges out."""
+    before it; the overhead counts posting transfers, not waiting on them."""
     if devices < 1 or num_stages % devices:
         raise ValueError(f"{devices} processes cannot hold {num_stages} stages looped: "
                          "give a divisor of the stage count")
