@@ -90,7 +90,7 @@ def arrays_for(problem: SearchProblem, fused: bool = True) -> Arrays:
     d = pl.num_devices
     dev_stages = np.array([pl.chunks(dev) for dev in range(d)], dtype=np.int64)
     stage_device = np.array(pl.stage_device, dtype=np.int64)
-    dur = np.array(c.durations, dtype=np.float64)
+    dur = np.array(c.duration_table(), dtype=np.float64)  # with each pass's overhead
     headroom = recompute_headroom(mm)
     mem, scale = delta_table(
         mm.activation, mm.weight_retained, also=(problem.budget, headroom),

@@ -230,7 +230,8 @@ def time_scale(problem: ExactProblem) -> tuple[int, bool]:
 def _scaled_costs(problem: ExactProblem, scale: int) -> Costs:
     c = problem.costs
     return Costs(
-        tuple(tuple(float(round(Fraction(x) * scale)) for x in row) for row in c.durations),
+        # each pass with its stage's engine overhead, as the simulator times it
+        tuple(tuple(float(round(Fraction(x) * scale)) for x in row) for row in c.duration_table()),
         float(round(Fraction(c.comm) * scale)),
     )
 

@@ -154,3 +154,24 @@ def test_irregular_busy_times_keep_a_valid_bound():
     result = solve(ep, ExactOptions("bubble", effort=10.0))
     assert result.bound <= truth <= result.value
     assert measure(ep, result.orders, "bubble") == result.value
+
+
+def test_search_times_each_pass_with_its_overhead():
+    """`cost overhead[s]` (docs/language.md) is part of every pass's time for the
+    search as for the simulator: the heuristic's and the exact model's tables
+    hold each duration plus its stage's overhead."""
+    import dataclasses
+
+    from ppdsl.search import exact as exact_module
+
+    problem = _problem(2, 4, costs="F=1,B=1,W=1,comm=0")
+    costs = dataclasses.replace(problem.costs, overhead=(0.5, 0.25))
+    problem = dataclasses.replace(problem, costs=costs)
+    assert arrays_for(problem).dur.tolist() == costs.duration_table()
+    assert costs.duration_table()[0] == [1.5, 1.25]
+    ep = exact_problem(problem)
+    scale, exact = time_scale(ep)
+    assert exact and scale == 4
+    scaled = exact_module._scaled_costs(ep, scale)
+    assert [list(row) for row in scaled.durations] == [
+        [x * scale for x in row] for row in ep.costs.duration_table()]
