@@ -97,7 +97,8 @@ def _branches(bodies: list[tuple[ast.OrderStmt, ...]]) -> tuple[ast.OrderStmt, .
 
 def cost_statements(costs: Costs) -> list[ast.Stmt]:
     """`cost F`, `cost B`, `cost W` (per stage where the stages differ), `cost comm`,
-    and the data-parallel collectives declared (`cost reduce`)."""
+    `cost overhead` when declared, and the data-parallel collectives declared
+    (`cost reduce`)."""
     stmts: list[ast.Stmt] = []
     for kind in (PassKind.F, PassKind.B, PassKind.W):
         values = costs.per_stage(kind)
@@ -105,6 +106,11 @@ def cost_statements(costs: Costs) -> list[ast.Stmt]:
         value = ast.per_stage(values)
         stmts.append(ast.Cost(kind.value, index, value, ast.GENERATED, ast.GENERATED))
     stmts.append(ast.Cost("comm", None, ast.number(costs.comm), ast.GENERATED, ast.GENERATED))
+    if any(costs.overhead):  # part of every pass's time, as the search timed it
+        values = tuple(costs.overhead)
+        index = "s" if len(set(values)) > 1 else None
+        stmts.append(ast.Cost("overhead", index, ast.per_stage(values), ast.GENERATED,
+                              ast.GENERATED))
     for name, values in costs.declared_collectives().items():
         index = "s" if len(set(values)) > 1 else None
         stmts.append(ast.Cost(name, index, ast.per_stage(values), ast.GENERATED, ast.GENERATED))

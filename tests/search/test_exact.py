@@ -159,7 +159,7 @@ def test_irregular_busy_times_keep_a_valid_bound():
 def test_search_times_each_pass_with_its_overhead():
     """`cost overhead[s]` (docs/language.md) is part of every pass's time for the
     search as for the simulator: the heuristic's and the exact model's tables
-    hold each duration plus its stage's overhead."""
+    hold each duration plus its stage's overhead, and the found file states it."""
     import dataclasses
 
     from ppdsl.search import exact as exact_module
@@ -175,3 +175,7 @@ def test_search_times_each_pass_with_its_overhead():
     scaled = exact_module._scaled_costs(ep, scale)
     assert [list(row) for row in scaled.durations] == [
         [x * scale for x in row] for row in ep.costs.duration_table()]
+    # the written schedule states it, so that its own simulation times it so too
+    from ppdsl.search.emit import cost_statements
+
+    assert any(getattr(st, "name", None) == "overhead" for st in cost_statements(costs))
