@@ -69,6 +69,7 @@ __all__ = [
     "measure_engine",
     "measure_pipeline",
     "pipeline_devices",
+    "overhead_per_pass",
     "measure_norm_reduce",
     "pass_jitter",
     "measure_transfer",
@@ -807,7 +808,7 @@ schedule engine_profile {{
 def _engine_steps(
     model: Any, folder: Path, backward: str, num_stages: int, microbatch_size: int,
     device: torch.device, warmup: int, repeats: int, num_microbatches: int, precision: str,
-    devices: int = 1,
+    devices: int,
 ) -> tuple[Any, list[float], dict[tuple[str, int], list[float]]]:
     """(the runner, the overhead per pass of each timed step in seconds, the
     traced pass durations) of the engine profile in `backward` form, this
@@ -843,12 +844,24 @@ def _engine_steps(
         runner.step(inputs, targets)
         result = runner.last_result
         assert result is not None
-        if rep >= warmup:  # the step's slices: posting transfers is this rank's work
-            waited = sum(e["dur"] for e in tracer.events[traced:] if e["name"] == "wait") / 1e6
-            overheads.append((result.step_time - result.compute_time - waited) / passes)
+        if rep >= warmup:
+            overheads.append(overhead_per_pass(result.step_time, result.compute_time,
+                                               tracer.events[traced:], passes))
         if devices > 1:  # a run's ranks meet once a step (the norm all-reduce)
             dist.barrier()
     return runner, overheads, tracer.durations
+
+
+def overhead_per_pass(step_s: float, compute_s: float, events: list[dict[str, Any]],
+                      passes: int) -> float:
+    """The engine's work per pass in one step, in seconds: the step's time
+    (`step_s`) less its passes' (`compute_s`) and less its waits on receives
+    (the tracer's "wait" slices among the step's `events`, durations in
+    microseconds: the transfers' latency, `cost comm`), over its `passes`.
+    Posting sends and receives (the "exchange" slices) is the rank's own work
+    between passes, and stays in."""
+    waited = sum(e["dur"] for e in events if e["name"] == "wait") / 1e6
+    return (step_s - compute_s - waited) / passes
 
 
 def _engine_measure(
@@ -1182,6 +1195,9 @@ def profile_model(
             progress("engine", 1.0)
         if devices is None:
             devices = 1 if device.type == "cuda" else pipeline_devices(num_stages, _usable_cores())
+        if device.type == "cuda" and devices > 1:
+            raise ValueError(f"devices={devices}: the pipeline of processes runs on CPU; "
+                             "on CUDA the engine's passes are timed on this process (1)")
         try:
             if devices > 1:
                 overhead, engine, optimizer_ms, jitter = measure_pipeline(

@@ -26,6 +26,7 @@ from ppdsl.runtime.profile import (
     measure_receive,
     measure_stage,
     measure_transfer,
+    overhead_per_pass,
     pass_jitter,
     pipeline_devices,
     to_costs_pp,
@@ -347,3 +348,13 @@ def test_default_pipeline_is_one_process_per_core() -> None:
     assert pipeline_devices(2, 2) == 2 and pipeline_devices(4, 2) == 2
     assert pipeline_devices(3, 2) == 1 and pipeline_devices(6, 4) == 3
     assert pipeline_devices(1, 8) == 1 and pipeline_devices(8, 1) == 1
+
+
+def test_overhead_counts_posting_transfers_not_waiting_on_them() -> None:
+    """`cost overhead` (docs/runtime.md, "Profiling a model"): a step's time less
+    its passes and its waits on receives, over its passes; posting the
+    exchanges stays in (it is the rank's work between passes)."""
+    events = [{"name": "exchange", "dur": 400.0}, {"name": "F0", "dur": 2000.0},
+              {"name": "wait", "dur": 3000.0}, {"name": "exchange", "dur": 400.0}]
+    # 10 ms step, 2 ms of passes, 3 ms waited: 5 ms of work over 2 passes
+    assert overhead_per_pass(0.010, 0.002, events, 2) == pytest.approx(0.0025)
