@@ -38,8 +38,16 @@ def group_timeout(timeout: float) -> float:
 _PREFIX = f"{attempt_prefix()}watchdog/"
 
 
+def say(message: str) -> None:
+    """`message` and its newline on stderr in one write: print's two writes
+    (text, then newline) on a line-buffered stream let another rank's line in
+    between them when several ranks share the terminal."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
 def _default_exit(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    say(message)
     os._exit(1)
 
 
@@ -179,7 +187,7 @@ class Watchdog:
 
 def fail(watchdog: Watchdog | None, rank: int, message: str) -> None:
     """Print `message`, tell the others, and exit this rank at once (exit code 1)."""
-    print(f"ppdsl: rank {rank}: {message}", file=sys.stderr, flush=True)
+    say(f"ppdsl: rank {rank}: {message}")
     if watchdog is not None:
         watchdog.fail(message)
         time.sleep(min(2 * watchdog.interval, 2.0))  # let the others read it
