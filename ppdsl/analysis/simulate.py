@@ -137,7 +137,8 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> flo
     """`semantics.step_time`: the orders run again with each device's passes
     starting after its optimizer step (the sum of its stages'); under `cost
     jitter`, the median of `semantics.JITTER_DRAWS` such steps, each pass's
-    cost times a seeded log-normal draw of median 1."""
+    cost times a seeded log-normal draw of mean 1 (a cost is a mean,
+    `semantics.pass_cost`)."""
     costs = schedule.costs
     optimizer = np.zeros(schedule.num_devices)
     if costs.optimizer:
@@ -155,7 +156,8 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> flo
         return one_step(None)
     draws = np.random.default_rng(0)
     size = int(flat.kind.shape[0])
-    return float(np.median([one_step(np.asarray(draws.lognormal(0.0, costs.jitter, size)))
+    sigma = costs.jitter
+    return float(np.median([one_step(np.asarray(draws.lognormal(-sigma * sigma / 2, sigma, size)))
                             for _ in range(semantics.JITTER_DRAWS)]))
 
 

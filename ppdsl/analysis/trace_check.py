@@ -10,6 +10,9 @@ A trace is Chrome trace JSON: one "X" slice per pass (`cat` the pass kind,
 named "wait" is a receive waited for just before the pass that takes it), and
 per optimizer step and data batch; `pid` is the rank, `args.step` the step.
 With data parallelism, rank r runs the program of pipeline rank r % num_ranks.
+When the trace's ranks share one clock (`otherData.clock` "host": one host's
+perf_counter from one epoch), causality too: no pass started before the
+sender of a tensor it takes had posted it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ppdsl.ir.rank import Compute, Exchange, RankProgram
-from ppdsl.semantics import PassKind
+from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer
+from ppdsl.semantics import PassKind, TransferKind, receives
 
 __all__ = ["TraceStep", "PASS_CATEGORIES", "steps_of", "check_trace"]
 
@@ -101,6 +104,45 @@ def check_trace(
         program = programs[trace_step.rank % num_ranks]
         findings.extend(_check_step(f"{where}: rank {trace_step.rank}, step {trace_step.step}",
                                     trace_step, program))
+    if not findings and trace.get("otherData", {}).get("clock") == "host":
+        findings.extend(_check_causality(where, steps, programs))
+    return findings
+
+
+_TAKEN_BY = {t: frozenset(k.value for k in PassKind if any(c is t for c, _ in receives(k)))
+             for t in TransferKind}
+"""The pass kinds that take a tensor of each transfer kind."""
+
+
+def _check_causality(where: str, steps: Sequence[TraceStep],
+                     programs: Sequence[RankProgram]) -> list[str]:
+    """On one clock: every pass that takes a tensor from another rank started
+    after that rank began posting it (after the pass that made it ended)."""
+    num_ranks = len(programs)
+    transfers: dict[str, Transfer] = {str(t): t for p in programs for op in p.ops
+                                      if isinstance(op, Exchange) for t in op.sends}
+    started: dict[tuple[int, int, str, int, int], float] = {}
+    for s in steps:
+        for e in s.passes:
+            key = (s.rank, s.step, e["cat"], int(e["args"]["microbatch"]), int(e["args"]["stage"]))
+            started.setdefault(key, float(e["ts"]))
+    findings = []
+    for s in steps:
+        for e in s.posts:
+            for name in e["args"].get("sends", []):
+                t = transfers.get(name)
+                if t is None:
+                    continue
+                receiver = s.rank - s.rank % num_ranks + t.dst_rank
+                for kind in sorted(_TAKEN_BY[t.kind]):
+                    start = started.get((receiver, s.step, kind, t.microbatch, t.dst_stage))
+                    if start is not None and start < float(e["ts"]):
+                        findings.append(
+                            f"{where}: rank {receiver}, step {s.step}: {kind}{t.microbatch} "
+                            f"(stage {t.dst_stage}) started {(float(e['ts']) - start) / 1e3:.3f} "
+                            f"ms before rank {s.rank} posted {name}, which it takes: the "
+                            "trace's ranks are not on one clock, or the pass ran without "
+                            "its input")
     return findings
 
 

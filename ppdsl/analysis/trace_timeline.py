@@ -19,7 +19,7 @@ from typing import Any
 from ppdsl.analysis.simulate import simulate
 from ppdsl.analysis.trace_check import TraceStep
 from ppdsl.ir.schedule import Costs, Schedule
-from ppdsl.semantics import PassKind
+from ppdsl.semantics import PassKind, pass_cost
 
 __all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "format_timeline"]
 
@@ -39,7 +39,7 @@ class KindTimes:
     count: int
     """Passes of this kind per step."""
     measured_ms: float
-    """The median measured duration."""
+    """The mean measured duration (`pass_cost`)."""
     predicted_ms: float | None
     """The mean simulated duration under the schedule's costs (None when they
     are not in ms: no `--costs-from`)."""
@@ -48,7 +48,7 @@ class KindTimes:
 @dataclass(frozen=True)
 class Slip:
     """A pass whose start slipped against the simulation under the run's own
-    median pass times: `held_ms` more time between it and the rank's previous
+    mean pass times: `held_ms` more time between it and the rank's previous
     pass than simulated."""
 
     rank: int
@@ -77,7 +77,7 @@ class TimelineReport:
     """The simulated step (`Timeline.step_time`: the makespan, plus the step
     costs when the costs declare them) under the schedule's costs (None: not in ms)."""
     resimulated_step_ms: float
-    """The simulated step under the run's own median pass times."""
+    """The simulated step under the run's own mean pass times."""
     slips: tuple[Slip, ...]
     """The largest slips, largest first."""
     late_receives_ms: tuple[float, ...] = ()
@@ -117,7 +117,7 @@ def compare_timeline(
         simulated = [timeline.end[rank % num_ranks][k] - timeline.start[rank % num_ranks][k]
                      for k, p in enumerate(order) if p.kind.value == kind]
         kinds.append(KindTimes(
-            rank, kind, len(simulated), _median(values),
+            rank, kind, len(simulated), pass_cost(values),
             sum(simulated) / len(simulated) if costs_in_ms and simulated else None,
         ))
     step_ms: dict[int, list[float]] = {}
@@ -182,11 +182,11 @@ def _late_receives(steps: Sequence[TraceStep]) -> list[float]:
 def _own_costs(
     schedule: Schedule, durations: dict[tuple[str, int], list[float]], costs_in_ms: bool
 ) -> Schedule:
-    """`schedule` under the run's median pass times (a kind not run keeps the
+    """`schedule` under the run's mean pass times (a kind not run keeps the
     schedule's cost; transfers cost what the schedule says when it is in ms)."""
     costs = schedule.costs
     per_kind = {
-        kind: [_median(durations[(kind.value, s)]) if durations.get((kind.value, s))
+        kind: [pass_cost(durations[(kind.value, s)]) if durations.get((kind.value, s))
                else costs.per_stage(kind)[s] for s in range(schedule.num_stages)]
         for kind in PassKind
     }
@@ -268,7 +268,7 @@ def format_timeline(report: TimelineReport) -> str:
         lines.append("      no prediction in ms: the costs are the file's own units "
                      "(give --costs-from, or run with it)")
     lines.append(f"      {report.resimulated_step_ms:.3f} ms simulated under the run's own "
-                 "median pass times: measured/that "
+                 "mean pass times: measured/that "
                  f"{report.measured_step_ms / max(report.resimulated_step_ms, 1e-12):.2f}")
     if report.late_receives_ms:
         late = report.late_receives_ms

@@ -59,6 +59,7 @@ from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.precision import autocast_dtype
 from ppdsl.runtime.split import NORMS, WStash, backward_input, uncovered_parameters
+from ppdsl.semantics import pass_cost
 
 __all__ = [
     "StageProfile",
@@ -152,7 +153,8 @@ class StepCosts:
     the time inside passes and waiting on receives, over the passes (posting
     transfers counts)."""
     engine_pass_ms: dict[str, float]
-    """The median pass time as the engine ran it, per `KIND` + stage (`F0`), timed
+    """The mean pass time as the engine ran it (`trace.pass_cost`), per `KIND` +
+    stage (`F0`), timed
     as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
     costs `to_costs_pp` writes (profile = run)."""
     optimizer_ms: tuple[float, ...]
@@ -166,6 +168,9 @@ class StepCosts:
     """`cost jitter`: how much the engine's passes varied from one run of a pass
     to the next, the spread of log(duration / that pass's median) from its
     quartiles, pooled over every pass kind and stage (`pass_jitter`)."""
+    latency_ms: float | None = None
+    """`cost comm` as the pipeline of processes saw it (`pipeline_latency`);
+    None: not measured (one process, or --no-transfer)."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +222,16 @@ class Profile:
         return statistics.fmean(s.timing.activation_bytes for s in self.stages) or 1.0
 
     def comm_ms(self) -> float:
-        """The one transfer cost of the language: the mean of the measured boundaries."""
+        """The one transfer cost of the language: the transfers' latency in the
+        engine's pipeline of processes when measured (`StepCosts.latency_ms`),
+        else the mean of the measured boundaries."""
+        if self.step is not None and self.step.latency_ms is not None:
+            return self.step.latency_ms
+        return self.boundary_ms()
+
+    def boundary_ms(self) -> float:
+        """The transfer measured alone (`transfer_method`), the mean of the
+        stage boundaries (0: not measured)."""
         found = [s.transfer_ms for s in self.stages if s.transfer_ms is not None]
         return statistics.fmean(found) if found else 0.0
 
@@ -322,8 +336,12 @@ class Profile:
                 + " ms per stage; norm all-reduce "
                 + (f"{st.norm_ms:.3f} ms" if st.norm_ms is not None else "not measured")
                 + f"; passes' jitter {st.jitter:.3f} (IQR / 1.349 of log(duration / median))")
-            lines.append(f"passes as the engine ran them (wall ms): {engine}; "
+            lines.append(f"passes as the engine ran them (wall ms, mean): {engine}; "
                          + _engine_where(self.devices))
+            if st.latency_ms is not None:
+                lines.append(f"transfers in that pipeline: {st.latency_ms:.3f} ms from a sender's "
+                             "pass (with the overhead) to the start of the receiver's, when it "
+                             f"waited (cost comm; {self.boundary_ms():.3f} ms measured alone)")
         for s in self.stages:
             if s.uncovered:
                 lines.append(
@@ -808,16 +826,23 @@ schedule engine_profile {{
 def _engine_steps(
     model: Any, folder: Path, backward: str, num_stages: int, microbatch_size: int,
     device: torch.device, warmup: int, repeats: int, num_microbatches: int, precision: str,
-    devices: int,
-) -> tuple[Any, list[float], dict[tuple[str, int], list[float]]]:
-    """(the runner, the overhead per pass of each timed step in seconds, the
-    traced pass durations) of the engine profile in `backward` form, this
-    process being one of `devices` ranks of the current process group. The
-    overhead is the step's time outside its passes and its waits on receives
-    (the transfers' latency, `cost comm`): posting sends and receives is the
-    rank's own work between passes, and counts."""
+    devices: int, optimizer: str,
+) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, list[float]],
+           list[dict[str, Any]]]:
+    """(the overhead per pass of each timed step in seconds, the traced pass
+    durations, per stage of this rank the optimizer step of each timed step in
+    ms, the timed steps' trace events) of the engine profile in `backward` form, this process being one of
+    `devices` ranks of the current process group. The overhead is the step's
+    time outside its passes and its waits on receives (the transfers' latency,
+    `cost comm`): posting sends and receives is the rank's own work between
+    passes, and counts. Each stage's `optimizer` step (with its gradient
+    norms, as `OptimizerStep` computes them) is timed after every step's
+    passes, as a run steps it: its state then comes back to a cache the passes
+    went through (on tiny_gpt, 2 cores, it took 1.4x as long as the same steps
+    timed back to back)."""
     import torch.distributed as dist
 
+    from ppdsl.runtime.optim import make_optimizer
     from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
     from ppdsl.runtime.trace import Tracer
 
@@ -836,10 +861,13 @@ def _engine_steps(
     inputs, targets = model.batch(0, microbatch_size * num_microbatches)
     passes = len(schedule.plan.orders[dist.get_rank()])
     overheads: list[float] = []
+    stepped: dict[int, list[float]] = {}
+    optimizers: dict[int, tuple[list[torch.nn.Parameter], torch.optim.Optimizer]] = {}
     for rep in range(warmup + repeats):
         for p in runner.parameters():
             p.grad = None
         tracer.timed = rep >= warmup
+        tracer.step = rep
         traced = len(tracer.events)
         runner.step(inputs, targets)
         result = runner.last_result
@@ -847,9 +875,84 @@ def _engine_steps(
         if rep >= warmup:
             overheads.append(overhead_per_pass(result.step_time, result.compute_time,
                                                tracer.events[traced:], passes))
+        for stage, module in sorted(runner.stages.items()):
+            if stage not in optimizers:  # the parameters the passes gave gradients
+                params = [p for p in module.parameters() if p.grad is not None]
+                optimizers[stage] = (params, make_optimizer(optimizer, params, 1e-9))
+            params, opt = optimizers[stage]
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                if params:
+                    torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
+                opt.step()
+            _sync(device)
+            if rep >= warmup:
+                stepped.setdefault(stage, []).append((time.perf_counter() - t0) * 1e3)
         if devices > 1:  # a run's ranks meet once a step (the norm all-reduce)
             dist.barrier()
-    return runner, overheads, tracer.durations
+    return overheads, tracer.durations, stepped, [e for e in tracer.events
+                                                  if e["args"]["step"] >= warmup]
+
+
+def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
+                       ) -> dict[tuple[int, int], list[float]]:
+    """Per (sender rank, receiver rank), in ms, each transfer's time from the end
+    of the pass that made it to the start of the pass that takes it, where the
+    receiver was ready first (its previous pass of the step, with the
+    `overhead_ms` the simulator adds to it, had ended before the sender's): a
+    transfer on the critical path, as the simulator's `cost comm` stands for
+    it. `events`: one run's trace events per rank (microseconds on each rank's
+    clock, from its epoch after a common barrier; steps numbered). An
+    activation goes from F(j) of stage s to F(j) of stage s + 1, a gradient
+    from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
+    passes: dict[tuple[int, str, int, int], tuple[int, float, float]] = {}
+    previous_end: dict[tuple[int, str, int, int], float | None] = {}
+    for rank, mine in enumerate(events):
+        ordered = sorted((e for e in mine if e["cat"] in _PASS_CATEGORIES),
+                         key=lambda e: e["ts"])
+        for k, e in enumerate(ordered):
+            a = e["args"]
+            kind = "F" if e["cat"] == "F" else "B" if e["cat"] in ("B", "BW") else None
+            if kind is None:
+                continue
+            key = (a["step"], kind, a["microbatch"], a["stage"])
+            passes[key] = (rank, e["ts"], e["ts"] + e["dur"])
+            before = ordered[k - 1] if k else None
+            previous_end[key] = (before["ts"] + before["dur"]
+                                 if before is not None and before["args"]["step"] == a["step"]
+                                 else None)
+    found: dict[tuple[int, int], list[float]] = {}
+    for (step, kind, mb, stage), (rank, start, _) in passes.items():
+        made = passes.get((step, kind, mb, stage - 1 if kind == "F" else stage + 1))
+        if made is None or made[0] == rank:
+            continue
+        ready = previous_end[(step, kind, mb, stage)]
+        if ready is None or ready + overhead_ms * 1e3 < made[2]:
+            found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
+    return found
+
+
+def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: float
+                     ) -> float | None:
+    """`cost comm` from `transfer_latencies` (ms): the mean over pairs of ranks
+    of the mean of their two directions' mean latency (each rank's clock starts
+    after a barrier that the ranks leave at slightly different times: a skew
+    that lengthens one direction's transfers as much as it shortens the
+    other's), less the engine's overhead per pass, which the simulator already
+    charges the sender's pass. The mean, not the median: a step adds up the
+    transfers on its critical path, the rare one a stalled rank held included,
+    as it adds up passes (`semantics.pass_cost`). None without a transfer on
+    the critical path."""
+    pairs = []
+    for a, b in sorted({tuple(sorted(k)) for k in found}):
+        means = [pass_cost(found[k]) for k in ((a, b), (b, a)) if found.get(k)]
+        pairs.append(statistics.fmean(means))
+    if not pairs:
+        return None
+    return max(statistics.fmean(pairs) - overhead_ms, 0.0)
+
+
+_PASS_CATEGORIES = frozenset(k.value for k in PassKind)
 
 
 def overhead_per_pass(step_s: float, compute_s: float, events: list[dict[str, Any]],
@@ -867,41 +970,32 @@ def overhead_per_pass(step_s: float, compute_s: float, events: list[dict[str, An
 def _engine_measure(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, devices: int,
     optimizer: str, warmup: int, repeats: int, num_microbatches: int, precision: str,
-) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, float]]:
+) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, float],
+           list[list[dict[str, Any]]]]:
     """This rank's part of the engine profile, inside a process group of
     `devices` ranks: (the overheads per pass in seconds, the pass durations in
-    ms by (kind, stage), the optimizer step in ms per stage this rank holds)."""
+    ms by (kind, stage), the optimizer step in ms per stage this rank holds,
+    this rank's trace events of the timed steps, one list per backward form)."""
     import tempfile
-
-    from ppdsl.runtime.optim import make_optimizer
 
     durations: dict[tuple[str, int], list[float]] = {}
     overheads: list[float] = []
+    stepped: dict[int, list[float]] = {}
+    events: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as folder:
         for backward in ("fused", "split"):
-            runner, found, traced = _engine_steps(
+            found, traced, steps, timed = _engine_steps(
                 model, Path(folder), backward, num_stages, microbatch_size, device,
-                warmup, repeats, num_microbatches, precision, devices)
+                warmup, repeats, num_microbatches, precision, devices, optimizer)
             overheads += found
+            events.append(timed)
             for key, values in traced.items():
                 if key[1] >= 0 and not (backward == "split" and key[0] == "F"):
                     durations.setdefault(key, []).extend(values)
-    optimizer_ms = {}
-    for stage, module in sorted(runner.stages.items()):  # the split run's gradients
-        params = [p for p in module.parameters() if p.grad is not None]
-        opt = make_optimizer(optimizer, params, 1e-9)
-        times = []
-        for rep in range(warmup + repeats):
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                if params:
-                    torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
-                opt.step()
-            _sync(device)
-            if rep >= warmup:
-                times.append(time.perf_counter() - t0)
-        optimizer_ms[stage] = statistics.median(times) * 1e3
-    return overheads, durations, optimizer_ms
+            for stage, times in steps.items():
+                stepped.setdefault(stage, []).extend(times)
+    return (overheads, durations, {s: statistics.median(v) for s, v in sorted(stepped.items())},
+            events)
 
 
 def _engine_summary(
@@ -909,7 +1003,7 @@ def _engine_summary(
     optimizer_ms: dict[int, float], num_stages: int,
 ) -> tuple[float, dict[str, float], tuple[float, ...], float]:
     """`measure_engine`'s answer from what the ranks measured."""
-    engine = {f"{kind}{stage}": statistics.median(v) for (kind, stage), v in sorted(durations.items())}
+    engine = {f"{kind}{stage}": pass_cost(v) for (kind, stage), v in sorted(durations.items())}
     return (statistics.median(overheads) * 1e3, engine,
             tuple(optimizer_ms[s] for s in range(num_stages)), pass_jitter(durations))
 
@@ -937,7 +1031,7 @@ def measure_engine(
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
     precision: str = "fp32",
 ) -> tuple[float, dict[str, float], tuple[float, ...], float]:
-    """(engine overhead per pass in ms, the engine's median pass times in ms by
+    """(engine overhead per pass in ms, the engine's mean pass times in ms by
     `KIND` + stage, the optimizer step per stage in ms, the passes' spread:
     `pass_jitter` of their durations): the model's stages run
     as `ppdsl run` runs them (`PipelineRunner` over every stage on this one
@@ -959,11 +1053,12 @@ def measure_engine(
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        found = _engine_measure(model, num_stages, microbatch_size, device, 1, optimizer,
-                                warmup, repeats, num_microbatches, precision)
+        overheads, durations, optimizer_ms, _ = _engine_measure(
+            model, num_stages, microbatch_size, device, 1, optimizer, warmup, repeats,
+            num_microbatches, precision)
     finally:
         dist.destroy_process_group()
-    return _engine_summary(*found, num_stages)
+    return _engine_summary(overheads, durations, optimizer_ms, num_stages)
 
 
 _PIPELINE = """
@@ -988,28 +1083,30 @@ def pipeline_rank(spec: str, num_stages: int, microbatch_size: int, optimizer: s
                   warmup: int, repeats: int, num_microbatches: int, precision: str) -> Any:
     """One rank of `measure_pipeline` (its process group started): this rank's
     stages through the engine, then everything the ranks measured, gathered
-    (JSON: overheads, [kind, stage, durations] rows, [stage, optimizer ms] rows)."""
+    (JSON: overheads, [kind, stage, durations] rows, [stage, optimizer ms] rows,
+    per backward form every rank's trace events of its timed steps)."""
     import torch.distributed as dist
 
     device, _ = prepare_device("cpu")
-    overheads, durations, optimizer_ms = _engine_measure(
+    overheads, durations, optimizer_ms, events = _engine_measure(
         build_model(spec, num_stages), num_stages, microbatch_size, device,
         dist.get_world_size(), optimizer, warmup, repeats, num_microbatches, precision)
     mine = [overheads, [[k, s, v] for (k, s), v in durations.items()],
-            [[s, ms] for s, ms in optimizer_ms.items()]]
+            [[s, ms] for s, ms in optimizer_ms.items()], events]
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return [sum((r[0] for r in every), []), sum((r[1] for r in every), []),
-            sum((r[2] for r in every), [])]
+            sum((r[2] for r in every), []), [[r[3][form] for r in every]
+                                             for form in range(len(events))]]
 
 
 def measure_pipeline(
     spec: str, num_stages: int, microbatch_size: int, devices: int, *,
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5,
     num_microbatches: int | None = None, precision: str = "fp32",
-) -> tuple[float, dict[str, float], tuple[float, ...], float]:
+) -> tuple[float, dict[str, float], tuple[float, ...], float, float | None]:
     """What `measure_engine` returns, measured as a CPU run of `devices` ranks
-    sees it: `devices` gloo processes on loopback (one torch thread each, freed
+    sees it, and the transfers' latency in that pipeline (`pipeline_latency`): `devices` gloo processes on loopback (one torch thread each, freed
     memory kept, as `ppdsl run`'s ranks), the model's stages placed looped
     (stage s on rank s mod `devices`, which must divide `num_stages`), each
     rank running its stages' microbatches back to back (m = 4 x `devices` by
@@ -1021,12 +1118,18 @@ def measure_pipeline(
         raise ValueError(f"{devices} processes cannot hold {num_stages} stages looped: "
                          "give a divisor of the stage count")
     m = num_microbatches if num_microbatches is not None else 4 * devices
-    overheads, rows, optimizer_rows = _run_gloo(
+    overheads, rows, optimizer_rows, runs = _run_gloo(
         _PIPELINE, devices,
         [spec, num_stages, microbatch_size, optimizer, warmup, repeats, m, precision],
         900, f"the engine's passes over {devices} processes")
     durations = {(k, s): v for k, s, v in rows}
-    return _engine_summary(overheads, durations, {s: ms for s, ms in optimizer_rows}, num_stages)
+    overhead, engine, optimizer_ms, jitter = _engine_summary(
+        overheads, durations, {s: ms for s, ms in optimizer_rows}, num_stages)
+    found: dict[tuple[int, int], list[float]] = {}
+    for events in runs:  # the fused run, then the split run: every rank's events
+        for pair, ms in transfer_latencies(events, overhead).items():
+            found.setdefault(pair, []).extend(ms)
+    return overhead, engine, optimizer_ms, jitter, pipeline_latency(found, overhead)
 
 
 def pipeline_devices(num_stages: int, cores: int) -> int:
@@ -1199,8 +1302,9 @@ def profile_model(
             raise ValueError(f"devices={devices}: the pipeline of processes runs on CPU; "
                              "on CUDA the engine's passes are timed on this process (1)")
         try:
+            latency = None
             if devices > 1:
-                overhead, engine, optimizer_ms, jitter = measure_pipeline(
+                overhead, engine, optimizer_ms, jitter, latency = measure_pipeline(
                     spec, num_stages, microbatch_size, devices, optimizer=optimizer,
                     precision=precision, warmup=max(warmup, 1), repeats=repeats)
             else:
@@ -1215,7 +1319,8 @@ def profile_model(
                   "stage runs' (--optimizer none skips this)", file=sys.stderr)
         else:
             norm = measure_norm_reduce() if transfer and num_stages > 1 else None
-            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm, jitter)
+            step = StepCosts(overhead, engine, optimizer_ms, optimizer, norm, jitter,
+                             latency if transfer else None)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return Profile(
         model=spec,
@@ -1341,7 +1446,12 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         + ("this thread's CPU time" if profile.clock == "thread" else "wall time")
         + "); memory in units of the mean stage's M_B "
         f"(1 unit = {unit:.0f} bytes); layer norms' weight gradients in {_norms_pass(profile.norms)}.",
-        f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}",
+        (f"# transfer (cost comm): in the engine's pipeline ({_engine_where(profile.devices)}),"
+         " the mean time from a sender's pass end to the start of the receiver's next pass, "
+         "when the receiver waited for it, less the overhead per pass; alone, "
+         f"{profile.transfer_method}: {profile.boundary_ms():.4f} ms"
+         if profile.step is not None and profile.step.latency_ms is not None else
+         f"# transfer (cost comm, mean of the stage boundaries): {profile.transfer_method}"),
         *(["# cost recv: a receive posted after its data was sent, between two gloo "
            "processes (the receiver's own part of every transfer)"]
           if profile.recv_ms is not None else []),

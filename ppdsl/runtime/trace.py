@@ -12,7 +12,6 @@ within the barrier's skew; one machine's clock is shared, across nodes NTP's).
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ppdsl.ir.schedule import Costs, MemoryModel, Pass, PassKind, Placement, Schedule
+from ppdsl.semantics import pass_cost
 
 if TYPE_CHECKING:
     from ppdsl.analysis.simulate import Timeline
 
 __all__ = [
-    "Tracer", "chrome_trace", "write_chrome_trace", "median_costs", "simulated_makespan",
+    "Tracer", "chrome_trace", "write_chrome_trace", "mean_costs", "simulated_makespan",
     "simulated_timeline", "GapSource", "gap_sources", "OUTSIDE",
 ]
 
@@ -56,14 +56,33 @@ class Tracer:
         self._open: Any = None
         self.step = 0
         self.timed = False
+        self.shared_clock = False
+        """Whether `start` took the epoch of the group's first rank (`start`)."""
 
-    def start(self) -> None:
-        """Take the epoch (call right after a barrier on every rank)."""
+    def start(self, group: Any = None) -> None:
+        """Take the epoch: call right after a barrier on every rank of `group`
+        (torch.distributed's; None: the default group), every rank at once. On
+        CPU a rank on the same host as the group's first rank then takes that
+        rank's epoch: `perf_counter` is the host's monotonic clock, so their
+        times compare exactly; a barrier alone leaves each rank's epoch where
+        it left the barrier, milliseconds apart on busy cores (3.5 ms seen
+        between two gloo ranks on 2 cores)."""
         if self.cuda:
             torch.cuda.synchronize()
             self._epoch_event = torch.cuda.Event(enable_timing=True)
             self._epoch_event.record()
         self._epoch = time.perf_counter()
+        if not self.cuda:
+            import socket
+
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                every: list[Any] = [None] * dist.get_world_size(group)
+                dist.all_gather_object(every, (socket.gethostname(), self._epoch), group=group)
+                if every[0][0] == socket.gethostname():
+                    self._epoch = every[0][1]
+                    self.shared_clock = True
 
     def _now(self) -> Any:
         if self.cuda:
@@ -128,15 +147,15 @@ def write_chrome_trace(path: str | Path, trace: dict[str, Any]) -> None:
     out.write_text(json.dumps(trace), encoding="utf-8")
 
 
-def median_costs(
+def mean_costs(
     durations: dict[tuple[str, int], list[float]], num_stages: int, fallback: Costs
 ) -> Costs:
-    """Per kind and stage, the median measured pass time (ms); where a kind was not
-    run (B/W in a fused schedule), `fallback`'s value."""
+    """Per kind and stage, the mean measured pass time (ms: `pass_cost`); where a
+    kind was not run (B/W in a fused schedule), `fallback`'s value."""
 
     def pick(letter: str, values: tuple[float, ...]) -> tuple[float, ...]:
         return tuple(
-            statistics.median(durations[(letter, s)]) if durations.get((letter, s)) else values[s]
+            pass_cost(durations[(letter, s)]) if durations.get((letter, s)) else values[s]
             for s in range(num_stages)
         )
 

@@ -66,12 +66,12 @@ from ppdsl.runtime.trace import (
     Tracer,
     chrome_trace,
     gap_sources,
-    median_costs,
+    mean_costs,
     simulated_timeline,
     write_chrome_trace,
 )
 from ppdsl.runtime.watchdog import Watchdog, fail, group_timeout
-from ppdsl.semantics import format_ratio
+from ppdsl.semantics import format_ratio, pass_cost
 
 __all__ = ["main", "parse_options", "memory_table", "timing_summary"]
 
@@ -760,6 +760,7 @@ def _summary(run: _Run) -> None:
     mine.update(_predictions(plan, durations, step_times))
     if opts.trace:
         events = gather(tracer.events)
+        shared = gather(tracer.shared_clock)
         if rank == 0:
             stages: list[Any] = [None] * world
             for r in range(world):
@@ -769,6 +770,9 @@ def _summary(run: _Run) -> None:
             write_chrome_trace(opts.trace, chrome_trace(events, stages, {
                 "schedule": plan.name, "file": plan.file, "device": device.type,
                 "time": "CUDA events" if device.type == "cuda" else "perf_counter",
+                # "host": every rank's times on one clock (one host's perf_counter,
+                # from one epoch), so a pass's start and its input's send compare
+                "clock": "host" if all(shared) else "rank",
                 "steps": opts.steps, "params": plan.params, "num_ranks": num_ranks, "dp": dp,
                 "costs": plan.costs, "costs_from": plan.costs_from, "fingerprint": plan.fingerprint,
             }))
@@ -809,7 +813,7 @@ def _predictions(
 ) -> dict[str, Any]:
     """Measured step time (median, ms) against the simulator's step (the makespan,
     plus the step costs the costs file declares): under the costs in use (when
-    they are a profile's, in ms) and under this run's own median pass times; and,
+    they are a profile's, in ms) and under this run's own mean pass times; and,
     under a profile's costs, the largest sources of the gap (`gap_sources`)."""
     merged: dict[tuple[str, int], list[float]] = {}
     for d in durations:
@@ -823,7 +827,7 @@ def _predictions(
     sources: list[dict[str, Any]] = []
     num_ranks = plan.num_devices
     if merged and len(in_use.forward) == plan.num_stages:
-        run_costs = median_costs(merged, plan.num_stages, fallback)
+        run_costs = mean_costs(merged, plan.num_stages, fallback)
         again = simulated_timeline(plan.orders, plan.stage_device, plan.num_microbatches,
                                    plan.split_backward, run_costs, plan.memory, lanes=plan.lanes)
         resimulated = float(again.step_time)
@@ -845,7 +849,7 @@ def _predictions(
         "predicted_makespan": plan.predicted_makespan,
         "costs_from": plan.costs_from,
         "resimulated_step_time_ms": resimulated,
-        "measured_pass_ms": {f"{k}{s}": statistics.median(v) for (k, s), v in sorted(merged.items())
+        "measured_pass_ms": {f"{k}{s}": pass_cost(v) for (k, s), v in sorted(merged.items())
                              if s >= 0},
         "gap_sources": sources,
         "ranks": len(durations),
@@ -879,7 +883,7 @@ def timing_summary(plan: Plan, mine: dict[str, Any]) -> str:
     again = mine.get("resimulated_step_time_ms")
     if again:
         lines.append(
-            f"  predicted {again:.1f} ms: simulated under this run's median pass times"
+            f"  predicted {again:.1f} ms: simulated under this run's mean pass times"
             + (" and the file's other costs" if plan.costs_from else " (no transfer cost)")
             + f"; measured/predicted {measured / again:.3f}"
         )

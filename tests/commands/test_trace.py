@@ -225,3 +225,51 @@ def test_late_receives_are_timed_against_cost_recv(tmp_path: Path) -> None:
     assert report.recv_ms == 0.25
     assert ("receives posted after their data was sent: 4, from posting to holding the "
             "tensor median 0.100 ms (cost recv 0.250 ms)") in format_timeline(report)
+
+
+def _timeline_trace(compiled) -> dict:  # type: ignore[no-untyped-def]
+    """A causal trace on one clock ("host"): each rank's passes where the
+    simulator puts them (1 unit = 1 ms), each exchange posted when the rank's
+    pass before it ended."""
+    timeline = compiled.timeline
+    events = []
+    for program in compiled.programs:
+        k, ts = 0, 0.0
+        for op in program.ops:
+            if hasattr(op, "pass_"):
+                p = op.pass_
+                start, end = timeline.start[program.rank][k] * 1e3, timeline.end[program.rank][k] * 1e3
+                events.append({"name": f"{p.kind.value}{p.microbatch}", "cat": p.kind.value,
+                               "ph": "X", "pid": program.rank, "tid": 0, "ts": start,
+                               "dur": end - start,
+                               "args": {"stage": p.stage, "microbatch": p.microbatch, "step": 0}})
+                k, ts = k + 1, end
+            elif op.sends or op.recvs:
+                events.append({"name": "exchange", "cat": "exchange", "ph": "X",
+                               "pid": program.rank, "tid": 0, "ts": ts, "dur": 0.0,
+                               "args": {"sends": [str(t) for t in op.sends],
+                                        "recvs": [str(t) for t in op.recvs], "step": 0}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": compiled.schedule.name, "file": ZB_H1,
+                          "params": {str(k): v for k, v in compiled.schedule.params},
+                          "costs_from": None, "clock": "host"}}
+
+
+def test_a_pass_before_its_input_was_sent_fails_on_one_clock(tmp_path: Path, compiled) -> None:  # type: ignore[no-untyped-def]
+    """With the ranks on one clock (`clock: host`, what `ppdsl run` writes when
+    every rank shares the first rank's epoch on one host) a pass may not start
+    before the rank sending its input posted it: the simulator's own timeline
+    conforms; rank 1's times shifted 0.5 ms earlier do not (its first F starts
+    before rank 0 sent its activation), located; with each rank on its own
+    clock the same trace is not checked for it."""
+    trace = _timeline_trace(compiled)
+    assert check_trace(write_trace(tmp_path / "t.json", trace))[0] == 0
+    for e in trace["traceEvents"]:
+        if e["pid"] == 1:
+            e["ts"] -= 500.0
+    code, _, err = check_trace(write_trace(tmp_path / "t.json", trace))
+    assert code == 1, err
+    assert ("rank 1, step 0: F0 (stage 1) started 0.500 ms before rank 0 posted "
+            "act(mb 0, stage 0->1, rank 0->1), which it takes") in err, err
+    trace["otherData"]["clock"] = "rank"
+    assert check_trace(write_trace(tmp_path / "t.json", trace))[0] == 0

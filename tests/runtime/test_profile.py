@@ -29,7 +29,9 @@ from ppdsl.runtime.profile import (
     overhead_per_pass,
     pass_jitter,
     pipeline_devices,
+    pipeline_latency,
     to_costs_pp,
+    transfer_latencies,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +121,42 @@ def test_pass_jitter_is_the_spread_of_log_durations(tmp_path: Path) -> None:
     path.write_text(to_costs_pp(replace(_profile(), step=step)))
     assert "    cost jitter = 0.25\n" in path.read_text()
     assert evaluate_costs(load_costs_file(path), 2, "parallel")[0].jitter == 0.25
+
+
+def _slice(kind: str, stage: int, mb: int, ts: float, dur: float) -> dict:
+    return {"name": f"{kind}{mb}", "cat": kind, "ph": "X", "ts": ts, "dur": dur,
+            "args": {"stage": stage, "microbatch": mb, "step": 3}}
+
+
+def test_transfer_latency_is_taken_where_the_receiver_waited(tmp_path: Path) -> None:
+    """`cost comm` from the engine's pipeline (docs/runtime.md, "Profiling a
+    model"): a transfer's time from the end of the pass that made it to the
+    start of the pass that takes it, where the receiver was ready first; the
+    mean of both directions between two ranks, so a skew between their clocks
+    cancels; less the overhead per pass the simulator charges the sender."""
+    def events(skew: float) -> list[list[dict]]:
+        rank0 = [_slice("F", 0, 0, 0, 1000), _slice("F", 0, 1, 1000, 1000),
+                 _slice("B", 0, 0, 3700, 1000)]
+        rank1 = [_slice("F", 1, 0, 1300, 1000), _slice("B", 1, 0, 2300, 1000),
+                 # ready at 3300, after F1 of stage 0 ended: not on the critical path
+                 _slice("F", 1, 1, 3300, 1000)]
+        return [rank0, [dict(e, ts=e["ts"] + skew) for e in rank1]]
+
+    found = transfer_latencies(events(0.0), 0.05)
+    assert {k: [round(x, 6) for x in v] for k, v in found.items()} == {(0, 1): [0.3], (1, 0): [0.4]}
+    assert pipeline_latency(found, 0.05) == pytest.approx(0.3)
+    skewed = transfer_latencies(events(200.0), 0.05)  # rank 1's clock 0.2 ms ahead
+    assert {k: [round(x, 6) for x in v] for k, v in skewed.items()} == {(0, 1): [0.5], (1, 0): [0.2]}
+    assert pipeline_latency(skewed, 0.05) == pytest.approx(0.3)
+    # a rank whose previous pass ends within the overhead of the sender's end is busy
+    assert transfer_latencies(events(0.0), 2.5).get((1, 0)) is None
+    assert pipeline_latency({}, 0.05) is None
+    assert pipeline_latency({(0, 1): [0.01]}, 0.05) == 0.0  # never below 0
+    path = tmp_path / "costs.pp"
+    step = StepCosts(0.0625, {"F0": 1.0}, (3.5, 4.25), "adam", 0.375, 0.25, 0.75)
+    path.write_text(to_costs_pp(replace(_profile(), step=step)))
+    assert "    cost comm = 0.75\n" in path.read_text()
+    assert "the mean time from a sender's pass end" in path.read_text()
 
 
 def test_late_receive_is_measured_and_written_as_cost_recv(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ import torch
 from ppdsl.compiler import compile_file
 from ppdsl.costs_file import load_costs_file
 from ppdsl.ir.schedule import Costs, MemoryModel, PassKind
-from ppdsl.runtime.trace import Tracer, chrome_trace, median_costs, simulated_makespan
+from ppdsl.runtime.profile import _run_gloo
+from ppdsl.runtime.trace import Tracer, chrome_trace, mean_costs, simulated_makespan
 from tests.trace_conformance import assert_trace_conforms
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,12 +47,14 @@ def test_tracer_times_slices_on_cpu() -> None:
 
 
 def test_simulated_makespan_of_measured_pass_times() -> None:
-    """Re-simulating a compiled order under per-stage median pass times gives the
+    """Re-simulating a compiled order under per-stage mean pass times gives the
     simulator's makespan for those costs (1F1B d=2 m=2, F 2, BW 3: rank 1 runs F0 at
-    2, BW0 at 4, F1 at 7, BW1 at 9; rank 0's BW1 then runs 12..15)."""
+    2, BW0 at 4, F1 at 7, BW1 at 9; rank 0's BW1 then runs 12..15). Stage 0's
+    forwards took 1, 1 and 4 ms: their mean (2), stall included, is its cost, not
+    their median (1)."""
     c = compile_file(ROOT / "examples" / "1f1b.pp", {"d": "2", "m": "2"}).schedule
-    durations = {("F", 0): [2.0, 2.0, 9.0], ("F", 1): [2.0], ("BW", 0): [3.0], ("BW", 1): [3.0]}
-    costs = median_costs(durations, 2, Costs.of((1, 1), (1, 1), (1, 1), (2, 2), 0.0))
+    durations = {("F", 0): [1.0, 1.0, 4.0], ("F", 1): [2.0], ("BW", 0): [3.0], ("BW", 1): [3.0]}
+    costs = mean_costs(durations, 2, Costs.of((1, 1), (1, 1), (1, 1), (2, 2), 0.0))
     assert costs.forward == (2.0, 2.0) and costs.fused_backward == (3.0, 3.0)
     orders = tuple(tuple((p.kind, p.microbatch, p.stage) for p in o) for o in c.orders)
     assert simulated_makespan(orders, (0, 1), 2, False, costs, MemoryModel((1, 1), (0, 0))) == 15.0
@@ -176,3 +179,38 @@ def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     text = timing_summary(right, mine)  # type: ignore[arg-type]
     assert mine["median_step_time_ms"] / mine["predicted_step_time_ms"] < 1.10, text
     assert "the gap" not in text
+
+
+_EPOCHS = """
+import json, sys, time
+import torch
+import torch.distributed as dist
+from ppdsl.runtime.trace import Tracer
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+tracer = Tracer(rank, torch.device("cpu"))
+dist.barrier()
+if rank == 1:  # a rank that leaves the barrier late (a busy core)
+    time.sleep(json.loads(sys.argv[1]))
+tracer.start()
+dist.barrier()
+tracer.begin()
+tracer.end("data", "data", {}, None)
+tracer.flush()
+every = [None] * 2
+dist.all_gather_object(every, [tracer.events[0]["ts"], tracer.shared_clock])
+if rank == 0:
+    print(json.dumps(every), flush=True)
+"""
+
+
+@pytest.mark.distributed
+def test_ranks_on_one_host_share_the_first_ranks_epoch() -> None:
+    """Two gloo ranks on this host, the second taking its epoch 0.3 s late: it
+    takes the first rank's (the host's monotonic clock), so a slice both record
+    right after a common barrier starts at the same time in both (within
+    50 ms), not 0.3 s apart; both say their clock is shared."""
+    (ts0, shared0), (ts1, shared1) = _run_gloo(_EPOCHS, 2, 0.3, 120, "two tracers")
+    assert shared0 and shared1
+    assert abs(ts0 - ts1) < 50e3, (ts0, ts1)
+    assert ts1 > 250e3  # times run from the first rank's epoch, before the late one's
