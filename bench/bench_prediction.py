@@ -19,16 +19,27 @@ both ratios come from the same runs; and each run's step spread (the 10th to
 the run's pass times against the profile's (`passes`); and the step simulated
 under the run's own pass times (`own`: what the model misses once the pass
 costs are right, from `ppdsl run`'s own re-simulation).
-`--repeat=N` runs every schedule N times in a row: the run-to-run spread of
-one schedule under one profile. The cores are those this process may run on
-(`taskset` narrows them).
+This machine's speed drifts: one thread's fixed work, timed in one-second
+windows, reads from 0.85x to 1.3x its median within a minute. So the bench
+runs rounds (`--rounds=N`, default 3; 1 with --quick): each round profiles
+anew and runs every schedule right after (the schedules take turns at running
+first), and a row gives the median over its rounds, each run set against its
+own round's profile, beside the lowest and highest ratio of a round. Below
+the table, how far one round's profile moved from the round before's: what
+two measurements of the same passes minutes apart disagree by here, which
+no prediction from a profile can beat. `--repeat=N` runs every schedule N times a round:
+the run-to-run spread of one schedule under one profile. The cores are those
+this process may run on (`taskset` narrows them).
 
-`python -m bench prediction [--quick | --long] [--repeat=N]`: --quick runs
-tiny_gpt at d = 2 only, --long the ~10x model (d = 2) only."""
+`python -m bench prediction [--quick | --long] [--rounds=N] [--repeat=N]`:
+--quick runs tiny_gpt at d = 2 only, one round; --long the ~10x model (d = 2)
+only."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -44,7 +55,10 @@ MODELS = [
 ]
 SCHEDULES = [("1F1B", "1f1b", 1), ("GPipe", "gpipe", 1), ("ZB-H1", "zb_h1", 1), ("ZB-V", "zb_v", 2)]
 """(label, example file, stages per device)."""
-STEPS = 8
+STEPS = {"tiny_gpt": 41, "tiny_gpt long (~10x)": 11}
+"""Steps a run trains: about 2 s (tiny_gpt) and 4 s (the ~10x model) of timed
+steps after the first, so that a run's median is not one moment of a machine
+whose speed drifts (docs: bench/results/prediction.md)."""
 
 
 def _ppdsl(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -76,16 +90,16 @@ def _spread(step_times: list[float]) -> float:
     return (deciles[-1] - deciles[0]) / statistics.median(times)
 
 
-def _repeats() -> int:
-    """`--repeat=N` (a flag's value joined by '=': `python -m bench` reads every
+def _count(flag: str, default: int) -> int:
+    """`--flag=N` (a flag's value joined by '=': `python -m bench` reads every
     word without a dash as a bench's name)."""
-    given = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--repeat=")]
+    given = [a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{flag}=")]
     if not given:
-        return 1
+        return default
     try:
         return max(int(given[-1]), 1)
     except ValueError:
-        raise SystemExit("--repeat=N takes a whole number of runs, e.g. --repeat=2") from None
+        raise SystemExit(f"--{flag}=N takes a whole number, e.g. --{flag}=2") from None
 
 
 def _load() -> str:
@@ -93,70 +107,136 @@ def _load() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
+def _profile(model: str, stages: int, costs: Path) -> tuple[float, dict[str, float]]:
+    """Profile `model` cut into `stages` into `costs`: (its forward per
+    microbatch summed over the stages, as the engine ran it; the engine's pass
+    times by `KIND` + stage)."""
+    found = json.loads(_ppdsl("profile", "--model", model, "--stages", str(stages), "--json",
+                              "-o", str(costs)).stdout)
+    engine = (found.get("step") or {}).get("engine_pass_ms") or {}
+    forward = sum(engine.get(f"F{s['stage']}", s["forward_ms"]) for s in found["stages"])
+    return forward, engine
+
+
+def _profile_drift(engines: dict[int, list[dict[str, float]]]) -> list[float]:
+    """Per round after the first, per profiled stage count, the median over
+    kinds and stages of its pass costs over the round before's: how far this
+    machine moves between two profiles of the same model, a floor under any
+    prediction's error."""
+    drift = []
+    for found in engines.values():
+        for before, now in itertools.pairwise(found):
+            common = [k for k in now if before.get(k)]
+            if common:
+                drift.append(statistics.median(now[k] / before[k] for k in common))
+    return drift
+
+
+def _run(schedule: list[str], model: str, steps: int, costs: Path, engine: dict[str, float],
+         out: Path) -> dict[str, float]:
+    """One `ppdsl run` of `schedule` under `costs`: what the table prints of it."""
+    _ppdsl("run", *schedule, "--model", model, "--steps", str(steps), "--device", "cpu",
+           "--costs-from", str(costs), "--json", str(out))
+    r = json.loads((out / "rank0.json").read_text())
+    ran = r.get("measured_pass_ms") or {}
+    return {
+        "measured": r["median_step_time_ms"], "predicted": r["predicted_step_time_ms"],
+        "makespan": r["predicted_makespan"], "own": r.get("resimulated_step_time_ms") or math.nan,
+        "spread": _spread(r.get("step_times_ms") or []),
+        "passes": statistics.median([ran[k] / engine[k] for k in ran if engine.get(k)]
+                                    or [math.nan]),
+    }
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     models = MODELS[:1] if quick else MODELS[1:] if "--long" in sys.argv else MODELS
-    repeat = _repeats()
+    repeat = _count("repeat", 1)
+    rounds = _count("rounds", 1 if quick else 3)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    print(f"whole-step prediction: gloo CPU ranks on loopback, m = 4d, median step of "
-          f"{STEPS - 1} after the first; {cores} cores; load average before: {_load()}")
+    print(f"whole-step prediction: gloo CPU ranks on loopback, m = 4d, median step after the "
+          f"first (tiny_gpt {STEPS['tiny_gpt'] - 1} steps, the ~10x model "
+          f"{STEPS['tiny_gpt long (~10x)'] - 1}); {rounds} round(s) of profile then runs, "
+          f"{repeat} run(s) of each schedule a round; {cores} cores; load average before: "
+          f"{_load()}")
     print(f"{'model':<21} {'schedule':<6} {'d':>2} {'T_F ms':>7} {'measured ms':>11} "
-          f"{'predicted ms':>12} {'meas/pred':>9} {'w/o recv':>8} {'makespan only':>13} "
-          f"{'spread':>6} {'passes':>6} {'own':>5}  note")
-    rows = []
+          f"{'predicted ms':>12} {'meas/pred':>9} {'rounds':>11} {'w/o recv':>8} "
+          f"{'makespan only':>13} {'spread':>6} {'passes':>6} {'own':>5}  note")
+    checked: list[float] = []
+    drifts: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_label, model in models:
             for d in (2,) if quick or model_label != "tiny_gpt" else (2, 4):
                 note = ("" if d <= cores else
                         f"oversubscribed ({d} ranks on {cores} cores): not a prediction check")
-                profiles: dict[int, tuple[Path, float]] = {}
-                for label, stem, per_device in SCHEDULES:
-                    stages = d * per_device
-                    if stages not in profiles:
-                        costs = Path(tmp) / f"{model_label[:4]}-{stages}.pp"
-                        found = json.loads(_ppdsl(
-                            "profile", "--model", model, "--stages", str(stages), "--json",
-                            "-o", str(costs)).stdout)
-                        engine = (found.get("step") or {}).get("engine_pass_ms") or {}
-                        forward = sum(engine.get(f"F{s['stage']}", s["forward_ms"])
-                                      for s in found["stages"]) / stages
-                        profiles[stages] = (costs, forward * stages / d, engine)
-                    costs, forward, engine = profiles[stages]
-                    schedule = [str(ROOT / "examples" / f"{stem}.pp"), "-D", f"d={d}",
-                                "-D", f"m={4 * d}"]
-                    before = json.loads(_ppdsl("stats", *schedule, "--costs-from",
-                                               str(_without_recv(costs)), "--json").stdout)
-                    for run in range(repeat):
-                        out = Path(tmp) / f"{stem}-{d}-{model_label[:4]}-{run}"
-                        _ppdsl("run", *schedule, "--model", model, "--steps", str(STEPS),
-                               "--device", "cpu", "--costs-from", str(costs), "--json", str(out))
-                        r = json.loads((out / "rank0.json").read_text())
-                        measured, predicted = r["median_step_time_ms"], r["predicted_step_time_ms"]
-                        makespan = r["predicted_makespan"]
-                        rows.append((model_label, label, d, measured / predicted))
-                        own = r.get("resimulated_step_time_ms") or float("nan")
-                        ran = r.get("measured_pass_ms") or {}
-                        passes = statistics.median(
-                            [ran[k] / engine[k] for k in ran if engine.get(k)] or [float("nan")])
-                        print(f"{model_label:<21} {label:<6} {d:>2} {forward:7.2f} "
-                              f"{measured:11.1f} {predicted:12.1f} {measured / predicted:9.3f} "
-                              f"{measured / before['step_time']:8.3f} "
-                              f"{measured / makespan:13.3f} "
-                              f"{_spread(r.get('step_times_ms') or []):6.2f} {passes:6.2f} "
-                              f"{measured / own:5.3f}  {note}", flush=True)
+                found: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in SCHEDULES}
+                forward: dict[str, list[float]] = {label: [] for label, _, _ in SCHEDULES}
+                engines: dict[int, list[dict[str, float]]] = {}
+                for round_ in range(rounds if d <= cores else 1):
+                    # each round profiles anew: the machine's speed drifts by tens of
+                    # percent over tens of seconds, so each prediction is set against
+                    # runs made right after its own profile; the schedules take turns
+                    # at running first after it
+                    profiles: dict[int, tuple[Path, float, dict[str, float]]] = {}
+                    for stages in sorted({d * per_device for _, _, per_device in SCHEDULES}):
+                        costs = Path(tmp) / f"{model_label[:4]}-{stages}-{round_}.pp"
+                        profiles[stages] = (costs, *_profile(model, stages, costs))
+                        engines.setdefault(stages, []).append(profiles[stages][2])
+                    turn = round_ % len(SCHEDULES)
+                    for label, stem, per_device in SCHEDULES[turn:] + SCHEDULES[:turn]:
+                        costs, f_sum, engine = profiles[d * per_device]
+                        schedule = [str(ROOT / "examples" / f"{stem}.pp"), "-D", f"d={d}",
+                                    "-D", f"m={4 * d}"]
+                        before = json.loads(_ppdsl("stats", *schedule, "--costs-from",
+                                                   str(_without_recv(costs)), "--json").stdout)
+                        for run in range(repeat):
+                            out = Path(tmp) / f"{stem}-{d}-{model_label[:4]}-{round_}-{run}"
+                            row = _run(schedule, model, STEPS[model_label], costs, engine, out)
+                            row["norecv"] = before["step_time"]
+                            found[label].append(row)
+                            forward[label].append(f_sum / d)
+                drift = _profile_drift(engines)
+                if drift:
+                    drifts.append(f"{model_label}, d = {d}: "
+                                  + ", ".join(f"{x:.2f}" for x in drift))
+                for label, _, _ in SCHEDULES:
+                    rows = found[label]
+                    ratios = [r["measured"] / r["predicted"] for r in rows]
+                    ratio = statistics.median(ratios)
+                    if d <= cores:
+                        checked.append(ratio)
+
+                    def med(key: str, rows: list[dict[str, float]] = rows) -> float:
+                        return statistics.median(r[key] for r in rows)
+
+                    def rel(key: str, rows: list[dict[str, float]] = rows) -> float:
+                        return statistics.median(r["measured"] / r[key] for r in rows)
+
+                    print(f"{model_label:<21} {label:<6} {d:>2} "
+                          f"{statistics.median(forward[label]):7.2f} {med('measured'):11.1f} "
+                          f"{med('predicted'):12.1f} {ratio:9.3f} "
+                          f"{min(ratios):5.3f}-{max(ratios):5.3f} {rel('norecv'):8.3f} "
+                          f"{rel('makespan'):13.3f} {med('spread'):6.2f} {med('passes'):6.2f} "
+                          f"{rel('own'):5.3f}  {note}", flush=True)
     print(f"load average after: {_load()}")
+    if drifts:
+        print("this machine between two profiles (a round's profiled pass costs over the round "
+              "before's, the median over kinds and stages; 1.00: the same machine), a floor "
+              "under any prediction's error: " + "; ".join(drifts))
     print("T_F ms: a device's forward per microbatch (the costs file's, as the engine ran it, "
           "summed over its stages); "
           "predicted: the simulated step (each device's passes, with the engine's overhead and "
           "the transfers, after its optimizer step; then the norm all-reduce); "
+          "every column but rounds is the median over the rounds' runs, each run against the "
+          "profile of its own round; "
+          "rounds: the lowest and highest measured/predicted of a round; "
           "w/o recv: measured / the same simulation without `cost recv`; "
           "makespan only: measured / the simulated makespan without the step's other costs; "
           "spread: (90th - 10th percentile) / median of the run's step times; "
-          "passes: the median over pass kinds and stages of the run's median pass time / "
-          "the profile's; own: measured / the step simulated under the run's own median pass "
+          "passes: the median over pass kinds and stages of the run's mean pass time / "
+          "the profile's; own: measured / the step simulated under the run's own mean pass "
           "times and the profile's other costs (the model's error once the pass costs are "
           "right)")
-    checked = [ratio for _, _, d, ratio in rows if d <= cores]
     if checked:
         print(f"d <= {cores} (one rank per core): measured/predicted from {min(checked):.3f} to "
               f"{max(checked):.3f}; target <= 1.05")
