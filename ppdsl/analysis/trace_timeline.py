@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppdsl.analysis.simulate import simulate
-from ppdsl.analysis.trace_check import TraceStep
+from ppdsl.analysis.trace_check import PASS_CATEGORIES, TraceStep
 from ppdsl.ir.schedule import Costs, Schedule
 from ppdsl.semantics import PassKind, pass_cost
 
@@ -86,6 +86,15 @@ class TimelineReport:
     recv` models (docs/language.md)."""
     recv_ms: float | None = None
     """The schedule's `cost recv` (None: its costs are not in ms)."""
+    critical_transfers_ms: tuple[float, ...] = ()
+    """On one clock, per transfer on the critical path (`transfer_latencies`:
+    its receiver was ready first), ms from the end of the pass that made it to
+    the start of the pass that took it (empty: not on one clock)."""
+    latency_ms: float | None = None
+    """What those transfers make `cost comm` (`pipeline_latency`, less the
+    costs' overhead per pass; None: none, or not on one clock)."""
+    comm_ms: float | None = None
+    """The schedule's `cost comm` (None: its costs are not in ms)."""
 
 
 def _median(values: Sequence[float]) -> float:
@@ -93,10 +102,13 @@ def _median(values: Sequence[float]) -> float:
 
 
 def compare_timeline(
-    steps: Sequence[TraceStep], schedule: Schedule, costs_in_ms: bool, top: int = 5
+    steps: Sequence[TraceStep], schedule: Schedule, costs_in_ms: bool, top: int = 5,
+    one_clock: bool = False,
 ) -> TimelineReport:
     """The report of `steps` (one rank's step each, `steps_of`) against `schedule`
-    (the compiled schedule, its costs in ms when `costs_in_ms`); `top` slips."""
+    (the compiled schedule, its costs in ms when `costs_in_ms`); `top` slips;
+    `one_clock`: every rank's times on one clock (the trace's `clock` "host"),
+    so transfers are timed from one rank to another."""
     num_ranks = schedule.placement.num_devices
     all_steps = sorted({s.step for s in steps})
     compared = tuple(all_steps[1:] if len(all_steps) > 1 else all_steps)
@@ -137,6 +149,15 @@ def compare_timeline(
         longest[s.step] = max(longest.get(s.step, 0.0), window)
     own = _own_costs(schedule, durations, costs_in_ms)
     resimulated = simulate(own)
+    overhead = (sum(schedule.costs.overhead) / len(schedule.costs.overhead)
+                if costs_in_ms and schedule.costs.overhead else 0.0)
+    critical: dict[tuple[int, int], list[float]] = {}
+    if one_clock:  # the first pipeline's ranks (a DP replica repeats the same passes)
+        per_rank: list[list[dict[str, Any]]] = [[] for _ in range(num_ranks)]
+        for s in mine:
+            if s.rank < num_ranks:
+                per_rank[s.rank].extend(s.passes)
+        critical = transfer_latencies(per_rank, overhead)
     return TimelineReport(
         steps=compared,
         kinds=tuple(kinds),
@@ -150,7 +171,69 @@ def compare_timeline(
         slips=tuple(_slips(mine, own, resimulated.start, resimulated.end, top)),
         late_receives_ms=tuple(_late_receives(mine)),
         recv_ms=schedule.costs.recv if costs_in_ms else None,
+        critical_transfers_ms=tuple(x for v in critical.values() for x in v),
+        latency_ms=pipeline_latency(critical, overhead) if critical else None,
+        comm_ms=schedule.costs.comm if costs_in_ms else None,
     )
+
+
+def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
+                       ) -> dict[tuple[int, int], list[float]]:
+    """Per (sender rank, receiver rank), in ms, each transfer's time from the end
+    of the pass that made it to the start of the pass that takes it, where the
+    receiver was ready first (its previous pass of the step, with the
+    `overhead_ms` the simulator adds to it, had ended before the sender's): a
+    transfer on the critical path, as the simulator's `cost comm` stands for
+    it. `events`: one run's trace events per rank (microseconds on each rank's
+    clock, from its epoch after a common barrier; steps numbered). An
+    activation goes from F(j) of stage s to F(j) of stage s + 1, a gradient
+    from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
+    passes: dict[tuple[int, str, int, int], tuple[int, float, float]] = {}
+    previous_end: dict[tuple[int, str, int, int], float | None] = {}
+    for rank, mine in enumerate(events):
+        ordered = sorted((e for e in mine if e["cat"] in PASS_CATEGORIES),
+                         key=lambda e: e["ts"])
+        for k, e in enumerate(ordered):
+            a = e["args"]
+            kind = "F" if e["cat"] == "F" else "B" if e["cat"] in ("B", "BW") else None
+            if kind is None:
+                continue
+            key = (a["step"], kind, a["microbatch"], a["stage"])
+            passes[key] = (rank, e["ts"], e["ts"] + e["dur"])
+            before = ordered[k - 1] if k else None
+            previous_end[key] = (before["ts"] + before["dur"]
+                                 if before is not None and before["args"]["step"] == a["step"]
+                                 else None)
+    found: dict[tuple[int, int], list[float]] = {}
+    for (step, kind, mb, stage), (rank, start, _) in passes.items():
+        made = passes.get((step, kind, mb, stage - 1 if kind == "F" else stage + 1))
+        if made is None or made[0] == rank:
+            continue
+        ready = previous_end[(step, kind, mb, stage)]
+        if ready is None or ready + overhead_ms * 1e3 < made[2]:
+            found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
+    return found
+
+
+def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: float
+                     ) -> float | None:
+    """`cost comm` from `transfer_latencies` (ms): the mean over pairs of ranks
+    of the mean of their two directions' mean latency (each rank's clock starts
+    after a barrier that the ranks leave at slightly different times: a skew
+    that lengthens one direction's transfers as much as it shortens the
+    other's), less the engine's overhead per pass, which the simulator already
+    charges the sender's pass. The mean, not the median: a step adds up the
+    transfers on its critical path, the rare one a stalled rank held included,
+    as it adds up passes (`semantics.pass_cost`). None without a transfer on
+    the critical path."""
+    pairs = []
+    for a, b in sorted({tuple(sorted(k)) for k in found}):
+        means = [pass_cost(found[k]) for k in ((a, b), (b, a)) if found.get(k)]
+        pairs.append(statistics.fmean(means))
+    if not pairs:
+        return None
+    return max(statistics.fmean(pairs) - overhead_ms, 0.0)
+
 
 
 def _late_receives(steps: Sequence[TraceStep]) -> list[float]:
@@ -275,6 +358,14 @@ def format_timeline(report: TimelineReport) -> str:
         lines.append(f"receives posted after their data was sent: {len(late)}, from posting to "
                      f"holding the tensor median {_median(late):.3f} ms"
                      + (f" (cost recv {report.recv_ms:.3f} ms)" if report.recv_ms is not None
+                        else ""))
+    if report.critical_transfers_ms:
+        held = report.critical_transfers_ms
+        lines.append(f"transfers on the critical path (their receiver ready first): {len(held)}, "
+                     f"from the sender's pass end to the receiver's pass start mean "
+                     f"{pass_cost(held):.3f} ms, median {_median(held):.3f} ms; as `cost comm` "
+                     f"(less the overhead per pass) {report.latency_ms:.3f} ms"
+                     + (f" (cost comm {report.comm_ms:.3f} ms)" if report.comm_ms is not None
                         else ""))
     if report.slips:
         lines += ["", "passes held longest against the simulation (own pass times):"]

@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> ExitCode:
           "every pass once, in order; every exchange as proven)")
     if not args.check_only and steps:
         print()
+        one_clock = trace["otherData"].get("clock") == "host"
         sys.stdout.write(format_timeline(compare_timeline(steps, compiled.schedule, in_ms,
-                                                          args.top)))
+                                                          args.top, one_clock)))
     return ExitCode.OK

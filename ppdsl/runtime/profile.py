@@ -894,67 +894,6 @@ def _engine_steps(
                                                   if e["args"]["step"] >= warmup]
 
 
-def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
-                       ) -> dict[tuple[int, int], list[float]]:
-    """Per (sender rank, receiver rank), in ms, each transfer's time from the end
-    of the pass that made it to the start of the pass that takes it, where the
-    receiver was ready first (its previous pass of the step, with the
-    `overhead_ms` the simulator adds to it, had ended before the sender's): a
-    transfer on the critical path, as the simulator's `cost comm` stands for
-    it. `events`: one run's trace events per rank (microseconds on each rank's
-    clock, from its epoch after a common barrier; steps numbered). An
-    activation goes from F(j) of stage s to F(j) of stage s + 1, a gradient
-    from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
-    passes: dict[tuple[int, str, int, int], tuple[int, float, float]] = {}
-    previous_end: dict[tuple[int, str, int, int], float | None] = {}
-    for rank, mine in enumerate(events):
-        ordered = sorted((e for e in mine if e["cat"] in _PASS_CATEGORIES),
-                         key=lambda e: e["ts"])
-        for k, e in enumerate(ordered):
-            a = e["args"]
-            kind = "F" if e["cat"] == "F" else "B" if e["cat"] in ("B", "BW") else None
-            if kind is None:
-                continue
-            key = (a["step"], kind, a["microbatch"], a["stage"])
-            passes[key] = (rank, e["ts"], e["ts"] + e["dur"])
-            before = ordered[k - 1] if k else None
-            previous_end[key] = (before["ts"] + before["dur"]
-                                 if before is not None and before["args"]["step"] == a["step"]
-                                 else None)
-    found: dict[tuple[int, int], list[float]] = {}
-    for (step, kind, mb, stage), (rank, start, _) in passes.items():
-        made = passes.get((step, kind, mb, stage - 1 if kind == "F" else stage + 1))
-        if made is None or made[0] == rank:
-            continue
-        ready = previous_end[(step, kind, mb, stage)]
-        if ready is None or ready + overhead_ms * 1e3 < made[2]:
-            found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
-    return found
-
-
-def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: float
-                     ) -> float | None:
-    """`cost comm` from `transfer_latencies` (ms): the mean over pairs of ranks
-    of the mean of their two directions' mean latency (each rank's clock starts
-    after a barrier that the ranks leave at slightly different times: a skew
-    that lengthens one direction's transfers as much as it shortens the
-    other's), less the engine's overhead per pass, which the simulator already
-    charges the sender's pass. The mean, not the median: a step adds up the
-    transfers on its critical path, the rare one a stalled rank held included,
-    as it adds up passes (`semantics.pass_cost`). None without a transfer on
-    the critical path."""
-    pairs = []
-    for a, b in sorted({tuple(sorted(k)) for k in found}):
-        means = [pass_cost(found[k]) for k in ((a, b), (b, a)) if found.get(k)]
-        pairs.append(statistics.fmean(means))
-    if not pairs:
-        return None
-    return max(statistics.fmean(pairs) - overhead_ms, 0.0)
-
-
-_PASS_CATEGORIES = frozenset(k.value for k in PassKind)
-
-
 def overhead_per_pass(step_s: float, compute_s: float, events: list[dict[str, Any]],
                       passes: int) -> float:
     """The engine's work per pass in one step, in seconds: the step's time
@@ -1125,6 +1064,8 @@ def measure_pipeline(
     durations = {(k, s): v for k, s, v in rows}
     overhead, engine, optimizer_ms, jitter = _engine_summary(
         overheads, durations, {s: ms for s, ms in optimizer_rows}, num_stages)
+    from ppdsl.analysis.trace_timeline import pipeline_latency, transfer_latencies
+
     found: dict[tuple[int, int], list[float]] = {}
     for events in runs:  # the fused run, then the split run: every rank's events
         for pair, ms in transfer_latencies(events, overhead).items():

@@ -273,3 +273,31 @@ def test_a_pass_before_its_input_was_sent_fails_on_one_clock(tmp_path: Path, com
             "act(mb 0, stage 0->1, rank 0->1), which it takes") in err, err
     trace["otherData"]["clock"] = "rank"
     assert check_trace(write_trace(tmp_path / "t.json", trace))[0] == 0
+
+
+def test_transfers_on_the_critical_path_are_timed_on_one_clock(tmp_path: Path) -> None:
+    """On one clock the report times the transfers whose receiver was ready
+    first, from the sender's pass end to the receiver's pass start, and what
+    they make `cost comm`: on the simulator's own timeline under comm 0.5, 0.5;
+    on clocks of their own the line is left out."""
+    from ppdsl.costs_file import load_costs_file
+
+    costs = tmp_path / "costs.pp"
+    costs.write_text("schedule c {\n    cost F = 1\n    cost B = 1\n    cost W = 1\n"
+                     "    cost comm = 0.5\n}\n")
+    trace = _timeline_trace(compile_file(ZB_H1, {"d": "2", "m": "4"},
+                                         costs=load_costs_file(costs)))
+
+    def report() -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["trace", str(write_trace(tmp_path / "t.json", trace)),
+                         "--costs-from", str(costs)]) == 0
+        return out.getvalue()
+
+    text = report()
+    assert "transfers on the critical path (their receiver ready first): " in text, text
+    assert ("pass start mean 0.500 ms, median 0.500 ms; as `cost comm` (less the overhead "
+            "per pass) 0.500 ms (cost comm 0.500 ms)") in text, text
+    trace["otherData"]["clock"] = "rank"
+    assert "transfers on the critical path" not in report()

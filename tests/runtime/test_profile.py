@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from ppdsl.analysis.trace_timeline import pipeline_latency, transfer_latencies
 from ppdsl.cli import main
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.runtime.profile import (
@@ -29,9 +30,7 @@ from ppdsl.runtime.profile import (
     overhead_per_pass,
     pass_jitter,
     pipeline_devices,
-    pipeline_latency,
     to_costs_pp,
-    transfer_latencies,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
