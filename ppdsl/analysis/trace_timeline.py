@@ -19,7 +19,7 @@ from typing import Any
 from ppdsl.analysis.simulate import simulate
 from ppdsl.analysis.trace_check import PASS_CATEGORIES, TraceStep
 from ppdsl.ir.schedule import Costs, Schedule
-from ppdsl.semantics import PassKind, pass_cost
+from ppdsl.semantics import PassKind, TransferKind, pass_cost, receives, sends
 
 __all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "format_timeline"]
 
@@ -184,35 +184,36 @@ def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
     receiver was ready first (its previous pass of the step, with the
     `overhead_ms` the simulator adds to it, had ended before the sender's): a
     transfer on the critical path, as the simulator's `cost comm` stands for
-    it. `events`: one run's trace events per rank (microseconds on each rank's
-    clock, from its epoch after a common barrier; steps numbered). An
-    activation goes from F(j) of stage s to F(j) of stage s + 1, a gradient
-    from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
-    passes: dict[tuple[int, str, int, int], tuple[int, float, float]] = {}
-    previous_end: dict[tuple[int, str, int, int], float | None] = {}
+    it. `events`: one run's trace events per rank (microseconds on one clock,
+    steps numbered). Which pass takes a tensor from which is the semantics'
+    (`receives`, `sends`): an activation from F(j) of stage s to F(j) of stage
+    s + 1, a gradient from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
+    passes: dict[tuple[int, str, int, int], tuple[int, float, float, float | None]] = {}
     for rank, mine in enumerate(events):
         ordered = sorted((e for e in mine if e["cat"] in PASS_CATEGORIES),
                          key=lambda e: e["ts"])
-        for k, e in enumerate(ordered):
+        for before, e in zip([None, *ordered], ordered, strict=False):
             a = e["args"]
-            kind = "F" if e["cat"] == "F" else "B" if e["cat"] in ("B", "BW") else None
-            if kind is None:
-                continue
-            key = (a["step"], kind, a["microbatch"], a["stage"])
-            passes[key] = (rank, e["ts"], e["ts"] + e["dur"])
-            before = ordered[k - 1] if k else None
-            previous_end[key] = (before["ts"] + before["dur"]
-                                 if before is not None and before["args"]["step"] == a["step"]
-                                 else None)
+            ready = (before["ts"] + before["dur"]
+                     if before is not None and before["args"]["step"] == a["step"] else None)
+            passes[(a["step"], e["cat"], a["microbatch"], a["stage"])] = (
+                rank, e["ts"], e["ts"] + e["dur"], ready)
     found: dict[tuple[int, int], list[float]] = {}
-    for (step, kind, mb, stage), (rank, start, _) in passes.items():
-        made = passes.get((step, kind, mb, stage - 1 if kind == "F" else stage + 1))
-        if made is None or made[0] == rank:
-            continue
-        ready = previous_end[(step, kind, mb, stage)]
-        if ready is None or ready + overhead_ms * 1e3 < made[2]:
-            found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
+    for (step, cat, mb, stage), (rank, start, _, ready) in passes.items():
+        for carried, offset in receives(PassKind(cat)):
+            made = next((passes[key] for key in
+                         ((step, k.value, mb, stage + offset) for k in _MAKERS[carried])
+                         if key in passes), None)
+            if made is None or made[0] == rank:
+                continue
+            if ready is None or ready + overhead_ms * 1e3 < made[2]:
+                found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
     return found
+
+
+_MAKERS = {t: tuple(k for k in PassKind if any(c is t for c, _ in sends(k)))
+           for t in TransferKind}
+"""The pass kinds that make a tensor of each transfer kind."""
 
 
 def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: float
@@ -233,7 +234,6 @@ def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: flo
     if not pairs:
         return None
     return max(statistics.fmean(pairs) - overhead_ms, 0.0)
-
 
 
 def _late_receives(steps: Sequence[TraceStep]) -> list[float]:

@@ -153,9 +153,8 @@ class StepCosts:
     the time inside passes and waiting on receives, over the passes (posting
     transfers counts)."""
     engine_pass_ms: dict[str, float]
-    """The mean pass time as the engine ran it (`trace.pass_cost`), per `KIND` +
-    stage (`F0`), timed
-    as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
+    """The mean pass time as the engine ran it (`semantics.pass_cost`), per
+    `KIND` + stage (`F0`), timed as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
     costs `to_costs_pp` writes (profile = run)."""
     optimizer_ms: tuple[float, ...]
     """Per stage, the optimizer step of its parameters (with their norms)."""
@@ -831,8 +830,9 @@ def _engine_steps(
            list[dict[str, Any]]]:
     """(the overhead per pass of each timed step in seconds, the traced pass
     durations, per stage of this rank the optimizer step of each timed step in
-    ms, the timed steps' trace events) of the engine profile in `backward` form, this process being one of
-    `devices` ranks of the current process group. The overhead is the step's
+    ms, the timed steps' trace events) of the engine profile in `backward`
+    form, this process being one of `devices` ranks of the current process
+    group. The overhead is the step's
     time outside its passes and its waits on receives (the transfers' latency,
     `cost comm`): posting sends and receives is the rank's own work between
     passes, and counts. Each stage's `optimizer` step (with its gradient
@@ -1045,8 +1045,9 @@ def measure_pipeline(
     num_microbatches: int | None = None, precision: str = "fp32",
 ) -> tuple[float, dict[str, float], tuple[float, ...], float, float | None]:
     """What `measure_engine` returns, measured as a CPU run of `devices` ranks
-    sees it, and the transfers' latency in that pipeline (`pipeline_latency`): `devices` gloo processes on loopback (one torch thread each, freed
-    memory kept, as `ppdsl run`'s ranks), the model's stages placed looped
+    sees it, and the transfers' latency in that pipeline (`pipeline_latency`):
+    `devices` gloo processes on loopback (one torch thread each, freed memory
+    kept, as `ppdsl run`'s ranks), the model's stages placed looped
     (stage s on rank s mod `devices`, which must divide `num_stages`), each
     rank running its stages' microbatches back to back (m = 4 x `devices` by
     default) with real transfers between ranks and a barrier between steps.

@@ -57,13 +57,12 @@ class Tracer:
         self.step = 0
         self.timed = False
         self.shared_clock = False
-        """Whether `start` took the epoch of the group's first rank (`start`)."""
+        """Whether `start` took rank 0's epoch (one clock with it)."""
 
-    def start(self, group: Any = None) -> None:
-        """Take the epoch: call right after a barrier on every rank of `group`
-        (torch.distributed's; None: the default group), every rank at once. On
-        CPU a rank on the same host as the group's first rank then takes that
-        rank's epoch: `perf_counter` is the host's monotonic clock, so their
+    def start(self) -> None:
+        """Take the epoch: call right after a barrier, on every rank of the
+        default process group at once (when there is one). On CPU a rank on the
+        same host as rank 0 then takes rank 0's epoch: `perf_counter` is the host's monotonic clock, so their
         times compare exactly; a barrier alone leaves each rank's epoch where
         it left the barrier, milliseconds apart on busy cores (3.5 ms seen
         between two gloo ranks on 2 cores)."""
@@ -78,8 +77,8 @@ class Tracer:
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
-                every: list[Any] = [None] * dist.get_world_size(group)
-                dist.all_gather_object(every, (socket.gethostname(), self._epoch), group=group)
+                every: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(every, (socket.gethostname(), self._epoch))
                 if every[0][0] == socket.gethostname():
                     self._epoch = every[0][1]
                     self.shared_clock = True
