@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -102,6 +103,8 @@ __all__ = [
     "STEP_COSTS",
     "JITTER_DRAWS",
     "DEFAULT_STEP_COST",
+    "pass_cost",
+    "pass_jitter",
     "step_time",
     "WRITES_WEIGHT_GRADIENTS",
     "reduction_point",
@@ -628,6 +631,22 @@ def pass_cost(durations: Sequence[float]) -> float:
     (on this project's 2-core machine a tiny_gpt forward's mean is 1.06-1.13x
     its median)."""
     return math.fsum(durations) / len(durations)
+
+
+def pass_jitter(durations: Mapping[Any, Sequence[float]]) -> float:
+    """The spread of repeated pass durations (`cost jitter`): of log(duration /
+    the median of its pass kind and stage), pooled over every kind and stage,
+    the interquartile range / 1.349 (a normal distribution's standard
+    deviation from its quartiles: the bulk of the spread, not the rare pass a
+    busy machine descheduled, whose heavy tail the standard deviation follows
+    and a log-normal would then repeat on every pass); 0 with fewer than four
+    durations."""
+    logs = [math.log(x / statistics.median(values))
+            for values in durations.values() for x in values if x > 0 and len(values) > 1]
+    if len(logs) < 4:
+        return 0.0
+    first, _, third = statistics.quantiles(logs, n=4, method="inclusive")
+    return (third - first) / 1.349
 
 
 def step_time(last_end: Sequence[float], norm: float) -> float:

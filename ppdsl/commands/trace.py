@@ -27,7 +27,9 @@ from ppdsl.commands.common import (
     add_defines_argument,
     add_limit_arguments,
     costs_from_args,
+    output_file,
     parse_defines,
+    write_output,
 )
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.diagnostics import render_all
@@ -52,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top", type=int, default=5, metavar="N",
                         help="how many slipped passes to list (default 5)")
+    parser.add_argument(
+        "-o", "--output", metavar="COSTS.pp", default=None,
+        help="write the run's own costs as a costs file for --costs-from (what the trace "
+        "measured: passes, overhead, transfers, optimizer, jitter; the rest from the run's "
+        "costs, given again with --costs-from when the run had them)")
     add_limit_arguments(parser)
 
 
@@ -119,6 +126,8 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     if args.top < 0:
         raise UsageError(f"--top must be 0 or more, not {args.top}")
+    if args.output:
+        output_file(args.output)
     trace = read_trace(args.trace)
     compiled, in_ms = _compile(args, trace["otherData"])
     findings = check_trace(args.trace, trace, compiled.programs)
@@ -132,9 +141,45 @@ def run(args: argparse.Namespace) -> ExitCode:
     print(f"{args.trace}: conforms to the rank programs of {compiled.schedule.name} "
           f"({len({s.rank for s in steps})} ranks, {len({s.step for s in steps})} steps: "
           "every pass once, in order; every exchange as proven)")
+    one_clock = trace["otherData"].get("clock") == "host"
     if not args.check_only and steps:
         print()
-        one_clock = trace["otherData"].get("clock") == "host"
         sys.stdout.write(format_timeline(compare_timeline(steps, compiled.schedule, in_ms,
                                                           args.top, one_clock)))
+    if args.output and steps:
+        _write_costs(args, trace["otherData"], steps, compiled, in_ms, one_clock)
     return ExitCode.OK
+
+
+def _write_costs(args: argparse.Namespace, meta: dict[str, Any], steps: list[Any],
+                 compiled: Compiled, in_ms: bool, one_clock: bool) -> None:
+    """`-o COSTS.pp`: the run's own costs (`analysis.calibrate`)."""
+    import shlex
+
+    from ppdsl import __version__
+    from ppdsl.analysis.calibrate import CalibrationError, calibrate, costs_text
+
+    schedule = compiled.schedule
+    found = calibrate(steps, schedule, one_clock, schedule.costs.norm if in_ms else 0.0)
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    params = ", ".join(f"{k}={v}" for k, v in (meta.get("params") or {}).items())
+    header = [
+        f"Measured from a run's trace by ppdsl trace {__version__}: ppdsl "
+        + " ".join(shlex.quote(a) for a in argv),
+        f"the run: {meta.get('schedule', schedule.name)}"
+        + (f" ({params})" if params else "")
+        + f", {meta.get('device', '?')}, {meta.get('steps', '?')} steps"
+        + (f", costs from {meta['costs_from']}" if meta.get("costs_from") else "")
+        + "; costs in milliseconds ("
+        + ("CUDA events" if str(meta.get("device", "")).startswith("cuda") else "wall time") + ")",
+    ]
+    try:
+        # the compiled memory model is the run's unless the run had a costs file
+        # that was not given again
+        text = costs_text(found, schedule, in_ms, header,
+                          memory=bool(args.costs_from) or not meta.get("costs_from"))
+    except CalibrationError as exc:
+        raise UsageError(f"{args.trace}: {exc}") from None
+    write_output(args.output, text)
+    print(f"wrote the run's own costs to {args.output}; use them with --costs-from "
+          f"{args.output}", file=sys.stderr)

@@ -52,14 +52,14 @@ from typing import Any
 import torch
 
 from ppdsl import __version__
-from ppdsl.costs_file import PROFILED_STAGES
+from ppdsl.costs_file import PROFILED_STAGES, cost_decimal, per_stage_text
 from ppdsl.ir.schedule import PassKind
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.precision import autocast_dtype
 from ppdsl.runtime.split import NORMS, WStash, backward_input, uncovered_parameters
-from ppdsl.semantics import pass_cost
+from ppdsl.semantics import pass_cost, pass_jitter
 
 __all__ = [
     "StageProfile",
@@ -947,24 +947,6 @@ def _engine_summary(
             tuple(optimizer_ms[s] for s in range(num_stages)), pass_jitter(durations))
 
 
-def pass_jitter(durations: dict[Any, list[float]]) -> float:
-    """The spread of repeated pass durations (`cost jitter`): of log(duration /
-    the median of its pass kind and stage), pooled over every kind and stage,
-    the interquartile range / 1.349 (a normal distribution's standard
-    deviation from its quartiles: the bulk of the spread, not the rare pass a
-    busy machine descheduled, whose heavy tail the standard deviation follows
-    and a log-normal would then repeat on every pass); 0 with fewer than four
-    durations."""
-    import math
-
-    logs = [math.log(x / statistics.median(values))
-            for values in durations.values() for x in values if x > 0 and len(values) > 1]
-    if len(logs) < 4:
-        return 0.0
-    first, _, third = statistics.quantiles(logs, n=4, method="inclusive")
-    return (third - first) / 1.349
-
-
 def measure_engine(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, *,
     optimizer: str = "adam", warmup: int = 2, repeats: int = 5, num_microbatches: int = 2,
@@ -1320,37 +1302,16 @@ def _norms_pass(norms: str) -> str:
     return "B" if norms == "in-b" else "W"
 
 
-def _decimal(x: float, digits: int = 4) -> str:
-    """A short exact decimal the language reads (`0.0123`), never 0 for x > 0."""
-    if x <= 0:
-        return "0"
-    text = f"{x:.{digits}f}".rstrip("0").rstrip(".")
-    if float(text) == 0:
-        text = f"{x:.{digits}e}"
-        mantissa, exp = text.split("e")
-        return f"{float(mantissa)} / {10 ** -int(exp)}" if int(exp) < 0 else mantissa
-    return text
-
-
-def _per_stage(values: list[str]) -> str:
-    if len(set(values)) == 1:
-        return values[0]
-    text = values[-1]
-    for s in range(len(values) - 2, -1, -1):
-        text = f"s == {s} ? {values[s]} : {text}"
-    return text
-
-
 def _step_statements(step: StepCosts | None) -> list[str]:
     """`cost overhead`, `cost optimizer[s]`, `cost norm` (those measured)."""
     if step is None:
         return []
-    lines = [f"    cost overhead = {_decimal(step.overhead_ms)}",
-             "    cost optimizer[s] = " + _per_stage([_decimal(x) for x in step.optimizer_ms])]
+    lines = [f"    cost overhead = {cost_decimal(step.overhead_ms)}",
+             "    cost optimizer[s] = " + per_stage_text([cost_decimal(x) for x in step.optimizer_ms])]
     if step.norm_ms is not None:
-        lines.append(f"    cost norm = {_decimal(step.norm_ms)}")
+        lines.append(f"    cost norm = {cost_decimal(step.norm_ms)}")
     if step.jitter > 0:
-        lines.append(f"    cost jitter = {_decimal(step.jitter)}")
+        lines.append(f"    cost jitter = {cost_decimal(step.jitter)}")
     return lines
 
 
@@ -1413,19 +1374,19 @@ def to_costs_pp(profile: Profile, command: str | None = None) -> str:
         "# Use with: ppdsl check|show|stats|compare|search ... --costs-from THIS_FILE",
         "schedule profile {",
         f"    let {PROFILED_STAGES} = {profile.num_stages}",
-        *(f"    cost {kind}[s] = " + _per_stage([_decimal(x) for x in values])
+        *(f"    cost {kind}[s] = " + per_stage_text([cost_decimal(x) for x in values])
           for kind, values in kinds.items()),
-        f"    cost comm = {_decimal(profile.comm_ms())}",
-        *([f"    cost recv = {_decimal(profile.recv_ms)}"] if profile.recv_ms is not None else []),
+        f"    cost comm = {cost_decimal(profile.comm_ms())}",
+        *([f"    cost recv = {cost_decimal(profile.recv_ms)}"] if profile.recv_ms is not None else []),
         *([
-            "    cost reduce[s] = " + _per_stage([_decimal(s.reduce_ms or 0.0) for s in stages]),
-            "    cost gather[s] = " + _per_stage([_decimal(s.gather_ms or 0.0) for s in stages]),
+            "    cost reduce[s] = " + per_stage_text([cost_decimal(s.reduce_ms or 0.0) for s in stages]),
+            "    cost gather[s] = " + per_stage_text([cost_decimal(s.gather_ms or 0.0) for s in stages]),
         ] if profile.dp > 1 else []),
         *_step_statements(profile.step),
         "    memory M_B[s] = "
-        + _per_stage([_decimal(s.timing.activation_bytes / unit) for s in stages]),
+        + per_stage_text([cost_decimal(s.timing.activation_bytes / unit) for s in stages]),
         "    memory M_W[s] = "
-        + _per_stage([_decimal(s.timing.weight_bytes / unit) for s in stages]),
+        + per_stage_text([cost_decimal(s.timing.weight_bytes / unit) for s in stages]),
         "}",
     ]
     return "\n".join(lines) + "\n"

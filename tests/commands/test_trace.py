@@ -301,3 +301,117 @@ def test_transfers_on_the_critical_path_are_timed_on_one_clock(tmp_path: Path) -
             "per pass) 0.500 ms (cost comm 0.500 ms)") in text, text
     trace["otherData"]["clock"] = "rank"
     assert "transfers on the critical path" not in report()
+
+
+def _simulated_run(compiled, optimizer_ms: tuple[float, ...], norm_ms: float,  # type: ignore[no-untyped-def]
+                   num_steps: int = 2) -> dict:
+    """What a run on one clock would trace if it ran as the simulator says: each
+    pass a slice of its cost, the engine's overhead after it, a wait slice
+    where the rank idles for a transfer, exchanges posted as each pass ends,
+    then per rank its optimizer step: all of them start the norm all-reduce when
+    the last rank arrives, then step for `optimizer_ms` of the rank."""
+    timeline, costs = compiled.timeline, compiled.schedule.costs
+    overhead = costs.overhead[0] if costs.overhead else 0.0
+    events: list[dict] = []
+    origin = 0.0
+    for step in range(num_steps):
+        reached = {}
+        for program in compiled.programs:
+            rank, k = program.rank, 0
+            busy = 0.0  # when the rank is free again (ms from the step's origin)
+            for op in program.ops:
+                if hasattr(op, "pass_"):
+                    p = op.pass_
+                    start, end = timeline.start[rank][k], timeline.end[rank][k]
+                    if start > busy + 1e-9:
+                        events.append({"name": "wait", "cat": "exchange", "ph": "X", "pid": rank,
+                                       "tid": 0, "ts": (origin + busy) * 1e3,
+                                       "dur": (start - busy) * 1e3, "args": {"step": step}})
+                    events.append({"name": f"{p.kind.value}{p.microbatch}", "cat": p.kind.value,
+                                   "ph": "X", "pid": rank, "tid": 0, "ts": (origin + start) * 1e3,
+                                   "dur": (end - start - overhead) * 1e3,
+                                   "args": {"stage": p.stage, "microbatch": p.microbatch,
+                                            "step": step}})
+                    k, busy = k + 1, end
+                elif op.sends or op.recvs:
+                    at = busy - overhead if k else busy
+                    events.append({"name": "exchange", "cat": "exchange", "ph": "X", "pid": rank,
+                                   "tid": 0, "ts": (origin + at) * 1e3, "dur": 0.0,
+                                   "args": {"sends": [str(t) for t in op.sends],
+                                            "recvs": [str(t) for t in op.recvs], "step": step}})
+            reached[rank] = busy
+        last = max(reached.values())
+        for rank, at in reached.items():
+            events.append({"name": "optimizer", "cat": "optimizer", "ph": "X", "pid": rank,
+                           "tid": 0, "ts": (origin + at) * 1e3,
+                           "dur": (last + norm_ms + optimizer_ms[rank] - at) * 1e3,
+                           "args": {"step": step}})
+        origin += last + norm_ms + max(optimizer_ms) + 1.0
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": compiled.schedule.name, "file": ZB_H1,
+                          "params": {str(k): v for k, v in compiled.schedule.params},
+                          "costs_from": "costs.pp", "clock": "host", "device": "cpu",
+                          "steps": num_steps}}
+
+
+def test_run_costs_from_a_trace_are_the_costs_it_ran_under(tmp_path: Path) -> None:
+    """`ppdsl trace -o COSTS.pp` (docs/runtime.md, "A run's own costs"): a trace of
+    a run that went exactly as the simulator says under a costs file gives that
+    file back: the passes per kind and stage, the overhead, `cost comm` from the
+    transfers on the critical path, each stage's optimizer step from the moment
+    the last rank reached the norm all-reduce; norm and memory from the costs
+    given again."""
+    from ppdsl.costs_file import load_costs_file
+
+    costs = tmp_path / "costs.pp"
+    costs.write_text(
+        "schedule c {\n    let profiled_stages = 2\n    cost F[s] = s == 0 ? 1 : 1.5\n"
+        "    cost B[s] = s == 0 ? 1.25 : 2\n    cost W[s] = s == 0 ? 0.5 : 0.75\n"
+        "    cost comm = 0.25\n    cost overhead = 0.125\n    cost optimizer[s] = s == 0 ? 3 : 2\n"
+        "    cost norm = 0.5\n    memory M_B[s] = s == 0 ? 1 : 3 / 4\n    memory M_W = 1 / 4\n}\n")
+    given = load_costs_file(costs)
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"}, costs=given)
+    trace = write_trace(tmp_path / "t.json", _simulated_run(compiled, (3.0, 2.0), 0.5))
+    out = tmp_path / "own.pp"
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["trace", str(trace), "--costs-from", str(costs), "-o", str(out)]) == 0
+    assert f"wrote the run's own costs to {out}" in err.getvalue()
+    text = out.read_text()
+    assert "# from the run's costs (a trace does not show them): BW, norm, memory" in text, text
+    own = compile_file(ZB_H1, {"d": "2", "m": "4"}, costs=load_costs_file(out)).schedule
+    for kind in ("F", "B", "W"):
+        assert getattr(own.costs, {"F": "forward", "B": "backward_input",
+                                   "W": "backward_weight"}[kind]) == pytest.approx(
+            getattr(compiled.schedule.costs, {"F": "forward", "B": "backward_input",
+                                              "W": "backward_weight"}[kind])), kind
+    assert own.costs.overhead[0] == pytest.approx(0.125)
+    assert own.costs.comm == pytest.approx(0.25)
+    assert own.costs.optimizer == pytest.approx((3.0, 2.0))
+    assert own.costs.norm == 0.5 and own.costs.jitter == 0.0
+    assert own.memory == compiled.schedule.memory
+    assert own.costs.recv == 0.0  # no receive was posted after its send
+
+
+def test_run_costs_need_the_kinds_the_run_did_not_measure(tmp_path: Path) -> None:
+    """A fused schedule's run measures no B or W: without its costs in ms, `-o`
+    is a usage error (exit 2) that says what to give; with them, B and W are
+    taken from them (BW as the run measured it: 2 units) and the file says so."""
+    one_f_one_b = str(ROOT / "examples" / "1f1b.pp")
+    compiled = compile_file(one_f_one_b, {"d": "2", "m": "4"})
+    trace = _simulated_run(compiled, (1.0, 1.0), 0.0)
+    trace["otherData"].update(file=one_f_one_b, costs_from=None)
+    path = write_trace(tmp_path / "t.json", trace)
+    out, err = tmp_path / "own.pp", io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["trace", str(path), "-o", str(out)]) == 2
+    assert (f"{path}: the run ran no B pass and its costs are not in ms: give the costs file "
+            "it ran with (or a profile's), `--costs-from FILE`") in err.getvalue(), err.getvalue()
+    assert not out.exists()
+    costs = tmp_path / "costs.pp"
+    costs.write_text("schedule c {\n    cost F = 1\n    cost B = 0.75\n    cost W = 0.25\n}\n")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["trace", str(path), "--costs-from", str(costs), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "    cost B[s] = 0.75\n    cost W[s] = 0.25\n    cost BW[s] = 2\n" in text, text
+    assert "# from the run's costs (a trace does not show them): B, W, memory\n" in text, text

@@ -76,7 +76,7 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
     makespan under the costs file (125 ms, 115 ms), and the measured step time is
     at least it and well below running the ranks one after another; `ppdsl trace`
     finds the trace conforming to the rank programs and reports it beside the
-    same prediction."""
+    same prediction, and `-o` writes the run's own costs (docs/runtime.md)."""
     costs = tmp_path / "sleepy.pp"
     costs.write_text(
         "schedule sleepy {\n    let profiled_stages = 2\n    cost F = 10\n    cost B = 10\n"
@@ -111,9 +111,20 @@ def test_run_trace_and_predicted_step_time(tmp_path: Path, stem: str) -> None:
                 sleep = SLEEP["B"] + SLEEP["W"] if e["cat"] == "BW" else SLEEP[e["cat"]]
                 assert e["dur"] >= sleep * 1e3 and e["ts"] >= 0, e
     assert_trace_conforms(trace_path)
-    report = subprocess.run([sys.executable, "-m", "ppdsl", "trace", str(trace_path)],
+    own = tmp_path / "own.pp"
+    report = subprocess.run([sys.executable, "-m", "ppdsl", "trace", str(trace_path),
+                             "--costs-from", str(costs), "-o", str(own)],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert report.returncode == 0, report.stderr
+    # the run's own costs (`-o`): each pass at least its sleep; the kinds this
+    # schedule never ran (B and W of the fused 1F1B) are the costs file's
+    measured = compile_file(schedule, {"d": "2", "m": "4"}, costs=load_costs_file(own)).schedule
+    ran = {"1f1b": {"F": 10, "BW": 15}, "zb_h1": {"F": 10, "B": 10, "W": 5}}[stem]
+    for kind, sleep in {"F": 10, "B": 10, "W": 5, "BW": 15}.items():
+        values = measured.costs.per_stage(PassKind(kind))
+        assert all(sleep < v < 3 * sleep for v in values) if kind in ran else \
+            values == (sleep, sleep), (kind, values)
+    assert measured.costs.overhead and measured.costs.optimizer, own.read_text()
     for rank in (0, 1):  # the profile's F = 10 ms beside the measured median
         assert f"   {rank}  F            4" in report.stdout and "10.000" in report.stdout
     assert f"predicted {CLOSED_FORM_MS[stem]:.3f} ms under the schedule's costs" in report.stdout
