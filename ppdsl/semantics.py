@@ -81,6 +81,7 @@ __all__ = [
     "receives",
     "sends",
     "transfer_pass",
+    "transfer_passes",
     "MEMORY_COEFFICIENTS",
     "RECOMPUTE_MEMORY_COEFFICIENTS",
     "memory_delta",
@@ -362,11 +363,20 @@ def sends(kind: PassKind) -> tuple[tuple[TransferKind, int], ...]:
     return tuple(found)
 
 
+def transfer_passes(transfer: TransferKind, sending: bool) -> tuple[PassKind, ...]:
+    """Every pass kind that produces (`sending`) or consumes a tensor of kind
+    `transfer`, fused and split backward alike (a trace's passes are matched
+    to their transfers with it; `transfer_pass` picks a schedule's one)."""
+    return tuple(k for k in KINDS
+                 if any(t is transfer for t, _ in (sends(k) if sending else receives(k))))
+
+
 def transfer_pass(transfer: TransferKind, sending: bool, split_backward: bool) -> PassKind:
     """The pass of a schedule that produces (`sending`) or consumes a tensor of
     kind `transfer`."""
-    for kind in pass_kinds(split_backward):
-        if any(t is transfer for t, _ in (sends(kind) if sending else receives(kind))):
+    kinds = pass_kinds(split_backward)
+    for kind in transfer_passes(transfer, sending):
+        if kind in kinds:
             return kind
     raise ValueError(f"no pass {'sends' if sending else 'receives'} {transfer.value}")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer
-from ppdsl.semantics import PassKind, TransferKind, receives
+from ppdsl.semantics import PassKind, transfer_passes
 
 __all__ = ["TraceStep", "PASS_CATEGORIES", "steps_of", "check_trace"]
 
@@ -109,11 +109,6 @@ def check_trace(
     return findings
 
 
-_TAKEN_BY = {t: frozenset(k.value for k in PassKind if any(c is t for c, _ in receives(k)))
-             for t in TransferKind}
-"""The pass kinds that take a tensor of each transfer kind."""
-
-
 def _check_causality(where: str, steps: Sequence[TraceStep],
                      programs: Sequence[RankProgram]) -> list[str]:
     """On one clock: every pass that takes a tensor from another rank started
@@ -134,7 +129,7 @@ def _check_causality(where: str, steps: Sequence[TraceStep],
                 if t is None:
                     continue
                 receiver = s.rank - s.rank % num_ranks + t.dst_rank
-                for kind in sorted(_TAKEN_BY[t.kind]):
+                for kind in sorted(k.value for k in transfer_passes(t.kind, sending=False)):
                     start = started.get((receiver, s.step, kind, t.microbatch, t.dst_stage))
                     if start is not None and start < float(e["ts"]):
                         findings.append(

@@ -19,7 +19,7 @@ from typing import Any
 from ppdsl.analysis.simulate import simulate
 from ppdsl.analysis.trace_check import PASS_CATEGORIES, TraceStep
 from ppdsl.ir.schedule import Costs, Schedule
-from ppdsl.semantics import PassKind, TransferKind, pass_cost, receives, sends
+from ppdsl.semantics import PassKind, pass_cost, receives, transfer_passes
 
 __all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "format_timeline"]
 
@@ -202,18 +202,14 @@ def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
     for (step, cat, mb, stage), (rank, start, _, ready) in passes.items():
         for carried, offset in receives(PassKind(cat)):
             made = next((passes[key] for key in
-                         ((step, k.value, mb, stage + offset) for k in _MAKERS[carried])
+                         ((step, k.value, mb, stage + offset)
+                          for k in transfer_passes(carried, sending=True))
                          if key in passes), None)
             if made is None or made[0] == rank:
                 continue
             if ready is None or ready + overhead_ms * 1e3 < made[2]:
                 found.setdefault((made[0], rank), []).append((start - made[2]) / 1e3)
     return found
-
-
-_MAKERS = {t: tuple(k for k in PassKind if any(c is t for c, _ in sends(k)))
-           for t in TransferKind}
-"""The pass kinds that make a tensor of each transfer kind."""
 
 
 def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: float
