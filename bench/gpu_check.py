@@ -235,6 +235,16 @@ def shared_schedules(cuda: bool, work: Path) -> list[Row]:
     rows.append(Row("c", "ZB-V d=4 ppdsl run --share-gpu --trace",
                     f"{trace.stat().st_size} B trace" if ok else _tail(done.stderr),
                     "a trace", "ok" if ok else "FAIL"))
+    if ok:  # the trace checked against the proof, and the run's own costs from it
+        own = work / "zb_v_own.pp"
+        done = _run([sys.executable, "-m", "ppdsl", "trace", str(trace), "-o", str(own)],
+                    timeout=120, label="c-zb_v-own-costs")
+        costs = [line.strip() for line in own.read_text().splitlines()
+                 if line.strip().startswith(("cost F", "cost B", "cost W", "cost overhead"))
+                 ] if done.returncode == 0 and own.exists() else []
+        rows.append(Row("c", "ppdsl trace -o: conforms, the run's own costs (ms)",
+                        "; ".join(costs) if costs else _tail(done.stderr + done.stdout),
+                        "conforms, a costs file", "ok" if costs else "FAIL"))
     return rows
 
 
