@@ -787,8 +787,9 @@ def _summary(run: _Run) -> None:
             print(replicas_summary(everyone, num_ranks, opts.dp_mode), flush=True)
         print(timing_summary(plan, mine), flush=True)
         if opts.trace:
-            print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev)",
-                  flush=True)
+            print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev; "
+                  f"`ppdsl trace {opts.trace}` checks it against the proof and lays it beside "
+                  "the simulation, `-o own.pp` writes this run's own costs)", flush=True)
 
 
 GAP_TO_EXPLAIN = 1.10
