@@ -199,7 +199,9 @@ def test_engine_that_reorders_passes_fails_the_check(one_rank, tmp_path: Path) -
 def test_late_receives_are_timed_against_cost_recv(tmp_path: Path) -> None:
     """`cost recv` checked against a run (docs/language.md): the report times each
     receive whose send was posted before the receiver posted it, from that post to
-    the end of the wait that hands over the tensor, beside the costs' `recv`."""
+    the end of the wait that hands over the tensor, beside the costs' `recv`;
+    the run's own costs take their median (docs/runtime.md)."""
+    from ppdsl.analysis.calibrate import calibrate
     from ppdsl.analysis.trace_check import steps_of
     from ppdsl.analysis.trace_timeline import compare_timeline, format_timeline
     from ppdsl.costs_file import load_costs_file
@@ -223,6 +225,8 @@ def test_late_receives_are_timed_against_cost_recv(tmp_path: Path) -> None:
     report = compare_timeline(steps_of(trace), compiled.schedule, costs_in_ms=True)
     assert sorted(report.late_receives_ms) == pytest.approx([0.1, 0.1, 0.1, 0.5])
     assert report.recv_ms == 0.25
+    # the run's own `cost recv` (`ppdsl trace -o`) is their median, not the mean (0.2)
+    assert calibrate(steps_of(trace), compiled.schedule, False).recv_ms == pytest.approx(0.1)
     assert ("receives posted after their data was sent: 4, from posting to holding the "
             "tensor median 0.100 ms (cost recv 0.250 ms)") in format_timeline(report)
 
