@@ -134,14 +134,20 @@ def _profile_drift(engines: dict[int, list[dict[str, float]]]) -> list[float]:
 
 def _run(schedule: list[str], model: str, steps: int, costs: Path, engine: dict[str, float],
          out: Path) -> dict[str, float]:
-    """One `ppdsl run` of `schedule` under `costs`: what the table prints of it."""
+    """One `ppdsl run` of `schedule` under `costs`: what the table prints of it,
+    with the step predicted from the run's own costs (`ppdsl trace -o`)."""
+    trace, own = out.with_suffix(".trace.json"), out.with_suffix(".own.pp")
     _ppdsl("run", *schedule, "--model", model, "--steps", str(steps), "--device", "cpu",
-           "--costs-from", str(costs), "--json", str(out))
+           "--costs-from", str(costs), "--json", str(out), "--trace", str(trace))
+    _ppdsl("trace", str(trace), "--costs-from", str(costs), "--check-only", "-o", str(own))
+    calibrated = json.loads(_ppdsl("stats", *schedule, "--costs-from", str(own),
+                                   "--json").stdout)["step_time"]
     r = json.loads((out / "rank0.json").read_text())
     ran = r.get("measured_pass_ms") or {}
     return {
         "measured": r["median_step_time_ms"], "predicted": r["predicted_step_time_ms"],
         "makespan": r["predicted_makespan"], "own": r.get("resimulated_step_time_ms") or math.nan,
+        "calibrated": calibrated,
         "spread": _spread(r.get("step_times_ms") or []),
         "passes": statistics.median([ran[k] / engine[k] for k in ran if engine.get(k)]
                                     or [math.nan]),
@@ -161,7 +167,7 @@ def main() -> None:
           f"{_load()}")
     print(f"{'model':<21} {'schedule':<6} {'d':>2} {'T_F ms':>7} {'measured ms':>11} "
           f"{'predicted ms':>12} {'meas/pred':>9} {'rounds':>11} {'w/o recv':>8} "
-          f"{'makespan only':>13} {'spread':>6} {'passes':>6} {'own':>5}  note")
+          f"{'makespan only':>13} {'spread':>6} {'passes':>6} {'own':>5} {'run costs':>9}  note")
     checked: list[float] = []
     drifts: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,7 +223,7 @@ def main() -> None:
                           f"{med('predicted'):12.1f} {ratio:9.3f} "
                           f"{min(ratios):5.3f}-{max(ratios):5.3f} {rel('norecv'):8.3f} "
                           f"{rel('makespan'):13.3f} {med('spread'):6.2f} {med('passes'):6.2f} "
-                          f"{rel('own'):5.3f}  {note}", flush=True)
+                          f"{rel('own'):5.3f} {rel('calibrated'):9.3f}  {note}", flush=True)
     print(f"load average after: {_load()}")
     if drifts:
         print("this machine between two profiles (a round's profiled pass costs over the round "
@@ -236,7 +242,8 @@ def main() -> None:
           "passes: the median over pass kinds and stages of the run's mean pass time / "
           "the profile's; own: measured / the step simulated under the run's own mean pass "
           "times and the profile's other costs (the model's error once the pass costs are "
-          "right)")
+          "right); run costs: measured / the step `ppdsl stats` predicts from the run's own "
+          "costs (`ppdsl trace -o`: every cost it measured, the rest the profile's)")
     if checked:
         print(f"d <= {cores} (one rank per core): measured/predicted from {min(checked):.3f} to "
               f"{max(checked):.3f}; target <= 1.05")
