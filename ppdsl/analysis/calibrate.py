@@ -10,7 +10,7 @@ there are more):
 
 - `cost F`, `B`, `W`, `BW`, `R` per stage: the mean duration of the kind's
   passes on that stage (`semantics.pass_cost`), over every rank that holds it;
-- `cost overhead`: the median over ranks and steps of the rank's step window
+- `cost overhead`: the mean over ranks and steps of the rank's step window
   less its passes, its waits on receives, its optimizer step and its data
   batch, per pass (`profile.overhead_per_pass`: posting transfers counts);
 - `cost comm` (one clock only): the transfers on the critical path, from the
@@ -24,8 +24,8 @@ there are more):
   ms against a median of 0.28 on a tiny_gpt ZB-V run, d = 2, where the mean
   predicted its step at 0.91 of the measured one and the median at 1.04),
   which `cost jitter` and `cost comm` already carry;
-- `cost optimizer[s]`: per rank, on one clock, from the moment the last rank
-  reached its optimizer step (the gradient-norm all-reduce starts then) to the
+- `cost optimizer[s]`: per rank, the mean over steps, on one clock from the
+  moment the last rank reached its optimizer step (the gradient-norm all-reduce starts then) to the
   end of its own, less `cost norm`; on clocks of their own, the slice less
   `cost norm` (the wait for the slowest rank then stays in). A rank holding
   several stages has its time split evenly between them;
@@ -47,7 +47,13 @@ from fractions import Fraction
 from typing import Any
 
 from ppdsl.analysis.trace_check import PASS_CATEGORIES, TraceStep
-from ppdsl.analysis.trace_timeline import _late_receives, pipeline_latency, transfer_latencies
+from ppdsl.analysis.trace_timeline import (
+    compared_steps,
+    critical_transfers,
+    late_receives,
+    pipeline_latency,
+    window_ms,
+)
 from ppdsl.costs_file import cost_decimal, per_stage_text
 from ppdsl.ir.schedule import Schedule
 from ppdsl.semantics import PassKind, pass_cost, pass_jitter
@@ -93,10 +99,7 @@ def calibrate(steps: Sequence[TraceStep], schedule: Schedule, one_clock: bool,
     the run ran: its placement says which rank holds which stage); `one_clock`:
     the trace's ranks share one clock; `norm_ms`: the norm all-reduce, taken
     out of the optimizer slices."""
-    num_ranks = schedule.placement.num_devices
-    every = sorted({s.step for s in steps})
-    compared = tuple(every[1:] if len(every) > 1 else every)
-    mine = [s for s in steps if s.step in compared]
+    compared, mine = compared_steps(steps)
     durations: dict[tuple[PassKind, int], list[float]] = {}
     for s in mine:
         for e in s.passes:
@@ -105,14 +108,9 @@ def calibrate(steps: Sequence[TraceStep], schedule: Schedule, one_clock: bool,
     pass_ms = {kind: tuple(pass_cost(durations[(kind, st)]) if durations.get((kind, st)) else None
                            for st in range(schedule.num_stages)) for kind in PassKind}
     overhead = _overhead(mine)
-    critical: dict[tuple[int, int], list[float]] = {}
-    if one_clock:
-        per_rank: list[list[dict[str, Any]]] = [[] for _ in range(num_ranks)]
-        for s in mine:
-            if s.rank < num_ranks:
-                per_rank[s.rank].extend(s.passes)
-        critical = transfer_latencies(per_rank, overhead)
-    late = _late_receives(mine)
+    critical = (critical_transfers(mine, schedule.placement.num_devices, overhead)
+                if one_clock else {})
+    late = late_receives(mine)
     return Calibration(
         steps=compared,
         pass_ms=pass_ms,
@@ -125,13 +123,10 @@ def calibrate(steps: Sequence[TraceStep], schedule: Schedule, one_clock: bool,
     )
 
 
-def _window(s: TraceStep) -> float:
-    return (max(e["ts"] + e["dur"] for e in s.events) - min(e["ts"] for e in s.events)) / 1e3
-
-
 def _overhead(steps: Sequence[TraceStep]) -> float:
-    """The median over ranks and steps of the engine's work per pass: the step
-    window less its passes, waits, optimizer step and data batch."""
+    """The mean over ranks and steps of the engine's work per pass: the step
+    window less its passes, waits, optimizer step and data batch (a mean, as
+    `pass_cost`: every pass's overhead adds to the step)."""
     found = []
     for s in steps:
         passes = s.passes
@@ -139,8 +134,8 @@ def _overhead(steps: Sequence[TraceStep]) -> float:
             continue
         spent = sum(e["dur"] for e in s.events
                     if e["cat"] in _NOT_OVERHEAD or e.get("name") == "wait") / 1e3
-        found.append(max(_window(s) - spent, 0.0) / len(passes))
-    return float(statistics.median(found)) if found else 0.0
+        found.append(max(window_ms(s) - spent, 0.0) / len(passes))
+    return pass_cost(found) if found else 0.0
 
 
 def _optimizer(steps: Sequence[TraceStep], schedule: Schedule, one_clock: bool,
@@ -165,7 +160,7 @@ def _optimizer(steps: Sequence[TraceStep], schedule: Schedule, one_clock: bool,
     for stage in range(schedule.num_stages):
         holds = sum(1 for d in device if d == device[stage])
         values = [x for rank, v in per_rank.items() if rank % num_ranks == device[stage] for x in v]
-        found.append(max(float(statistics.median(values)), 0.0) / holds if values else 0.0)
+        found.append(max(pass_cost(values), 0.0) / holds if values else 0.0)
     return tuple(found)
 
 

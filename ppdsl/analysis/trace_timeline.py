@@ -21,7 +21,9 @@ from ppdsl.analysis.trace_check import PASS_CATEGORIES, TraceStep
 from ppdsl.ir.schedule import Costs, Schedule
 from ppdsl.semantics import PassKind, pass_cost, receives, transfer_passes
 
-__all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "format_timeline"]
+__all__ = ["KindTimes", "Slip", "TimelineReport", "compare_timeline", "compared_steps",
+           "critical_transfers", "format_timeline", "late_receives", "pipeline_latency",
+           "transfer_latencies", "window_ms"]
 
 OUTSIDE_CAUSES = ("exchange", "optimizer", "data", "other")
 """What a step holds besides passes, as the trace records it: the exchanges
@@ -101,6 +103,32 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def compared_steps(steps: Sequence[TraceStep]) -> tuple[tuple[int, ...], list[TraceStep]]:
+    """The steps a trace is judged by (every step after the first, which runs
+    the memory meter with cold caches; the only one when there is one) and
+    the ranks' slices of them."""
+    every = sorted({s.step for s in steps})
+    compared = tuple(every[1:] if len(every) > 1 else every)
+    return compared, [s for s in steps if s.step in compared]
+
+
+def window_ms(step: TraceStep) -> float:
+    """A rank's step, ms from the start of its first slice to the end of its last."""
+    return (max(e["ts"] + e["dur"] for e in step.events)
+            - min(e["ts"] for e in step.events)) / 1e3
+
+
+def critical_transfers(steps: Sequence[TraceStep], num_ranks: int, overhead_ms: float
+                       ) -> dict[tuple[int, int], list[float]]:
+    """`transfer_latencies` of the first pipeline's ranks (a data-parallel
+    replica repeats the same passes) over `steps`, on one clock."""
+    per_rank: list[list[dict[str, Any]]] = [[] for _ in range(num_ranks)]
+    for s in steps:
+        if s.rank < num_ranks:
+            per_rank[s.rank].extend(s.passes)
+    return transfer_latencies(per_rank, overhead_ms)
+
+
 def compare_timeline(
     steps: Sequence[TraceStep], schedule: Schedule, costs_in_ms: bool, top: int = 5,
     one_clock: bool = False,
@@ -110,9 +138,7 @@ def compare_timeline(
     `one_clock`: every rank's times on one clock (the trace's `clock` "host"),
     so transfers are timed from one rank to another."""
     num_ranks = schedule.placement.num_devices
-    all_steps = sorted({s.step for s in steps})
-    compared = tuple(all_steps[1:] if len(all_steps) > 1 else all_steps)
-    mine = [s for s in steps if s.step in compared]
+    compared, mine = compared_steps(steps)
     durations: dict[tuple[str, int], list[float]] = {}
     by_rank_kind: dict[tuple[int, str], list[float]] = {}
     for s in mine:
@@ -137,7 +163,7 @@ def compare_timeline(
     outside: dict[int, dict[str, list[float]]] = {}
     longest: dict[int, float] = {}
     for s in mine:
-        window = (max(e["ts"] + e["dur"] for e in s.events) - min(e["ts"] for e in s.events)) / 1e3
+        window = window_ms(s)
         in_passes = sum(e["dur"] for e in s.passes) / 1e3
         by_cause = {c: sum(e["dur"] for e in s.events if e["cat"] == c) / 1e3
                     for c in OUTSIDE_CAUSES[:-1]}
@@ -151,13 +177,7 @@ def compare_timeline(
     resimulated = simulate(own)
     overhead = (sum(schedule.costs.overhead) / len(schedule.costs.overhead)
                 if costs_in_ms and schedule.costs.overhead else 0.0)
-    critical: dict[tuple[int, int], list[float]] = {}
-    if one_clock:  # the first pipeline's ranks (a DP replica repeats the same passes)
-        per_rank: list[list[dict[str, Any]]] = [[] for _ in range(num_ranks)]
-        for s in mine:
-            if s.rank < num_ranks:
-                per_rank[s.rank].extend(s.passes)
-        critical = transfer_latencies(per_rank, overhead)
+    critical = critical_transfers(mine, num_ranks, overhead) if one_clock else {}
     return TimelineReport(
         steps=compared,
         kinds=tuple(kinds),
@@ -169,7 +189,7 @@ def compare_timeline(
         predicted_step_ms=float(timeline.step_time) if costs_in_ms else None,
         resimulated_step_ms=float(resimulated.step_time),
         slips=tuple(_slips(mine, own, resimulated.start, resimulated.end, top)),
-        late_receives_ms=tuple(_late_receives(mine)),
+        late_receives_ms=tuple(late_receives(mine)),
         recv_ms=schedule.costs.recv if costs_in_ms else None,
         critical_transfers_ms=tuple(x for v in critical.values() for x in v),
         latency_ms=pipeline_latency(critical, overhead) if critical else None,
@@ -232,7 +252,7 @@ def pipeline_latency(found: dict[tuple[int, int], list[float]], overhead_ms: flo
     return max(statistics.fmean(pairs) - overhead_ms, 0.0)
 
 
-def _late_receives(steps: Sequence[TraceStep]) -> list[float]:
+def late_receives(steps: Sequence[TraceStep]) -> list[float]:
     """For each receive that its sender had posted (its exchange ended) before
     the receiving rank posted it, ms from that post to the end of the wait that
     hands over the tensor (the post itself when no wait follows)."""

@@ -151,13 +151,14 @@ class StepCosts:
     """The runtime's own work per pass: the stages' passes run through the
     engine (`PipelineRunner`, `Profile.devices` processes), its step time less
     the time inside passes and waiting on receives, over the passes (posting
-    transfers counts)."""
+    transfers counts); the mean over the timed steps (`semantics.pass_cost`)."""
     engine_pass_ms: dict[str, float]
     """The mean pass time as the engine ran it (`semantics.pass_cost`), per
     `KIND` + stage (`F0`), timed as `ppdsl run` times passes (wall time on CPU, CUDA events on CUDA): the pass
     costs `to_costs_pp` writes (profile = run)."""
     optimizer_ms: tuple[float, ...]
-    """Per stage, the optimizer step of its parameters (with their norms)."""
+    """Per stage, the optimizer step of its parameters (with their norms), the
+    mean over the timed steps."""
     optimizer: str
     """The optimizer timed (`ppdsl run --optimizer`'s choices)."""
     norm_ms: float | None
@@ -933,7 +934,7 @@ def _engine_measure(
                     durations.setdefault(key, []).extend(values)
             for stage, times in steps.items():
                 stepped.setdefault(stage, []).extend(times)
-    return (overheads, durations, {s: statistics.median(v) for s, v in sorted(stepped.items())},
+    return (overheads, durations, {s: pass_cost(v) for s, v in sorted(stepped.items())},
             events)
 
 
@@ -943,7 +944,7 @@ def _engine_summary(
 ) -> tuple[float, dict[str, float], tuple[float, ...], float]:
     """`measure_engine`'s answer from what the ranks measured."""
     engine = {f"{kind}{stage}": pass_cost(v) for (kind, stage), v in sorted(durations.items())}
-    return (statistics.median(overheads) * 1e3, engine,
+    return (pass_cost(overheads) * 1e3, engine,
             tuple(optimizer_ms[s] for s in range(num_stages)), pass_jitter(durations))
 
 
