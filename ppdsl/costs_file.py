@@ -32,7 +32,6 @@ is as strict as ever.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,8 +49,6 @@ __all__ = [
     "evaluate_costs",
     "schedule_with_costs",
     "expectation_warnings",
-    "cost_decimal",
-    "per_stage_text",
 ]
 
 PROFILED_STAGES = "profiled_stages"
@@ -211,29 +208,3 @@ def expectation_warnings(
                 "expectation was written for the file's own)")
         for d in found if d.severity == "error"
     )
-
-
-# --- writing one ---------------------------------------------------------------
-
-
-def cost_decimal(x: float, digits: int = 4) -> str:
-    """A short exact decimal the language reads (`0.0123`), never 0 for x > 0."""
-    if x <= 0:
-        return "0"
-    text = f"{x:.{digits}f}".rstrip("0").rstrip(".")
-    if float(text) == 0:
-        text = f"{x:.{digits}e}"
-        mantissa, exp = text.split("e")
-        return f"{float(mantissa)} / {10 ** -int(exp)}" if int(exp) < 0 else mantissa
-    return text
-
-
-def per_stage_text(values: Sequence[str]) -> str:
-    """A per-stage value as the language writes it: one value when every stage
-    has it, else `s == 0 ? a : s == 1 ? b : c`."""
-    if len(set(values)) == 1:
-        return values[0]
-    text = values[-1]
-    for s in range(len(values) - 2, -1, -1):
-        text = f"s == {s} ? {values[s]} : {text}"
-    return text

@@ -106,6 +106,8 @@ __all__ = [
     "DEFAULT_STEP_COST",
     "pass_cost",
     "pass_jitter",
+    "cost_decimal",
+    "per_stage_text",
     "step_time",
     "WRITES_WEIGHT_GRADIENTS",
     "reduction_point",
@@ -749,6 +751,29 @@ def format_exact(x: Fraction | int, digits: int = 4) -> str:
 def format_decimal(x: float, digits: int = 6) -> str:
     """A measured or simulated float to `digits` significant digits."""
     return f"{float(x):.{digits}g}"
+
+
+def cost_decimal(x: float, digits: int = 4) -> str:
+    """A short exact decimal the language reads (`0.0123`), never 0 for x > 0."""
+    if x <= 0:
+        return "0"
+    text = f"{x:.{digits}f}".rstrip("0").rstrip(".")
+    if float(text) == 0:
+        text = f"{x:.{digits}e}"
+        mantissa, exp = text.split("e")
+        return f"{float(mantissa)} / {10 ** -int(exp)}" if int(exp) < 0 else mantissa
+    return text
+
+
+def per_stage_text(values: Sequence[str]) -> str:
+    """A per-stage value as the language writes it: one value when every stage
+    has it, else `s == 0 ? a : s == 1 ? b : c`."""
+    if len(set(values)) == 1:
+        return values[0]
+    text = values[-1]
+    for s in range(len(values) - 2, -1, -1):
+        text = f"s == {s} ? {values[s]} : {text}"
+    return text
 
 
 def format_short(x: Fraction | int | float, digits: int = 6) -> str:

@@ -54,9 +54,8 @@ from ppdsl.analysis.trace_timeline import (
     pipeline_latency,
     window_ms,
 )
-from ppdsl.costs_file import cost_decimal, per_stage_text
 from ppdsl.ir.schedule import Schedule
-from ppdsl.semantics import PassKind, pass_cost, pass_jitter
+from ppdsl.semantics import PassKind, cost_decimal, pass_cost, pass_jitter, per_stage_text
 
 __all__ = ["Calibration", "CalibrationError", "calibrate", "costs_text"]
 

@@ -52,14 +52,14 @@ from typing import Any
 import torch
 
 from ppdsl import __version__
-from ppdsl.costs_file import PROFILED_STAGES, cost_decimal, per_stage_text
+from ppdsl.costs_file import PROFILED_STAGES
 from ppdsl.ir.schedule import PassKind
 from ppdsl.runtime.cpu import keep_freed_memory
 from ppdsl.runtime.memory import MemoryMeter
 from ppdsl.runtime.model import ModelError, build_model
 from ppdsl.runtime.precision import autocast_dtype
 from ppdsl.runtime.split import NORMS, WStash, backward_input, uncovered_parameters
-from ppdsl.semantics import pass_cost, pass_jitter
+from ppdsl.semantics import cost_decimal, pass_cost, pass_jitter, per_stage_text
 
 __all__ = [
     "StageProfile",
