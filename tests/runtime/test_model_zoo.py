@@ -291,15 +291,28 @@ def test_resume_restores_buffers(tmp_path: Path) -> None:
               "--model", f"{ZOO}:norms", "--steps", "4", "--optimizer", "sgd", "--momentum", "0.9",
               "--eval-every", "4"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    runs = {
+    # the whole run and the stopped one share nothing (own folders, own ports): they
+    # run at once, the start-ups (mostly importing torch) overlapping; then the resume
+    first = {
         "whole": ["--checkpoint-dir", str(tmp_path / "a"), "--json", str(tmp_path / "ja")],
         "stopped": ["--checkpoint-dir", str(tmp_path / "b"), "--stop-after", "2"],
-        "resumed": ["--checkpoint-dir", str(tmp_path / "b"), "--resume", "--json", str(tmp_path / "jb")],
     }
-    for name, extra in runs.items():
-        proc = subprocess.run(common + extra, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    procs = {name: subprocess.Popen(common + extra, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, extra in first.items()}
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, (name, err[-3000:])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    resumed = ["--checkpoint-dir", str(tmp_path / "b"), "--resume", "--json", str(tmp_path / "jb")]
+    proc = subprocess.run(common + resumed, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, ("resumed", proc.stderr[-3000:])
     for r in range(2):
         whole = json.loads((tmp_path / "ja" / f"rank{r}.json").read_text())
         resumed = json.loads((tmp_path / "jb" / f"rank{r}.json").read_text())
