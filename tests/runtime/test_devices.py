@@ -137,17 +137,28 @@ def test_run_share_gpu_trains_through_staged_transfers(tmp_path: Path) -> None:
     transfers staged through host copies over gloo (the path ranks sharing a GPU
     take), say so at start-up, and end with the parameters of the same run
     without it (bit for bit: the staged copies change no value)."""
-    def run(*extra: str) -> str:
-        out = tmp_path / ("shared" if extra else "plain")
-        proc = subprocess.run(
+    def start(*extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_h1.pp"),
-             "-D", "d=2", "-D", "m=4", "--model", MODEL, "--steps", "2", "--json", str(out),
-             "--timeout", "60", *extra],
-            capture_output=True, text=True, cwd=ROOT, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        if extra:
-            assert "shared GPU: transfers staged through host memory" in proc.stdout
-        return " ".join(json.loads((out / f"rank{r}.json").read_text())["parameters_sha256"]
+             "-D", "d=2", "-D", "m=4", "--model", MODEL, "--steps", "2",
+             "--json", str(tmp_path / ("shared" if extra else "plain")), "--timeout", "60", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+    def finish(proc: subprocess.Popen[str], shared: bool) -> str:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        if shared:
+            assert "shared GPU: transfers staged through host memory" in out
+        folder = tmp_path / ("shared" if shared else "plain")
+        return " ".join(json.loads((folder / f"rank{r}.json").read_text())["parameters_sha256"]
                         for r in range(2))
 
-    assert run("--share-gpu") == run()
+    # the two runs (own folders, own ports) start at once: their start-ups overlap
+    procs = [start("--share-gpu"), start()]
+    try:
+        assert finish(procs[0], shared=True) == finish(procs[1], shared=False)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
