@@ -181,6 +181,10 @@ def costs_text(found: Calibration, schedule: Schedule, costs_in_ms: bool,
     taken = []
     for kind in _WRITTEN:
         measured = found.pass_ms[kind]
+        if kind is PassKind.R and any(v is not None for v in measured):
+            # R runs on the recomputed stages only; T_R stays T_F on the others
+            measured = tuple(r if r is not None else f
+                             for r, f in zip(measured, found.pass_ms[PassKind.F], strict=True))
         if all(v is None for v in measured):
             if kind is PassKind.R or (kind is PassKind.BW and not costs_in_ms):
                 continue  # R = F and BW = B + W by default (docs/language.md)

@@ -206,7 +206,7 @@ def transfer_latencies(events: list[list[dict[str, Any]]], overhead_ms: float
     transfer on the critical path, as the simulator's `cost comm` stands for
     it. `events`: one run's trace events per rank (microseconds on one clock,
     steps numbered). Which pass takes a tensor from which is the semantics'
-    (`receives`, `sends`): an activation from F(j) of stage s to F(j) of stage
+    (`receives`, `transfer_passes`): an activation from F(j) of stage s to F(j) of stage
     s + 1, a gradient from B or BW(j) of stage s + 1 to B or BW(j) of stage s."""
     passes: dict[tuple[int, str, int, int], tuple[int, float, float, float | None]] = {}
     for rank, mine in enumerate(events):

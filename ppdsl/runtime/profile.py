@@ -910,11 +910,11 @@ def overhead_per_pass(step_s: float, compute_s: float, events: list[dict[str, An
 def _engine_measure(
     model: Any, num_stages: int, microbatch_size: int, device: torch.device, devices: int,
     optimizer: str, warmup: int, repeats: int, num_microbatches: int, precision: str,
-) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, float],
+) -> tuple[list[float], dict[tuple[str, int], list[float]], dict[int, list[float]],
            list[list[dict[str, Any]]]]:
     """This rank's part of the engine profile, inside a process group of
     `devices` ranks: (the overheads per pass in seconds, the pass durations in
-    ms by (kind, stage), the optimizer step in ms per stage this rank holds,
+    ms by (kind, stage), the optimizer steps in ms per stage this rank holds,
     this rank's trace events of the timed steps, one list per backward form)."""
     import tempfile
 
@@ -934,18 +934,19 @@ def _engine_measure(
                     durations.setdefault(key, []).extend(values)
             for stage, times in steps.items():
                 stepped.setdefault(stage, []).extend(times)
-    return (overheads, durations, {s: pass_cost(v) for s, v in sorted(stepped.items())},
-            events)
+    return overheads, durations, stepped, events
 
 
 def _engine_summary(
     overheads: list[float], durations: dict[tuple[str, int], list[float]],
-    optimizer_ms: dict[int, float], num_stages: int,
+    optimizer_ms: dict[int, list[float]], num_stages: int,
 ) -> tuple[float, dict[str, float], tuple[float, ...], float]:
-    """`measure_engine`'s answer from what the ranks measured."""
+    """`measure_engine`'s answer from what the ranks measured: each cost the
+    mean of its measurements (`semantics.pass_cost`: a step adds up every pass,
+    every pass's overhead and its optimizer step, the slow ones included)."""
     engine = {f"{kind}{stage}": pass_cost(v) for (kind, stage), v in sorted(durations.items())}
     return (pass_cost(overheads) * 1e3, engine,
-            tuple(optimizer_ms[s] for s in range(num_stages)), pass_jitter(durations))
+            tuple(pass_cost(optimizer_ms[s]) for s in range(num_stages)), pass_jitter(durations))
 
 
 def measure_engine(
@@ -1005,7 +1006,7 @@ def pipeline_rank(spec: str, num_stages: int, microbatch_size: int, optimizer: s
                   warmup: int, repeats: int, num_microbatches: int, precision: str) -> Any:
     """One rank of `measure_pipeline` (its process group started): this rank's
     stages through the engine, then everything the ranks measured, gathered
-    (JSON: overheads, [kind, stage, durations] rows, [stage, optimizer ms] rows,
+    (JSON: overheads, [kind, stage, durations] rows, [stage, optimizer ms list] rows,
     per backward form every rank's trace events of its timed steps)."""
     import torch.distributed as dist
 

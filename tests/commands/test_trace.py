@@ -419,3 +419,35 @@ def test_run_costs_need_the_kinds_the_run_did_not_measure(tmp_path: Path) -> Non
     text = out.read_text()
     assert "    cost B[s] = 0.75\n    cost W[s] = 0.25\n    cost BW[s] = 2\n" in text, text
     assert "# from the run's costs (a trace does not show them): B, W, memory\n" in text, text
+
+
+def test_run_costs_are_means_and_keep_t_r_where_no_stage_recomputes(tmp_path: Path) -> None:
+    """The run's own `cost overhead` and `cost optimizer[s]` are means over ranks and
+    steps (docs/runtime.md, "A run's own costs"): one slow step moves them, as it
+    moves the step; R measured on stage 0 only is written as R there and T_F on
+    the stage that does not recompute."""
+    from ppdsl.analysis.calibrate import Calibration, calibrate, costs_text
+    from ppdsl.analysis.trace_check import steps_of
+    from ppdsl.costs_file import load_costs_file
+    from ppdsl.semantics import PassKind
+
+    costs = tmp_path / "costs.pp"
+    costs.write_text("schedule c {\n    cost F = 1\n    cost B = 1\n    cost W = 1\n"
+                     "    cost overhead = 0.125\n    cost optimizer = 2\n}\n")
+    compiled = compile_file(ZB_H1, {"d": "2", "m": "4"}, costs=load_costs_file(costs))
+    trace = _simulated_run(compiled, (2.0, 2.0), 0.0, num_steps=4)
+    # step 3: rank 0 idles 0.6 ms of engine work after its first pass, and its
+    # optimizer step takes 0.6 ms longer
+    mine = [e for e in trace["traceEvents"] if e["pid"] == 0 and e["args"]["step"] == 3]
+    first_end = min(e["ts"] + e["dur"] for e in mine if e["cat"] in ("F", "B", "W"))
+    for e in mine:
+        e["ts"] += 600.0 if e["ts"] >= first_end else 0.0
+        e["dur"] += 600.0 if e["cat"] == "optimizer" else 0.0
+    found = calibrate(steps_of(trace), compiled.schedule, one_clock=False)
+    passes = len(compiled.schedule.orders[0])
+    # six (rank, step) windows, one of them 0.6 ms longer: the mean, not the median
+    assert found.overhead_ms == pytest.approx(0.125 + 0.6 / passes / 6)
+    assert found.optimizer_ms == pytest.approx((2.0 + 0.6 / 3, 2.0))
+    recomputed = Calibration((1,), {**found.pass_ms, PassKind.R: (1.5, None)}, 0.125, None,
+                             None, None, 0.0, True)
+    assert "    cost R[s] = s == 0 ? 1.5 : 1\n" in costs_text(recomputed, compiled.schedule, False)

@@ -23,6 +23,7 @@ from ppdsl.runtime.profile import (
     StageProfile,
     StageTiming,
     StepCosts,
+    _engine_summary,
     measure_collectives,
     measure_receive,
     measure_stage,
@@ -395,3 +396,13 @@ def test_overhead_counts_posting_transfers_not_waiting_on_them() -> None:
               {"name": "wait", "dur": 3000.0}, {"name": "exchange", "dur": 400.0}]
     # 10 ms step, 2 ms of passes, 3 ms waited: 5 ms of work over 2 passes
     assert overhead_per_pass(0.010, 0.002, events, 2) == pytest.approx(0.0025)
+
+
+def test_engine_step_costs_are_means_over_the_steps() -> None:
+    """The profile's `cost overhead` and `cost optimizer[s]` are means over the timed
+    steps (docs/runtime.md, "Profiling a model"): a step adds every pass's overhead
+    and its optimizer step up, the one slow step included, as pass costs."""
+    overhead, _, optimizer, _ = _engine_summary(
+        [0.001, 0.001, 0.004], {("F", 0): [1.0, 1.0]}, {0: [2.0, 2.0, 5.0]}, 1)
+    assert overhead == pytest.approx(2.0)  # ms; the median would read 1.0
+    assert optimizer == pytest.approx((3.0,))  # the median would read 2.0
