@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
-from ppdsl.runtime.data_parallel import dp_pp_mesh  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.execution.data_parallel import dp_pp_mesh  # noqa: E402
+from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
 
 
 def _time_collectives(mesh, numel: int, repeats: int = 7) -> dict[str, float]:

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.optim import OptimizerStep  # noqa: E402
-from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
+from ppdsl.runtime.training.optim import OptimizerStep  # noqa: E402
 
 
 class SleepySGD(torch.optim.SGD):

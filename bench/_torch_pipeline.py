@@ -23,7 +23,7 @@ from torch.distributed.pipelining import (
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.runtime.model import build_model  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
 
 
 def main() -> int:

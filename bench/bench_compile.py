@@ -1,5 +1,5 @@
 """torch.compile and the B/W split (issue 20, point 9): one stage of two GPT blocks
-(bench/gpu_gpt.py) three ways, measured by `ppdsl.runtime.profile.measure_stage`:
+(bench/gpu_gpt.py) three ways, measured by `ppdsl.runtime.measure.profile.measure_stage`:
 
 - eager: every linear split (B computes dx, W dW);
 - whole block compiled (``torch.compile(block)``): the compiled region is ONE
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.gpu_gpt import Block
-from ppdsl.runtime.profile import measure_stage
-from ppdsl.runtime.split import uncovered_parameters
+from ppdsl.runtime.execution.split import uncovered_parameters
+from ppdsl.runtime.measure.profile import measure_stage
 
 
 class _PiecesBlock(nn.Module):

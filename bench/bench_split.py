@@ -1,5 +1,5 @@
-"""The B/W split's cost (ppdsl.runtime.split), plain vs split, per layer kind and
-for tiny_gpt stages, measured in the same run by `ppdsl.runtime.profile.measure_stage`
+"""The B/W split's cost (ppdsl.runtime.execution.split), plain vs split, per layer kind and
+for tiny_gpt stages, measured in the same run by `ppdsl.runtime.measure.profile.measure_stage`
 (the plain run and the split run alternate; medians of 30 after 5 warm-up).
 
 Times are this thread's CPU time (`time.thread_time`, torch on one thread), so
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ppdsl.runtime.cpu import keep_freed_memory
-from ppdsl.runtime.model import build_model
-from ppdsl.runtime.profile import StageTiming, measure_stage
-from ppdsl.runtime.split import NORMS
+from ppdsl.runtime.execution.split import NORMS
+from ppdsl.runtime.measure.profile import StageTiming, measure_stage
+from ppdsl.runtime.models.model import build_model
+from ppdsl.runtime.worker.cpu import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages"

@@ -1,6 +1,6 @@
 """Stages whose passes take a set time: for checking the simulator against a run.
 
-Each stage is one split-aware layer (`ppdsl.runtime.split`) whose forward sleeps
+Each stage is one split-aware layer (`ppdsl.runtime.execution.split`) whose forward sleeps
 T_F, whose B sleeps T_B and whose W sleeps T_W (a fused backward: T_B + T_W), and
 which still computes real gradients (y = x * gain), so the run is an ordinary
 training run whose pass times are known. Sleeping takes no CPU, so the ranks do

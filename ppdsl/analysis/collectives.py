@@ -2,7 +2,7 @@
 gradient reduction (and, with sharded data parallelism, its weight gather) runs
 beside the compute timeline, and how much of it is exposed.
 
-The model follows what the runtime does (`ppdsl.runtime.data_parallel`):
+The model follows what the runtime does (`ppdsl.runtime.execution.data_parallel`):
 
 - reduce: issued when the stage's last W or BW ends (`semantics.reduction_point`);
   its cost is `cost reduce[s]` (an all-reduce under `replicate`, a

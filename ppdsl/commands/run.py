@@ -28,7 +28,11 @@ from ppdsl.commands.common import (
 )
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
-from ppdsl.runtime.options import add_training_options, check_training_options, training_argv
+from ppdsl.runtime.training.options import (
+    add_training_options,
+    check_training_options,
+    training_argv,
+)
 
 HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
 
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    from ppdsl.runtime.devices import choose_device  # imports torch: only when running
+    from ppdsl.runtime.worker.devices import choose_device  # imports torch: only when running
 
     model_record = None
     if args.model.startswith("hf:"):
@@ -214,8 +218,8 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     balanced` chosen here from a per-layer profile (one process, one thread, as a
     rank runs) and handed to the ranks as the list of stage starts. Returns what
     the manifest records of the model."""
-    from ppdsl.runtime.hf import HFOptions, preflight
-    from ppdsl.runtime.model import ModelError
+    from ppdsl.runtime.models.hf import HFOptions, preflight
+    from ppdsl.runtime.models.model import ModelError
 
     options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
                         data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal",
@@ -224,7 +228,7 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     try:
         cut = preflight(directory, num_stages, options)
         if cut is None:
-            from ppdsl.runtime.cut import balanced_cut, describe, profile_folder
+            from ppdsl.runtime.measure.cut import balanced_cut, describe, profile_folder
 
             microbatch = max((args.batch_size or 0) // (2 * num_stages), 1)
             layers = profile_folder(directory, options.seq_len, microbatch, seed=options.seed)

@@ -4,16 +4,14 @@ checks; docs/runtime.md).
 
     from ppdsl.runtime import load_schedule, PipelineRunner, OptimizerStep
 
-The names below are imported on first use, so that `import ppdsl.runtime.options`
+The names below are imported on first use, so that `import ppdsl.runtime.training.options`
 (what `ppdsl run` reads its options with) does not import torch.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from ppdsl.runtime.model import PipelineModel, split_layers
+from ppdsl.runtime._lazy import lazy_getattr
+from ppdsl.runtime.models.model import PipelineModel, split_layers
 
 __all__ = [
     "PipelineModel",
@@ -32,28 +30,30 @@ __all__ = [
     "load_checkpoint",
     "latest_checkpoint",
     "torch_schedule",
+    "split",
+    "split_aware",
+    "defer",
 ]
 
 _LAZY = {
-    "load_schedule": "pipeline",
-    "CompiledPipeline": "pipeline",
-    "PipelineRunner": "pipeline",
-    "ScheduleError": "pipeline",
-    "Hooks": "engine",
-    "OptimizerStep": "optim",
-    "StepOutcome": "optim",
-    "make_optimizer": "optim",
-    "lr_lambda": "optim",
-    "LossScaler": "precision",
-    "save_checkpoint": "checkpoint",
-    "load_checkpoint": "checkpoint",
-    "latest_checkpoint": "checkpoint",
-    "torch_schedule": "torch_bridge",
+    "load_schedule": "execution.pipeline",
+    "CompiledPipeline": "execution.pipeline",
+    "PipelineRunner": "execution.pipeline",
+    "ScheduleError": "execution.pipeline",
+    "Hooks": "execution.engine",
+    "OptimizerStep": "training.optim",
+    "StepOutcome": "training.optim",
+    "make_optimizer": "training.optim",
+    "lr_lambda": "training.optim",
+    "LossScaler": "execution.precision",
+    "save_checkpoint": "training.checkpoint",
+    "load_checkpoint": "training.checkpoint",
+    "latest_checkpoint": "training.checkpoint",
+    "torch_schedule": "execution.torch_bridge",
+    "split": "execution.split",
+    "split_aware": "execution.split",
+    "defer": "execution.split",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ppdsl.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"ppdsl.runtime.{module}"), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

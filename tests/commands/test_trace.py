@@ -172,8 +172,8 @@ def test_engine_that_reorders_passes_fails_the_check(one_rank, tmp_path: Path) -
     trace the check rejects, naming where the order differs."""
     import torch
 
-    from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
-    from ppdsl.runtime.trace import Tracer, chrome_trace, write_chrome_trace
+    from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
+    from ppdsl.runtime.execution.trace import Tracer, chrome_trace, write_chrome_trace
 
     schedule = tmp_path / "s.pp"
     schedule.write_text(ONE_RANK)

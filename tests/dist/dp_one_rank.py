@@ -19,9 +19,9 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.pipeline import PipelineRunner, load_schedule  # noqa: E402
+from ppdsl.runtime.execution.data_parallel import dp_pp_mesh, local_tensor  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
+from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule  # noqa: E402
 
 
 def train(device: torch.device, mesh, mode: str | None) -> list[torch.Tensor]:

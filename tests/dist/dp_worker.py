@@ -1,6 +1,6 @@
 """Runs every data-parallel x pipeline case (world 4 = dp 2 x pp 2) in ONE process
 group and writes, per case and rank, what it found as JSON
-(tests/runtime/test_data_parallel.py asserts on it). Each case builds the ("dp", "pp")
+(tests/runtime/execution/test_data_parallel.py asserts on it). Each case builds the ("dp", "pp")
 mesh, trains 3 SGD-momentum steps through `PipelineRunner(mesh=..., dp_mode=...)`
 with each replica given its half of the global batch, and compares the
 parameters with a single-process, non-pipelined run on the whole batch; the
@@ -24,10 +24,10 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppdsl.runtime.data_parallel import dp_pp_mesh, local_tensor  # noqa: E402
-from ppdsl.runtime.optim import OptimizerStep  # noqa: E402
-from ppdsl.runtime.pipeline import PipelineRunner  # noqa: E402
-from ppdsl.runtime.train import _with_real_mw  # noqa: E402
+from ppdsl.runtime.execution.data_parallel import dp_pp_mesh, local_tensor  # noqa: E402
+from ppdsl.runtime.training.optim import OptimizerStep  # noqa: E402
+from ppdsl.runtime.execution.pipeline import PipelineRunner  # noqa: E402
+from ppdsl.runtime.training.train import _with_real_mw  # noqa: E402
 from tests.dist.train_worker import _compiled, _model, _optimizer, _rel, reference  # noqa: E402
 
 DEVICE = torch.device("cpu")

@@ -1,6 +1,6 @@
 """Runs `--model hf:DIR` cases of one world size in ONE process group (started by
 tests/dist/harness.py): for each (family folder, schedule), 3 optimizer steps of
-the library's runner on `ppdsl.runtime.hf`'s stages, the trained model saved with
+the library's runner on `ppdsl.runtime.models.hf`'s stages, the trained model saved with
 `HFPipelineModel.save`; per case and rank it writes the measured vs predicted peak
 activation memory.
 
@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.runtime import load_schedule  # noqa: E402
-from ppdsl.runtime.hf import HFOptions, pipeline_model  # noqa: E402
-from ppdsl.runtime.pipeline import PipelineRunner  # noqa: E402
-from ppdsl.runtime.train import _with_real_mw  # noqa: E402
+from ppdsl.runtime.models.hf import HFOptions, pipeline_model  # noqa: E402
+from ppdsl.runtime.execution.pipeline import PipelineRunner  # noqa: E402
+from ppdsl.runtime.training.train import _with_real_mw  # noqa: E402
 
 
 def run_case(case: dict, rank: int) -> dict:

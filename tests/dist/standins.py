@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ppdsl.runtime.engine import Engine
+from ppdsl.runtime.execution.engine import Engine
 
 _cases = itertools.count()
 

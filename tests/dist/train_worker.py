@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.optim import OptimizerStep  # noqa: E402
-from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner, tie_parameters  # noqa: E402
-from ppdsl.runtime.structure import call_stage  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
+from ppdsl.runtime.training.optim import OptimizerStep  # noqa: E402
+from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner, tie_parameters  # noqa: E402
+from ppdsl.runtime.execution.structure import call_stage  # noqa: E402
 from tests.dist.standins import delayed_sends, rendezvous_sends  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -206,7 +206,7 @@ def train_case(case: dict, rank: int, world: int) -> dict:
 def bridge_case(case: dict, rank: int, world: int) -> dict:
     """The compiled orders under torch.distributed.pipelining's runtime: loss and
     gradients of one step against a single-process run."""
-    from ppdsl.runtime.torch_bridge import torch_schedule
+    from ppdsl.runtime.execution.torch_bridge import torch_schedule
 
     compiled = _compiled(case)
     plan = compiled.plan

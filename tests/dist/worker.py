@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.backend.plan import PassKeys, plan_from_schedule  # noqa: E402
-from ppdsl.runtime.memory import DevicePeak  # noqa: E402
-from ppdsl.runtime.model import build_model  # noqa: E402
-from ppdsl.runtime.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
-from ppdsl.runtime.train import _predicted_cuda_peak, _with_real_mw  # noqa: E402
+from ppdsl.runtime.execution.memory import DevicePeak  # noqa: E402
+from ppdsl.runtime.models.model import build_model  # noqa: E402
+from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.training.train import _predicted_cuda_peak, _with_real_mw  # noqa: E402
 from tests.oracles.allocator import HostAllocator  # noqa: E402
 
 DEVICE = torch.device("cpu")

@@ -3,7 +3,7 @@ a learned scalar, BatchNorm and GroupNorm, buffers read in the forward, a weight
 used twice, in-place activations, activation checkpointing inside a stage,
 dropout, integer inputs passed through, a stage without parameters, a parameter
 unused by some microbatches. Each factory follows the model protocol
-(`ppdsl.runtime.model`), so `ppdsl run --model tests/dist/zoo.py:NAME` trains it."""
+(`ppdsl.runtime.models.model`), so `ppdsl run --model tests/dist/zoo.py:NAME` trains it."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rank's parameters AND buffers with a non-pipelined run on one process that
 processes the same microbatches in order: each stage's forwards in microbatch
 order, each pipeline rank's dropout drawn from that rank's own RNG stream in
 the order its F passes run, and under data parallelism the buffers of replica 0
-(the policy of `ppdsl.runtime.buffers`). That run is computed by one rank per
+(the policy of `ppdsl.runtime.execution.buffers`). That run is computed by one rank per
 case, in turn, and broadcast to the others.
 
     python tests/dist/zoo_worker.py CASES.json OUTDIR   (under 4 ranks)
@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppdsl.ir.schedule import PassKind  # noqa: E402
-from ppdsl.runtime.data_parallel import dp_pp_mesh  # noqa: E402
-from ppdsl.runtime.optim import make_optimizer  # noqa: E402
-from ppdsl.runtime.pipeline import PipelineRunner, tie_parameters  # noqa: E402
-from ppdsl.runtime.structure import call_stage, split_microbatches  # noqa: E402
+from ppdsl.runtime.execution.data_parallel import dp_pp_mesh  # noqa: E402
+from ppdsl.runtime.training.optim import make_optimizer  # noqa: E402
+from ppdsl.runtime.execution.pipeline import PipelineRunner, tie_parameters  # noqa: E402
+from ppdsl.runtime.execution.structure import call_stage, split_microbatches  # noqa: E402
 from tests.dist import zoo  # noqa: E402
 from tests.dist.train_worker import _compiled, _rel  # noqa: E402
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppdsl.runtime import engine as engine_module
-from ppdsl.runtime.model import build_model
-from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
-from ppdsl.runtime.train import _with_real_mw
+from ppdsl.runtime.execution import engine as engine_module
+from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
+from ppdsl.runtime.models.model import build_model
+from ppdsl.runtime.training.train import _with_real_mw
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPOUT = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages_dropout"

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from ppdsl.ir.schedule import PassKind
-from ppdsl.runtime import split
-from ppdsl.runtime.memory import MemoryMeter, storage_bytes
-from ppdsl.runtime.split import WStash, backward_input
+from ppdsl.runtime.execution import split
+from ppdsl.runtime.execution.memory import MemoryMeter, storage_bytes
+from ppdsl.runtime.execution.split import WStash, backward_input
 
 pytestmark = [
     pytest.mark.gpu,
@@ -152,7 +152,7 @@ def test_split_aware_function_defers_on_the_device_thread() -> None:
 def test_profile_on_cuda() -> None:
     """`ppdsl profile` on cuda:0: T_W > 0 and M_W > 0 per stage, split bytes equal to
     the plain stage's, and the transfer says what it measured on one GPU."""
-    from ppdsl.runtime.profile import profile_model
+    from ppdsl.runtime.measure.profile import profile_model
 
     profile = profile_model(TINY, 2, 8, CUDA, warmup=2, repeats=5)
     for s in profile.stages:
@@ -164,7 +164,7 @@ def test_profile_on_cuda() -> None:
 
 def test_trace_uses_cuda_events() -> None:
     """The tracer times a CUDA pass with events: a large matmul's slice lasts."""
-    from ppdsl.runtime.trace import Tracer
+    from ppdsl.runtime.execution.trace import Tracer
 
     tracer = Tracer(0, CUDA)
     tracer.start()
@@ -270,7 +270,7 @@ def test_ranks_sharing_the_gpu_equal_one_process(tmp_path: Path, monkeypatch: py
 def test_profile_times_by_cuda_events_and_records_precision() -> None:
     """`ppdsl profile` on cuda:0 in bf16: the clock is CUDA events, the precision
     and TF32 settings are recorded, and the bf16 M_B is below fp32's."""
-    from ppdsl.runtime.profile import profile_model
+    from ppdsl.runtime.measure.profile import profile_model
 
     bf16 = profile_model(TINY, 2, 8, CUDA, warmup=1, repeats=3, transfer=False, precision="bf16")
     fp32 = profile_model(TINY, 2, 8, CUDA, warmup=1, repeats=3, transfer=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppdsl.runtime.pipeline import PipelineRunner, load_schedule
+from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
 
 SOURCE = """schedule two_stages_one_rank {{
     param d = 1
@@ -51,7 +51,7 @@ def test_loss_called_once_per_microbatch_per_step(one_rank, tmp_path: Path, back
 def test_loss_returning_no_scalar_is_named(one_rank, tmp_path: Path) -> None:
     """A loss that returns a vector is refused at its first call with a message
     naming the shape, the stage and the microbatch."""
-    from ppdsl.runtime.model import LossError
+    from ppdsl.runtime.models.model import LossError
 
     path = tmp_path / "s.pp"
     path.write_text(SOURCE.format(backward="backward split", passes=SPLIT))

@@ -50,7 +50,7 @@ def test_torchrun_report_names_the_killed_rank() -> None:
 
 def test_model_import_error_has_file_and_line(tmp_path: Path) -> None:
     """An exception raised while importing the user's model file is reported at its line."""
-    from ppdsl.runtime.model import ModelError, load_factory
+    from ppdsl.runtime.models.model import ModelError, load_factory
 
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1\n\nraise ValueError('no data')\n")

@@ -53,12 +53,15 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _package_of(module: str, packages: set[str]) -> str:
-    """The folder a module sits in; a module at the top of ppdsl is its own node
-    (ppdsl/ itself would otherwise make every folder part of one cycle)."""
+    """The folder a module sits in; a module beside subpackages (at the top of
+    ppdsl, of ppdsl.runtime, of ppdsl.analysis) is its own node: the folder's
+    face imports its subpackages, and its bottom modules (runtime/errors.py) are
+    imported by them, which would otherwise read as a cycle."""
     parent = module.rsplit(".", 1)[0] if "." in module else module
     if module in packages and module != "ppdsl":
         return module
-    return module if parent == "ppdsl" else parent
+    has_subpackages = any(p.rsplit(".", 1)[0] == parent for p in packages if p != parent)
+    return module if has_subpackages else parent
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -115,6 +118,85 @@ def test_package_import_graph_has_no_cycle():
         folded[here].discard(here)
     assert {"ppdsl.frontend", "ppdsl.analysis.checks", "ppdsl.backend"} <= set(folded)
     assert _cycle(folded) is None, " -> ".join(_cycle(folded) or [])
+
+
+# The runtime's rooms, bottom to top (docs/architecture.md, "The runtime"): a room
+# imports only rooms below it. The bottom modules sit beside them; the runtime's
+# face (`ppdsl/runtime/__init__.py`) and the paths generated programs import
+# (`program`, `train`) sit above them all.
+_RUNTIME_FLOORS = [
+    ("ppdsl.runtime.errors", "ppdsl.runtime._lazy"),
+    ("ppdsl.runtime.worker",),
+    ("ppdsl.runtime.execution",),
+    ("ppdsl.runtime.models",),
+    ("ppdsl.runtime.training",),
+    ("ppdsl.runtime.measure",),
+    ("ppdsl.runtime", "ppdsl.runtime.program", "ppdsl.runtime.train"),
+]
+
+
+def _runtime_floor(module: str) -> int:
+    for floor, names in enumerate(_RUNTIME_FLOORS):
+        if module in names or any(module.startswith(f"{n}.") for n in names[1:] + names[:1]
+                                  if n != "ppdsl.runtime"):
+            return floor
+    raise AssertionError(f"{module} is in no room of the runtime; add it to _RUNTIME_FLOORS")
+
+
+def _upward_runtime_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imports in graph.items():
+        if not module.startswith("ppdsl.runtime"):
+            continue
+        here = _runtime_floor(module)
+        for imported in imports:
+            if imported.startswith("ppdsl.runtime") and _runtime_floor(imported) > here:
+                found.append(f"{module} imports {imported}")
+    return sorted(found)
+
+
+def test_runtime_rooms_import_only_downward():
+    """Each runtime module sits in one room, and no room imports a room above it
+    (worker < execution < models < training < measure; errors at the bottom)."""
+    graph = _graph()
+    assert len([m for m in graph if m.startswith("ppdsl.runtime.")]) > 30
+    assert _upward_runtime_imports(graph) == []
+
+
+def test_upward_runtime_import_is_found():
+    """The room check itself: an execution module importing training is reported."""
+    graph = {"ppdsl.runtime.execution.engine": {"ppdsl.runtime.training.optim"},
+             "ppdsl.runtime.training.optim": {"ppdsl.runtime.errors"}}
+    assert _upward_runtime_imports(graph) == [
+        "ppdsl.runtime.execution.engine imports ppdsl.runtime.training.optim"]
+
+
+_FACES_WITHOUT_TORCH = """
+import sys
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is made unimportable for this test ({name})")
+        return None
+
+sys.meta_path.insert(0, _NoTorch())
+import ppdsl.runtime
+import ppdsl.runtime.models
+import ppdsl.runtime.training
+import ppdsl.commands.run
+from ppdsl.runtime.training import add_training_options
+from ppdsl.runtime.models import PipelineModel, ModelError
+assert "torch" not in sys.modules
+"""
+
+
+def test_training_and_models_faces_import_without_torch():
+    """`ppdsl run` imports the training and models faces before torchrun starts:
+    they import in a process where torch cannot be imported."""
+    result = subprocess.run([sys.executable, "-c", _FACES_WITHOUT_TORCH], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_runtime_is_the_only_torch_user():

@@ -33,7 +33,7 @@ from ppdsl.compiler import compile_source
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 # the README's plain ``` blocks (a ```python or ```sh block is not one: the
-# data-parallel ```sh lines are run by tests/runtime/test_data_parallel.py)
+# data-parallel ```sh lines are run by tests/runtime/execution/test_data_parallel.py)
 BLOCKS = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.S | re.M)
           if not lang]
 

@@ -1,0 +1,635 @@
+"""One rank's passes of one step: run its RankProgram's ops in order.
+
+- F(mb, s): the stage's forward on the received (or locally handed-over) value;
+  on the last stage also the loss, scaled by 1/m (and by the loss scale under
+  fp16) so that gradients summed over microbatches are those of the batch's mean
+  loss. Under bf16/fp16 the forward and the loss run under autocast, whose
+  weight casts are made once per step: the step runs inside one (disabled)
+  autocast region, so autocast's cast cache lives until the step ends and every
+  microbatch's graph shares one low-precision copy of each weight (not one per
+  microbatch in flight).
+- B(mb, s): the stage's input gradients; the split layers' weight-gradient work
+  goes into a W stash (`ppdsl.runtime.execution.split.backward_input`); the graph is freed.
+- W(mb, s): runs the stash: weight gradients only.
+- BW(mb, s): one backward computing both.
+- Recompute (activation checkpointing) on a stage marked `recompute`: its F runs
+  the stage under `torch.no_grad()`, so it keeps only its input (and the RNG
+  state), and hands its output on; R(mb, s) runs the stage again on that input
+  with autograd on, the CPU and CUDA RNG states restored under
+  `torch.random.fork_rng` (torch.utils.checkpoint's recomputation: dropout draws
+  the same masks), which leaves exactly the graph and saved activations an
+  ordinary F would; B/BW/W then run on it unchanged.
+- Exchange: posts its sends and receives through the rank's `Transport`
+  (`ppdsl.runtime.execution.transport`, chosen from the tensors' device): on gloo (and
+  when ranks share a GPU, staged through host memory) also the receives of the
+  *next* exchange, so their data arrives while this rank computes the pass in
+  between (gloo matches by tag, one tag per tensor of a transfer, so posting
+  early is safe); on NCCL, which matches in order, an exchange is one
+  batch_isend_irecv, as lowered and checked for deadlock. A receive is waited
+  for where its tensor is first used (the pass that takes it); sends finish in
+  the background, their tensors kept alive, and are collected at later
+  exchanges and at the step's end: no exchange stalls compute on its sends.
+  Two stages on one rank hand over without a transfer.
+
+A value between stages is a tensor or a tuple/list/dict of tensors
+(`ppdsl.runtime.execution.structure`); each tensor moves on its own, floating-point ones
+carry a gradient back. Ranks are the pipeline group's ranks (`group`); point-to-
+point calls name the global ranks behind them.
+
+Hooks (`Hooks`) let a layer above (post-validation, data parallelism) act at the
+points a step defines: before this rank's first pass, before a stage's first
+forward, when a stage's gradients are final (its last W or BW of the step), and
+after the last pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from fractions import Fraction
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
+from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime.errors import LossError
+from ppdsl.runtime.execution.buffers import kept_buffers
+from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
+from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
+from ppdsl.runtime.execution.split import WStash, backward_input
+from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatten
+from ppdsl.runtime.execution.trace import Tracer
+from ppdsl.runtime.execution.transport import PendingRecv, PendingSend, Transport
+from ppdsl.runtime.worker import faults, progress
+from ppdsl.semantics import reduction_points
+
+__all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
+
+
+class PeerError(RuntimeError):
+    """A transfer with another rank failed or timed out."""
+
+
+@dataclass
+class StepResult:
+    """What one step measured on this rank."""
+
+    loss: torch.Tensor | None
+    """The batch's mean loss, detached and unscaled (on the rank holding the last
+    stage), else None."""
+    step_time: float
+    """Seconds from the first op to the last send completed."""
+    compute_time: float
+    """Seconds inside passes (on CUDA the GPU's time, by CUDA events: a pass's
+    CPU time there is only its kernels' launch)."""
+
+
+@dataclass
+class Hooks:
+    """Callbacks at the points of a step (each list runs in order)."""
+
+    before_first_pass: list[Callable[[], None]] = field(default_factory=list)
+    """Before this rank's first compute pass of the step, i.e. before anything
+    uses the weights (post-validation resolves the previous step here)."""
+    before_stage_forward: list[Callable[[int], None]] = field(default_factory=list)
+    """Before a stage's first F of the step, with the stage index (e.g. a sharded
+    data-parallel layer gathers the stage's weights)."""
+    stage_grads_ready: list[Callable[[int], None]] = field(default_factory=list)
+    """After a stage's last W or BW of the step, with the stage index: its weight
+    gradients are final (e.g. a data-parallel layer starts their all-reduce)."""
+    after_passes: list[Callable[[], None]] = field(default_factory=list)
+    """After the last pass and after every send has completed."""
+
+
+class _RngState:
+    """The RNG state when a recomputed stage's F starts (CPU, and this device's
+    on CUDA), so that R draws what F drew."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.devices = [device] if device.type == "cuda" else []
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
+
+    @contextlib.contextmanager
+    def restored(self) -> Any:
+        """Run with F's RNG state; the state outside is left as it was."""
+        with torch.random.fork_rng(devices=self.devices):
+            torch.set_rng_state(self.cpu)
+            for d, state in zip(self.devices, self.cuda, strict=True):
+                torch.cuda.set_rng_state(state, d)
+            yield
+
+
+class Engine:
+    """Runs one rank's ops on its stages."""
+
+    def __init__(
+        self,
+        rank: int,
+        ops: Sequence[Op],
+        stage_device: Sequence[int],
+        num_microbatches: int,
+        memory: MemoryModel,
+        stages: dict[int, torch.nn.Module],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        device: torch.device,
+        *,
+        group: dist.ProcessGroup | None = None,
+        timeout: float = 60.0,
+        release: str = "at-b",
+        autocast_dtype: torch.dtype | None = None,
+        lane_ends: LaneEnds,
+        transport: Transport | None = None,
+    ) -> None:
+        if release not in ("at-b", "at-w"):
+            raise ValueError(f"release must be 'at-b' or 'at-w', not {release!r}")
+        self.rank = rank
+        self.release = release
+        """When a split backward frees a microbatch-stage's activations: "at-b" (B
+        frees all but the layer inputs its W needs) or "at-w" (the whole autograd graph
+        is kept until W, as torch.distributed.pipelining's split does and as the
+        controllable-memory paper counts: M_W = M_B)."""
+        self.ops = tuple(ops)
+        self.stage_device = tuple(stage_device)
+        self.num_stages = len(stage_device)
+        self.lane_ends = lane_ends
+        """Each lane's first stage (it reads the inputs) and last (it computes the
+        loss), from the plan (`ppdsl.runtime.execution.group.LaneEnds`)."""
+        self.num_microbatches = num_microbatches
+        self.memory = memory
+        self.stages = stages
+        self.loss_fn = loss_fn
+        self.device = device
+        self.group = group
+        self.autocast_dtype = autocast_dtype
+        self.specs: dict[int, Spec] = {}
+        """{stage: spec of its output}, from the probe (`ppdsl.runtime.execution.pipeline`)."""
+        self.timeout = timedelta(seconds=timeout)
+        self.transport = transport if transport is not None else Transport(group, device)
+        """How this rank's tensors move (`ppdsl.runtime.execution.transport`): decided from the
+        tensors' device, not from the group's reported backend name."""
+        self.hooks = Hooks()
+        self._global = [global_rank(group, r) for r in range(dist.get_world_size(group))]
+        params: dict[int, torch.nn.Parameter] = {}
+        for module in stages.values():
+            for param in module.parameters():
+                params.setdefault(id(param), param)
+        self.params = list(params.values())
+        # For each exchange, the next one: its receives are posted a pass ahead.
+        self._next_exchange: dict[int, Exchange | None] = {}
+        upcoming: Exchange | None = None
+        for index in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[index]
+            if isinstance(op, Exchange):
+                self._next_exchange[index] = upcoming
+                upcoming = op
+        # Per stage: the index of its first F and of its last W/BW (its gradients
+        # are final after it).
+        # (`semantics.reduction_point`, the rule the compiler's reductions check proves).
+        computes = [(i, op.pass_) for i, op in enumerate(self.ops) if isinstance(op, Compute)]
+        passes = [p for _, p in computes]
+        self._first_forward: dict[int, int] = {}
+        self._grads_final: dict[int, int] = {}
+        for i, p in computes:
+            if p.kind is PassKind.F:
+                self._first_forward.setdefault(p.stage, i)
+        for stage, at in reduction_points(passes).items():
+            self._grads_final[stage] = computes[at][0]
+        self._first_compute = next(
+            (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
+        )
+        self.recompute = memory.recompute
+        """The stages marked `recompute`: their F keeps only its input, R restores."""
+        self.meter = MemoryMeter(self.params)
+        self.device_peak: DevicePeak | None = DevicePeak(self.device) if self.device.type == "cuda" else None
+        """The allocator's peak on CUDA (None elsewhere): a measured step also
+        records each pass's working memory in it (`DevicePeak.pass_window`)."""
+        self.compute_time: dict[PassKind, float] = {k: 0.0 for k in PassKind}
+        self.tracer: Tracer | None = None
+        """When set, every pass, exchange and optimizer step is recorded in it."""
+        self._num_leaves = 1
+
+    @property
+    def first_forward(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its first F."""
+        return dict(self._first_forward)
+
+    @property
+    def grads_final(self) -> dict[int, int]:
+        """Per stage of this rank: the index in `ops` of its last W or BW, after
+        which its weight gradients are final (derived from the compiled order)."""
+        return dict(self._grads_final)
+
+    def set_specs(self, specs: dict[int, Spec]) -> None:
+        """Every stage's output spec (the same on every rank)."""
+        self.specs = dict(specs)
+        self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
+
+    def _peer(self, rank: int) -> int:
+        return self._global[rank]
+
+    # -- one step ------------------------------------------------------------
+
+    def step(
+        self,
+        inputs: Sequence[Any] | None,
+        targets: Sequence[Any] | None,
+        *,
+        measure: bool = False,
+        loss_scale: torch.Tensor | float | None = None,
+    ) -> StepResult:
+        """One step's passes: `inputs` (on the rank holding stage 0) and `targets`
+        (on the rank holding the last stage) are per-microbatch values, else None.
+        Gradients accumulate into the parameters' `.grad`. `measure` runs the memory
+        meter (its saved-tensor hooks cost Python time on every saved tensor; the
+        activations of a step with static shapes are the same every step, so
+        measuring one step is enough)."""
+        self._inputs = inputs
+        self._targets = targets
+        self._loss_scale = loss_scale
+        self._inbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
+        self._outbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
+        self._state: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], list[torch.Tensor]]] = {}
+        self._stash: dict[tuple[int, int], WStash] = {}
+        self._kept: dict[tuple[int, int], tuple[Any, list[torch.Tensor], _RngState]] = {}
+        self._sends: list[PendingSend] = []
+        self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
+        self._measure = measure
+        if measure:
+            self.meter.reset_peak()
+        start = time.perf_counter()
+        self._posted: dict[Transfer, list[PendingRecv]] = {}
+        self._arriving: dict[tuple[TransferKind, int, int], tuple[Transfer, list[PendingRecv]]] = {}
+        tracer = self.tracer
+        hooks = self.hooks
+        first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
+        grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
+        self._pass_events: list[tuple[PassKind, Any, Any]] = []
+        with self._cast_once():
+            compute = self._run_ops(tracer, hooks, first_forward, grads_final)
+        if self._first_compute is None:  # a rank with no pass still validates
+            for before in hooks.before_first_pass:
+                before()
+        progress.at("completing the step's last sends")
+        for pending in self._sends:
+            self._wait(pending, pending.what)
+        self._sends.clear()
+        for after in hooks.after_passes:
+            after()
+        if tracer is not None:
+            tracer.flush()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            for kind, begin, end in self._pass_events:
+                seconds = begin.elapsed_time(end) / 1e3
+                compute += seconds
+                self.compute_time[kind] += seconds
+            self._pass_events.clear()
+        elapsed = time.perf_counter() - start
+        holds_loss = any(self._is_last(s) for s in self.stages)
+        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
+        self._inputs = self._targets = None
+        return StepResult(loss, elapsed, compute)
+
+    def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
+        """The step's autocast region (disabled: B and W run without autocast):
+        autocast clears its cast cache only when its outermost region ends, so
+        the forwards' nested regions share one cast of each weight per step."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
+
+    def _run_ops(self, tracer: Tracer | None, hooks: Hooks, first_forward: dict[int, int],
+                 grads_final: dict[int, int]) -> float:
+        """The step's ops in order; the seconds spent in passes (on CUDA, 0: their
+        events are read at the step's end)."""
+        compute = 0.0
+        cuda = self.device.type == "cuda"
+        for index, op in enumerate(self.ops):
+            progress.at(op)
+            if isinstance(op, Exchange):
+                if tracer is None or not (op.sends or op.recvs):
+                    self._exchange(op, self._next_exchange[index])
+                    continue
+                tracer.begin()
+                self._exchange(op, self._next_exchange[index])
+                tracer.end("exchange", "exchange",
+                           {"sends": [str(t) for t in op.sends], "recvs": [str(t) for t in op.recvs]},
+                           None)
+                continue
+            if index == self._first_compute:
+                for before in hooks.before_first_pass:
+                    before()
+            if index in first_forward:
+                for before_stage in hooks.before_stage_forward:
+                    before_stage(first_forward[index])
+            arriving = self._arriving_for(op.pass_)
+            if arriving is not None:  # its receive, waited for here: not the pass's time
+                if tracer is None:
+                    self._receive(arriving)
+                else:
+                    waited_for = self._arriving[arriving][0]
+                    tracer.begin()
+                    self._receive(arriving)
+                    tracer.end("wait", "exchange", {"recvs": [str(waited_for)]}, None)
+            if tracer is not None:
+                tracer.begin()
+            window = (self.device_peak.pass_window(op.pass_.kind, op.pass_.stage)
+                      if self._measure and self.device_peak is not None else contextlib.nullcontext())
+            if cuda:  # the GPU's time, read at the step's end
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                with window:
+                    self._compute(op)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._pass_events.append((op.pass_.kind, begin, end))
+            else:
+                t0 = time.perf_counter()
+                with window:
+                    self._compute(op)
+                dt = time.perf_counter() - t0
+                compute += dt
+                self.compute_time[op.pass_.kind] += dt
+            if tracer is not None:
+                done = op.pass_
+                tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
+                           {"stage": done.stage, "microbatch": done.microbatch},
+                           (done.kind.value, done.stage))
+            if index in grads_final:
+                for ready in hooks.stage_grads_ready:
+                    ready(grads_final[index])
+        return compute
+
+    def _compute(self, op: Compute) -> None:
+        p = op.pass_
+        key = (p.microbatch, p.stage)
+        if p.kind is PassKind.F:
+            self._forward(p.microbatch, p.stage)
+        elif p.kind is PassKind.R:
+            self._recompute(p.microbatch, p.stage)
+        elif p.kind is PassKind.W:
+            stash = self._stash.pop(key)
+            stash.run()  # under no_grad, whoever calls it
+            if self._measure:
+                self.meter.set_stash(key, [], [])
+        else:
+            self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
+        if self._measure:
+            self.meter.after(
+                p.kind, key, self.memory.activation[p.stage], recomputed=p.stage in self.recompute
+            )
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's precision context (autocast under bf16/fp16)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _is_first(self, s: int) -> bool:
+        return s in self.lane_ends.first
+
+    def _is_last(self, s: int) -> bool:
+        return s in self.lane_ends.last
+
+    def _forward(self, mb: int, s: int) -> None:
+        faults.reached("forward")
+        inputs: list[torch.Tensor] = []
+        if self._is_first(s):
+            assert self._inputs is not None, f"stage {s}'s rank was given no inputs"
+            value = self._inputs[mb]
+        else:
+            received = self._take(TransferKind.ACT, mb, s)
+            for t in received:
+                if t.is_floating_point() or t.is_complex():
+                    inputs.append(t.requires_grad_(True))
+            value = unflatten(self.specs[s - 1], received)
+        if s in self.recompute:
+            rng = _RngState(self.device)
+            with torch.no_grad():
+                self._run_stage(mb, s, value, inputs, send=True)
+            del self._state[(mb, s)]  # no graph: R makes the one B runs on
+            self._kept[(mb, s)] = (value, inputs, rng)
+            if self._measure:
+                leaves = flatten(value, f"stage {s}'s input")[0] if self._is_first(s) else received
+                self.meter.set_kept((mb, s), [t for t in leaves if isinstance(t, torch.Tensor)])
+            return
+        self._run_stage(mb, s, value, inputs, send=True)
+
+    def _recompute(self, mb: int, s: int) -> None:
+        """R: the stage's forward again on what its F kept, with autograd and the
+        F's RNG state, leaving the state B needs; nothing is sent."""
+        value, inputs, rng = self._kept.pop((mb, s))
+        if self._measure:
+            self.meter.set_kept((mb, s), [])
+        with rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
+            self._run_stage(mb, s, value, inputs, send=False)
+
+    def _loss(self, mb: int, s: int, out: Any) -> torch.Tensor:
+        """The user's loss of microbatch `mb` (once per microbatch and step, R aside:
+        recomputing the last stage computes its loss again); LossError when it fails
+        or returns no scalar tensor."""
+        assert self._targets is not None, "the last stage's rank was given no targets"
+        try:
+            loss = self.loss_fn(out, self._targets[mb])
+        except Exception as exc:
+            raise LossError(f"loss(output, target) of stage {s}, microbatch {mb}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shown = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise LossError(f"loss(output, target) must return a scalar tensor, not {shown} "
+                            f"(stage {s}, microbatch {mb})")
+        return loss
+
+    def _run_stage(
+        self, mb: int, s: int, value: Any, inputs: list[torch.Tensor], *, send: bool
+    ) -> None:
+        """The stage (and on the last one the loss) on `value`; keeps what B needs
+        and, if `send`, hands the output to the next stage (the loss once)."""
+        last = self._is_last(s)
+        with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
+            with self.autocast():
+                out = call_stage(self.stages[s], value)
+                if last:
+                    loss = self._loss(mb, s, out)
+            if last:
+                if send:
+                    self._losses.append(loss.detach().float() / self.num_microbatches)
+                scaled = loss / self.num_microbatches
+                if self._loss_scale is not None:
+                    scaled = scaled * self._loss_scale
+                self._state[(mb, s)] = (inputs, [0], [scaled])
+                return
+        leaves, _ = flatten(out, f"stage {s}'s output")
+        # The outputs a gradient comes back for: floating-point leaves; B runs from
+        # those autograd reaches (a leaf made without gradients gets none).
+        floats = [i for i, t in enumerate(leaves) if t.is_floating_point() or t.is_complex()]
+        outs = [i for i, t in enumerate(floats) if leaves[t].requires_grad]
+        self._state[(mb, s)] = (inputs, outs, [leaves[floats[i]] for i in outs])
+        if send:
+            self._give(TransferKind.ACT, mb, s, s + 1, [t.detach() for t in leaves])
+
+    def _backward(self, mb: int, s: int, fused: bool) -> None:
+        inputs, which, outs = self._state.pop((mb, s))
+        if self._is_last(s):
+            grads: list[torch.Tensor | None] = [None]
+        else:
+            received = self._take(TransferKind.GRAD, mb, s)
+            grads = [received[i] for i in which]
+        stash = None
+        grad_inputs: list[torch.Tensor | None]
+        if not outs:  # nothing differentiable left this stage
+            grad_inputs = [None] * len(inputs)
+        elif fused:
+            torch.autograd.backward(outs, grads)
+            grad_inputs = [x.grad for x in inputs]
+        else:
+            stash = WStash()
+            hold = self.release == "at-w"
+            grad_inputs = backward_input(outs, grads, inputs, stash, retain_graph=hold)
+            if hold:
+                stash.graph = outs[0]  # the graph and its saved activations live until W
+        del outs, grads
+        if stash is not None:
+            self._stash[(mb, s)] = stash
+            if self._measure:
+                self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
+        elif not fused:  # a W still comes: give it an empty stash
+            self._stash[(mb, s)] = WStash()
+        if not self._is_first(s):
+            self._give(TransferKind.GRAD, mb, s, s - 1, [
+                g if g is not None else torch.zeros_like(x) for g, x in zip(grad_inputs, inputs, strict=True)
+            ])
+
+    # -- hand-over and transfers ---------------------------------------------
+
+    def _give(self, kind: TransferKind, mb: int, src: int, dst: int, value: list[torch.Tensor]) -> None:
+        if self.stage_device[dst] == self.rank:
+            self._inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
+        else:
+            self._outbox[(kind, mb, src)] = [v.contiguous() for v in value]
+
+    def _arriving_for(self, p: Any) -> tuple[TransferKind, int, int] | None:
+        """The pending receive pass `p` takes, if any: F's activation, B's or BW's
+        gradient."""
+        if p.kind is PassKind.F:
+            key = (TransferKind.ACT, p.microbatch, p.stage)
+        elif p.kind in (PassKind.B, PassKind.BW):
+            key = (TransferKind.GRAD, p.microbatch, p.stage)
+        else:
+            return None
+        return key if key in self._arriving else None
+
+    def _receive(self, key: tuple[TransferKind, int, int]) -> None:
+        """Wait for a pending receive; its tensors go to the inbox."""
+        t, pending = self._arriving.pop(key)
+        self._inbox[key] = [self._wait(r, t) for r in pending]
+
+    def _take(self, kind: TransferKind, mb: int, stage: int) -> list[torch.Tensor]:
+        """The value handed over locally, else the received one: its receives are
+        waited for here, where it is first used."""
+        key = (kind, mb, stage)
+        if key not in self._inbox:
+            self._receive(key)
+        return self._inbox.pop(key)
+
+    def _leaves_of(self, t: Transfer) -> list[Any]:
+        """The tensors a transfer carries: every leaf of the sender's output for an
+        activation, the differentiable ones for a gradient."""
+        stage = t.src_stage if t.kind is TransferKind.ACT else t.dst_stage
+        leaves = self.specs[stage].leaves()
+        return leaves if t.kind is TransferKind.ACT else [x for x in leaves if x.differentiable]
+
+    def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
+        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
+        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), transfer_tag(t, i, m, n, k), t)
+                for i, leaf in enumerate(self._leaves_of(t))]
+
+    def _post(self, sends: list[tuple[list[torch.Tensor], Transfer]], recvs: Sequence[Transfer]) -> None:
+        """Post `sends` and the receives of `recvs` (as one batch where the transport
+        is ordered); the receives wait in `_arriving` for the pass that takes them."""
+        m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
+        send_specs = [(v, self._peer(t.dst_rank), transfer_tag(t, i, m, n, k), t)
+                      for values, t in sends for i, v in enumerate(values)]
+        recv_specs = [spec for t in recvs for spec in self._recv_specs(t)]
+        try:
+            pending_sends, pending_recvs = self.transport.post(send_specs, recv_specs)
+        except RuntimeError as exc:
+            raise PeerError(f"posting the transfers {[str(t) for _, t in sends] + [str(t) for t in recvs]} "
+                            f"failed: {exc}") from exc
+        self._sends += pending_sends
+        for r in pending_recvs:
+            self._posted.setdefault(r.what, []).append(r)
+
+    def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
+        """Post the sends and receives of `op`; on a tagged transport (gloo: tags
+        match transfers, so order does not matter) also the receives of the next
+        exchange, so that their data arrives while this rank runs the pass in
+        between. Nothing is waited for here: a receive where its tensor is used
+        (`_take`), a send lazily."""
+        self._sends = [s for s in self._sends if not s.done()]
+        sends = [(self._outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
+        if self.transport.ordered:  # NCCL matches in order: one batch per exchange, as proven
+            self._post(sends, op.recvs)
+        else:
+            early = [t for t in upcoming.recvs] if upcoming is not None else []
+            self._post(sends, [t for t in (*op.recvs, *early) if t not in self._posted])
+        for t in op.recvs:
+            self._arriving[(t.kind, t.microbatch, t.dst_stage)] = (t, self._posted.pop(t, []))
+        if op.sends or op.recvs:
+            faults.reached("exchange")
+
+    def _wait(self, pending: Any, t: Transfer) -> Any:
+        """Wait for a pending send or receive (its value); a failure names the peer."""
+        peer = t.src_rank if t.dst_rank == self.rank else t.dst_rank
+        running = progress.current()
+        progress.at(("receive" if t.dst_rank == self.rank else "send", t))
+        try:
+            value = pending.wait(self.timeout)
+            progress.at(running)  # the pass that waited goes on
+            return value
+        except RuntimeError as exc:
+            what = "receiving" if t.dst_rank == self.rank else "sending"
+            text = str(exc)
+            if "reset by peer" in text or "closed" in text.lower() or "EOF" in text:
+                why = f"the connection to rank {peer} was lost (rank {peer} died)"
+            elif "timed out" in text.lower() or "timeout" in text.lower():
+                why = (f"rank {peer} did not answer within "
+                       f"{self.timeout.total_seconds():g} s (hung or deadlocked)")
+            else:
+                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+                why = f"rank {peer} failed ({first[:200]})"
+            raise PeerError(f"{what} {t}: {why}") from exc
+
+    # -- results ---------------------------------------------------------------
+
+    def measured_mw_ratio(self) -> dict[int, Fraction]:
+        """Per stage of this rank: bytes held after B / bytes held after F."""
+        ratios: dict[int, Fraction] = {}
+        for (mb, s), after in self.meter.after_b.items():
+            f = self.meter.f_bytes.get((mb, s))
+            if f:
+                ratios.setdefault(s, Fraction(after, f))
+        return ratios
+
+    def measured_mi_ratio(self) -> dict[int, Fraction]:
+        """Per recomputed stage of this rank: bytes its F keeps / bytes after its R
+        (the model's real M_I / M_B)."""
+        ratios: dict[int, Fraction] = {}
+        for (mb, s), kept in self.meter.kept_bytes.items():
+            full = self.meter.f_bytes.get((mb, s))
+            if full:
+                ratios.setdefault(s, Fraction(kept, full))
+        return ratios
+
+    def stage_bytes(self) -> dict[int, int]:
+        """Per stage of this rank: the bytes of one microbatch's activations (1 M_B)."""
+        found: dict[int, int] = {}
+        for (_mb, s), b in self.meter.f_bytes.items():
+            found.setdefault(s, b)
+        return found

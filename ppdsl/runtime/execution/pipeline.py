@@ -1,0 +1,682 @@
+"""ppdsl as a library: a proven schedule inside your own training loop.
+
+    schedule = load_schedule("examples/zb_h1.pp", {"d": 4, "m": 8})
+    runner = PipelineRunner(schedule, stages=build_stage, loss_fn=loss)
+    optimizer = torch.optim.AdamW(runner.parameters(), lr=3e-4)
+    stepper = OptimizerStep(runner, optimizer, max_norm=1.0, validation="post")
+    for inputs, targets in loader:          # only where they are used (below)
+        optimizer.zero_grad()
+        loss = runner.step(inputs, targets)  # the last stage's rank: the mean loss
+        stepper.step()
+        scheduler.step()
+
+`load_schedule` compiles a `.pp` file (every rank may, it is deterministic; the
+runner checks that all ranks run the same schedule). `PipelineRunner` builds this
+rank's stages from your modules and runs one step's passes per `step` call,
+gradients left in the parameters; inputs are only needed on the rank holding
+stage 0 and targets on the rank holding the last stage (other ranks pass None).
+The first `step` probes the shapes between stages with its first microbatch.
+Under a bidirectional placement (`place dualpipe`) each model stage is held twice,
+once per direction: the runner builds both copies from the same factory call
+(`stages(k)` for model stage k), starts them equal and sums their gradients
+after each step's passes, as it does for tied parameters.
+Everything collective runs on `group` (default: the world); with `mesh` (a 2-D
+DeviceMesh ("dp", "pp"), `ppdsl.runtime.execution.data_parallel.dp_pp_mesh`) the runner is
+one replica's pipeline: its group is the mesh's "pp" group and its gradients are
+combined over "dp" (`dp_mode` "replicate" or "shard", docs/runtime.md);
+`Hooks` are the points of entry such a layer uses.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ppdsl.backend.plan import Plan, plan_from_schedule
+from ppdsl.ir.rank import Op
+from ppdsl.ir.schedule import MemoryModel, torch_actions
+from ppdsl.runtime.errors import ModelError
+from ppdsl.runtime.execution.buffers import kept_buffers
+from ppdsl.runtime.execution.data_parallel import MODES, DataParallel, shard_stages
+from ppdsl.runtime.execution.engine import Engine, Hooks, StepResult
+from ppdsl.runtime.execution.group import LaneEnds, agree, copy_tag, differing, global_rank, tie_tag
+from ppdsl.runtime.execution.memory import MemoryMeter
+from ppdsl.runtime.execution.precision import LossScaler, autocast_dtype
+from ppdsl.runtime.execution.split import uncovered_in
+from ppdsl.runtime.execution.structure import (
+    Spec,
+    StructureError,
+    call_stage,
+    flatten,
+    split_microbatches,
+    unflatten,
+)
+from ppdsl.runtime.execution.trace import Tracer
+from ppdsl.runtime.execution.transport import Transport, backend_for
+
+__all__ = [
+    "CompiledPipeline",
+    "PipelineRunner",
+    "ScheduleError",
+    "load_schedule",
+    "tie_parameters",
+]
+
+class ScheduleError(ValueError):
+    """The `.pp` file does not compile; the message holds every located finding."""
+
+
+@dataclass(frozen=True)
+class CompiledPipeline:
+    """A compiled schedule as the runtime needs it: the plan every rank shares and
+    the rank programs (all of them, or only this rank's in a generated program)."""
+
+    plan: Plan
+    ops: Mapping[int, Sequence[Op]]
+    """Per rank: its ops (compute passes and exchanges), in order."""
+    fingerprint: str
+    """The compiled schedule's fingerprint; ranks must agree on it."""
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks (the schedule's devices)."""
+        return self.plan.num_devices
+
+    @property
+    def num_stages(self) -> int:
+        """Model stages."""
+        return self.plan.num_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per step (each step's batch is cut into that many)."""
+        return self.plan.num_microbatches
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages `rank` holds, in model order."""
+        return tuple(s for s, r in enumerate(self.plan.stage_device) if r == rank)
+
+    def torch_actions(self) -> list[list[str]]:
+        """Per rank, torch.distributed.pipelining's action strings (`0F1`, `0I1`,
+        `0W1`, `0B1`)."""
+        return [torch_actions(order.passes) for order in self.plan.orders]
+
+
+def load_schedule(
+    path: str | Path,
+    params: Mapping[str, int | str] | None = None,
+    *,
+    costs_from: str | Path | None = None,
+) -> CompiledPipeline:
+    """Compile the `.pp` file at `path` with `params` overriding its parameters (as
+    `-D name=value` does, e.g. {"d": 4, "m": 8}); `costs_from`: a costs file
+    (`ppdsl profile -o`). Raises ScheduleError with every located finding."""
+    from ppdsl.compiler import compile_file
+    from ppdsl.costs_file import load_costs_file
+    from ppdsl.diagnostics import CompileError, render_all
+
+    try:
+        costs = load_costs_file(costs_from) if costs_from is not None else None
+        compiled = compile_file(path, {k: str(v) for k, v in (params or {}).items()}, costs=costs)
+    except CompileError as exc:
+        raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
+    plan = plan_from_schedule(compiled.schedule, compiled.programs, compiled.timeline,
+                              compiled.costs_from)
+    return CompiledPipeline(
+        plan, {r: p.ops for r, p in enumerate(compiled.programs)}, plan.fingerprint
+    )
+
+
+def tie_parameters(stages: Mapping[int, nn.Module], tied: Sequence[Mapping[int, str]]) -> None:
+    """Make the tied parameters that sit in `stages` one Parameter: in each group
+    ({stage: parameter name}), the lowest stage's replaces the others' (a single
+    process or one rank holding several owners)."""
+    for group in tied:
+        here = sorted(s for s in group if s in stages)
+        if len(here) < 2:
+            continue
+        first = stages[here[0]].get_parameter(group[here[0]])
+        for s in here[1:]:
+            owner, _, leaf = group[s].rpartition(".")
+            module = stages[s].get_submodule(owner) if owner else stages[s]
+            setattr(module, leaf, first)
+
+
+def _default_note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class PipelineRunner:
+    """This rank's part of a pipeline: its stages, the schedule's passes, one step
+    per `step` call.
+
+    `stages`: this rank's stage modules, as {stage index: module} (other indices
+    are ignored) or a function building stage i (model stage i under a
+    bidirectional placement: both copies come from it). `loss_fn(output, target)` is the
+    batch's *mean* loss; the runner sums loss(mb)/m over the m microbatches.
+    `group`: the pipeline's process group (default: the world); its rank r runs
+    the schedule's rank r. `precision`: "fp32", "bf16" or "fp16" (forward and loss
+    under autocast; fp16 scales the loss, `scaler`). `release`: "at-b" or "at-w" (when a
+    split backward frees activations, docs/runtime.md). `tied`: groups of
+    parameters shared between stages, each {stage: parameter name}: the runner
+    makes those on one rank one Parameter, copies the lowest stage's values to the
+    other owners at start, and sums their gradients after each step's passes.
+    `share_gpu`: the ranks share GPUs (fewer GPUs than ranks on a node; a
+    development mode: they time-slice the GPU): transfers are staged through
+    pinned host memory over gloo (`ppdsl.runtime.execution.transport`); the group must have
+    a CPU backend. `transfer_mode` forces a transport mode ("tagged", "ordered",
+    "staged"; tests run the NCCL and staged paths on CPU tensors over gloo).
+    Construction is collective over `group` (the ranks check they run the same
+    schedule)."""
+
+    def __init__(
+        self,
+        schedule: CompiledPipeline,
+        stages: Mapping[int, nn.Module] | Callable[[int], nn.Module],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        *,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        precision: str = "fp32",
+        release: str = "at-b",
+        tied: Sequence[Mapping[int, str]] = (),
+        timeout: float = 60.0,
+        note: Callable[[str], None] = _default_note,
+        mesh: Any = None,
+        dp_mode: str = "replicate",
+        share_gpu: bool = False,
+        transfer_mode: str | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("PipelineRunner needs torch.distributed initialised "
+                               "(dist.init_process_group, e.g. under torchrun)")
+        if dp_mode not in MODES:
+            raise ValueError(f"dp_mode must be one of {', '.join(MODES)}, not {dp_mode!r}")
+        dp_mesh = None
+        if mesh is not None:
+            if group is not None:
+                raise ValueError("give either group or mesh (whose 'pp' group is the pipeline's)")
+            if tuple(mesh.mesh_dim_names or ()) != ("dp", "pp"):
+                raise ValueError(f"mesh must be 2-D with dims ('dp', 'pp'), not {mesh.mesh_dim_names}")
+            group = mesh["pp"].get_group()
+            dp_mesh = mesh["dp"]
+        self.schedule = schedule
+        self.plan = schedule.plan
+        self.group = group
+        self.rank = dist.get_rank(group)
+        """This process's rank in the pipeline (the schedule's rank it runs)."""
+        world = dist.get_world_size(group)
+        if device is None:
+            # by the backend serving CUDA tensors, not the group's name ("undefined"
+            # for a group made without one)
+            cuda = torch.device("cuda")
+            device = torch.device("cuda", torch.cuda.current_device()) if (
+                torch.cuda.is_available() and (share_gpu or backend_for(group, cuda) == "nccl")
+            ) else torch.device("cpu")
+        self.device = torch.device(device)
+        self.transport = Transport(group, self.device, staged=share_gpu, mode=transfer_mode)
+        """How tensors move between this pipeline's ranks (`ppdsl.runtime.execution.transport`)."""
+        self.note = note
+        self.tied = [dict(g) for g in tied]
+        error = None
+        if self.plan.lanes > 1 and self.tied:
+            error = (f"tied parameters under a placement of {self.plan.lanes} pipelines "
+                     "(each stage held twice) are not supported")
+        elif world != self.plan.num_devices:
+            error = (f"schedule {self.plan.name!r} was compiled for {self.plan.num_devices} ranks "
+                     f"but the process group has {world}")
+        elif self.rank not in schedule.ops:
+            error = f"rank {self.rank}: the schedule given holds no program for this rank"
+        self.stage_indices = schedule.stages_of(self.rank)
+        modules: dict[int, nn.Module] = {}
+        if error is None:
+            try:
+                for s in self.stage_indices:
+                    k = self.plan.model_stage(s)
+                    module = stages(k) if callable(stages) and not isinstance(stages, Mapping) \
+                        else stages.get(k)  # type: ignore[union-attr]
+                    if not isinstance(module, nn.Module):
+                        raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
+                    modules[s] = module.to(self.device)
+                self._check_ties(modules)
+                tie_parameters(modules, self.tied)
+                tie_parameters(modules, self._copy_groups(modules))
+                if dp_mesh is not None and dp_mode == "shard" and (self.tied or self.plan.lanes > 1):
+                    raise ModelError("tied parameters and a bidirectional placement's stage "
+                                     "copies are not supported with dp_mode 'shard' (FSDP shards "
+                                     "each stage on its own); use 'replicate'")
+            except ModelError as exc:
+                error = str(exc)
+            except Exception as exc:  # the user's code
+                error = f"building the stages failed: {type(exc).__name__}: {exc}"
+        error = agree(error, group)
+        if error is not None:
+            raise ModelError(error)
+        theirs = differing([schedule.fingerprint], group)
+        if theirs is not None:
+            lines = [f"  rank {r}: {fps[0][:12]}" for r, (fps, _) in enumerate(theirs)]
+            raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
+        if dp_mesh is not None:
+            self._broadcast_replica_zero(modules, dp_mesh.get_group())
+            if dp_mode == "shard":
+                shard_stages(modules, dp_mesh)
+        self.stages: dict[int, nn.Module] = modules
+        """This rank's stage modules, by stage index (FSDP modules in shard mode)."""
+        self.loss_fn = loss_fn
+        self.scaler = LossScaler(self.device) if precision == "fp16" else None
+        """fp16's loss scale (GradScaler semantics, one decision for all ranks), or None."""
+        self.precision = precision
+        self.engine = Engine(
+            self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
+            self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
+            release=release, autocast_dtype=autocast_dtype(precision),
+            lane_ends=LaneEnds.of(self.plan), transport=self.transport,
+        )
+        self.hooks: Hooks = self.engine.hooks
+        """Callbacks at a step's points (`ppdsl.runtime.execution.engine.Hooks`)."""
+        self.specs: dict[int, Spec] | None = None
+        """Every stage's output structure, known after the first step's probe."""
+        self.uncovered: dict[int, list[str]] = {}
+        """Per stage of this rank: parameters whose gradient B computes (the split
+        does not cover them), known after the first step."""
+        self.steps_run = 0
+        self.last_result: StepResult | None = None
+        """The last `step()`'s result (loss, elapsed and compute seconds), or None."""
+        self._input_spec: Spec | None = None
+        self._eval_engine: Engine | None = None
+        self._sync_tied_values()
+        if self._tie_peers():
+            self.hooks.after_passes.append(self.sync_tied_grads)
+        self.data_parallel: DataParallel | None = None
+        """The data-parallel layer (with `mesh`), else None."""
+        if dp_mesh is not None:
+            self.data_parallel = DataParallel(dp_mode, dp_mesh, modules, self.engine.grads_final,
+                                              self.engine.first_forward)
+            self.data_parallel.on_gather.append(self.engine.meter.add_parameters)
+            self.data_parallel.attach(self.hooks)
+
+    @staticmethod
+    def _broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.ProcessGroup) -> None:
+        """Every replica starts from replica 0's parameters and buffers (as DDP does)."""
+        src = global_rank(dp_group, 0)
+        with torch.no_grad():
+            for _, module in sorted(modules.items()):
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t.data, src=src, group=dp_group)
+
+    @property
+    def norm_groups(self) -> list[dist.ProcessGroup | None]:
+        """The groups a global gradient norm sums over: the pipeline's, and the DP
+        group where each rank holds a shard of the gradients."""
+        dp = self.data_parallel
+        return [self.group] + ([dp.group] if dp is not None and dp.mode == "shard" else [])
+
+    # -- what this rank holds ----------------------------------------------------
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank holds stage 0, or a lane's first stage (it is given
+        the inputs)."""
+        return any(self.plan.is_lane_first(s) for s in self.stages)
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank holds the last stage, or a lane's last stage (it is
+        given the targets and returns the loss)."""
+        return any(self.plan.is_lane_last(s) for s in self.stages)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, each once (give them to your optimizer)."""
+        return list(self.engine.params)
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(`stage{s}.{name}`, parameter) of this rank's parameters, each once."""
+        seen: set[int] = set()
+        found = []
+        for s, module in sorted(self.stages.items()):
+            for name, p in module.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    found.append((f"stage{s}.{name}", p))
+        return found
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """The parameters whose gradients this rank counts in the global gradient
+        norm: its own, less tied ones whose lowest owner sits on another rank (each
+        tied parameter is counted once across the pipeline), and in shard mode
+        less the parameters FSDP keeps whole (0-dim ones) on every replica but the
+        first (the norm sums over the DP group, so each is counted once)."""
+        skip: set[int] = set()
+        dp = self.data_parallel
+        if dp is not None and dp.mode == "shard" and dist.get_rank(dp.group) != 0:
+            skip.update(id(p) for p in self.engine.params if not callable(getattr(p, "to_local", None)))
+        for group in self.tied:
+            owner = min(group)
+            if self.plan.stage_device[owner] != self.rank:
+                for s, name in group.items():
+                    if s in self.stages:
+                        skip.add(id(self.stages[s].get_parameter(name)))
+        for _, param, ranks in self._tie_peers():
+            if ranks[0] != self.rank:  # a copy counted on its lowest rank
+                skip.add(id(param))
+        return [p for p in self.engine.params if id(p) not in skip]
+
+    # -- what a training loop reads ------------------------------------------------
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Where this rank's passes are recorded (`ppdsl.runtime.execution.trace.Tracer`), or
+        None (the default: nothing recorded)."""
+        return self.engine.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        self.engine.tracer = tracer
+
+    @property
+    def meter(self) -> MemoryMeter:
+        """The memory meter of this rank's passes (peaks in bytes and in the
+        compiler's units; it runs in steps given `measure_memory=True`)."""
+        return self.engine.meter
+
+    def measured_mw_ratio(self) -> dict[int, Fraction]:
+        """Per stage of this rank: the measured M_W/M_B (what a microbatch still
+        holds from its B to its W), once a step has been measured."""
+        return self.engine.measured_mw_ratio()
+
+    def measured_mi_ratio(self) -> dict[int, Fraction]:
+        """Per recomputed stage of this rank: the measured M_I/M_B (what F keeps)."""
+        return self.engine.measured_mi_ratio()
+
+    def stage_bytes(self) -> dict[int, int]:
+        """Per stage of this rank: the bytes one microbatch's activation holds."""
+        return self.engine.stage_bytes()
+
+    # -- one step ----------------------------------------------------------------
+
+    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False) -> torch.Tensor | None:
+        """One training step's passes. `inputs` (the rank holding stage 0) and
+        `targets` (the rank holding the last stage) are the whole batch: a tensor or
+        a tuple/list/dict of tensors, cut along dim 0 into the schedule's
+        microbatches; other ranks pass None (what they pass is not used).
+        Gradients accumulate into `.grad` (zero them between steps). Returns the
+        batch's mean loss (detached, unscaled) on the last stage's rank, else None.
+        `measure_memory` runs the memory meter for this step (`engine.meter`)."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds a first stage: step() needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: step() needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None)
+        elif input_mbs is not None:
+            spec = flatten(input_mbs[0], "the inputs")[1]
+            if spec != self._input_spec:
+                raise ValueError(
+                    f"the inputs' microbatches are {spec}, but the pipeline was set up for "
+                    f"{self._input_spec} at its first step; shapes between stages are fixed"
+                )
+        scale = self.scaler.scale if self.scaler is not None else None
+        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
+        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
+            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
+            dist.all_reduce(total, group=self.group)
+            result.loss = total if self.is_last else None
+        self.steps_run += 1
+        self.last_result = result
+        return result.loss
+
+    def evaluate(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+        """A forward-only step (a validation loss): `inputs` and `targets` as for
+        `step`, cut into the schedule's m microbatches; every stage in eval mode
+        (BatchNorm reads its running statistics, dropout is off), no gradients,
+        the schedule's F passes in their order and no B, W or R
+        (`ppdsl.compiler.compile_forward`: proven deadlock-free at the first
+        call). Collective over the pipeline (and the DP group in shard mode,
+        which gathers each stage's weights). Returns the batch's mean loss on the
+        last stage's rank (with a mesh: this replica's share's), else None;
+        parameters, gradients, buffers and the training mode are left as they
+        were."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds a first stage: evaluate() needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: evaluate() needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None)
+        engine = self._evaluation_engine()
+        modes = {s: module.training for s, module in self.stages.items()}
+        try:
+            for module in self.stages.values():
+                module.eval()
+            with torch.no_grad():
+                result = engine.step(input_mbs, target_mbs)
+        finally:
+            for s, module in self.stages.items():
+                module.train(modes[s])
+            dp = self.data_parallel
+            if dp is not None and dp.mode == "shard":  # FSDP gathered them at the forwards
+                for module in self.stages.values():
+                    module.reshard()  # type: ignore[operator]
+        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
+            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
+            dist.all_reduce(total, group=self.group)
+            result.loss = total if self.is_last else None
+        return result.loss
+
+    def _evaluation_engine(self) -> Engine:
+        """The engine of the forward-only programs (made at the first `evaluate`):
+        the same stages, no hooks, no recompute (nothing is kept for a backward)."""
+        if self._eval_engine is None:
+            from ppdsl.compiler import compile_forward
+            from ppdsl.diagnostics import CompileError, render_all
+
+            try:
+                programs = compile_forward(self.plan.forward_schedule()).programs()
+            except CompileError as exc:
+                raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
+            memory = self.plan.memory
+            forward_memory = MemoryModel(memory.activation, memory.weight_retained)
+            e = self.engine
+            self._eval_engine = Engine(
+                self.rank, programs[self.rank].ops, self.plan.stage_device,
+                self.plan.num_microbatches, forward_memory, self.stages, self.loss_fn, self.device,
+                group=self.group, timeout=e.timeout.total_seconds(), release=e.release,
+                autocast_dtype=e.autocast_dtype, lane_ends=e.lane_ends,
+            )
+            assert self.specs is not None
+            self._eval_engine.set_specs(self.specs)
+        return self._eval_engine
+
+    def _to_device(self, mbs: list[Any]) -> list[Any]:
+        out = []
+        for mb in mbs:
+            leaves, spec = flatten(mb)
+            out.append(unflatten(spec, [t.to(self.device, non_blocking=True) for t in leaves]))
+        return out
+
+    def _probe(self, first_input: Any) -> None:
+        """Run microbatch 0 through every stage once, stage by stage, on the rank
+        holding it, each later stage on zeros of the previous one's output; every
+        rank learns each stage's output structure (or the first error, the same on
+        every rank: raised as ModelError). Under a split schedule the forward keeps
+        its graph, to name the parameters the split does not cover."""
+        specs: dict[int, Spec] = {}
+        split = self.plan.split_backward
+        engine = self.engine
+        num_stages = self.plan.num_stages
+        for s in range(num_stages):
+            owner = self.plan.stage_device[s]
+            payload: list[Any] = [None]
+            if owner == self.rank:
+                prev = specs.get(s - 1)
+                first = self.plan.is_lane_first(s)
+                try:
+                    if first:
+                        value = first_input
+                        self._input_spec = flatten(first_input, "the inputs")[1]
+                    else:
+                        assert prev is not None
+                        zeros = []
+                        for leaf in prev.leaves():
+                            z = torch.zeros(leaf.shape, dtype=leaf.dtype, device=self.device)
+                            zeros.append(z.requires_grad_(split and leaf.differentiable))
+                        value = unflatten(prev, zeros)
+                    # the probe draws nothing from the RNGs the training uses (dropout):
+                    # a resumed run continues the same stream as an uninterrupted one
+                    devices = [self.device] if self.device.type == "cuda" else []
+                    # nor changes the buffers (BatchNorm's statistics), which only
+                    # the training's forwards update
+                    # nor calls the user's loss: it is called once per microbatch
+                    # per step, by the engine (a loss that logs or accumulates
+                    # metrics sees only the training's microbatches)
+                    with torch.random.fork_rng(devices=devices), kept_buffers(self.stages[s]), \
+                            torch.set_grad_enabled(split), engine.autocast():
+                        out = call_stage(self.stages[s], value)
+                    leaves, spec = flatten(out, f"stage {s}'s output")
+                    uncovered = uncovered_in(self.stages[s], leaves) if split else []
+                    payload = [(spec, None, uncovered)]
+                except Exception as exc:  # the user's model: report, don't crash
+                    if not first and prev is not None:
+                        shown = (f"of shape {list(prev.leaf.shape)}" if prev.leaf is not None
+                                 else str(prev))
+                        what = f"stage {s} (on rank {owner}) cannot take stage {s - 1}'s output {shown}"
+                    else:
+                        what = f"stage {s} (on rank {owner})"
+                    kind = "" if isinstance(exc, StructureError) else f"{type(exc).__name__}: "
+                    payload = [(None, f"{what}: {kind}{exc}", [])]
+            src = global_rank(self.group, owner)
+            dist.broadcast_object_list(payload, src=src, group=self.group)
+            spec, error, uncovered = payload[0]
+            if error is not None:
+                raise ModelError(error)
+            specs[s] = spec
+            if s in self.stages:
+                self.uncovered[s] = list(uncovered)
+        self.specs = specs
+        engine.set_specs(specs)
+        unsplit = [f"stage {s}: {', '.join(n)}" for s, n in sorted(self.uncovered.items()) if n]
+        if unsplit:
+            self.note(
+                f"ppdsl: rank {self.rank}: note: these parameters get their gradient during B "
+                f"(no split-aware layer for them): {'; '.join(unsplit)}"
+            )
+
+    # -- tied parameters -----------------------------------------------------------
+
+    def _check_ties(self, modules: dict[int, nn.Module]) -> None:
+        for group in self.tied:
+            if len(group) < 2:
+                raise ModelError(f"tied parameters {group}: a tie names at least two stages")
+            shapes = set()
+            for s, name in group.items():
+                if not 0 <= s < self.plan.num_stages:
+                    raise ModelError(f"tied parameters {group}: no stage {s} in a "
+                                     f"{self.plan.num_stages}-stage schedule")
+                if s in modules:
+                    try:
+                        shapes.add(tuple(modules[s].get_parameter(name).shape))
+                    except AttributeError:
+                        raise ModelError(f"tied parameters: stage {s} has no parameter {name!r}") from None
+            if len(shapes) > 1:
+                raise ModelError(f"tied parameters {group}: shapes differ ({sorted(shapes)})")
+
+    def _copy_groups(self, modules: Mapping[int, nn.Module]) -> list[dict[int, str]]:
+        """Under a bidirectional placement, the copies of one model stage that
+        sit on this one rank: per parameter, {stage: name} (made one Parameter)."""
+        plan = self.plan
+        groups = []
+        for k in range(plan.num_model_stages if plan.lanes > 1 else 0):
+            here = [k + lane * plan.num_model_stages for lane in range(plan.lanes)]
+            here = [c for c in here if c in modules]
+            if len(here) > 1:
+                groups += [{c: name for c in here} for name, _ in modules[here[0]].named_parameters()]
+        return groups
+
+    def _tie_peers(self) -> list[tuple[int, nn.Parameter, list[int]]]:
+        """Per tie or copy this rank owns part of: (the tag of its exchange, its
+        parameter here, the owning ranks in order). A copy's tag is made of its
+        model stage and the parameter's position in it, the same on both ranks."""
+        found = []
+        for i, group in enumerate(self.tied):
+            ranks = sorted({self.plan.stage_device[s] for s in group})
+            mine = [s for s in sorted(group) if s in self.stages]
+            if len(ranks) > 1 and mine:
+                found.append((tie_tag(i), self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
+        if self.plan.lanes > 1:
+            held = {self.plan.model_stage(s): s for s in sorted(self.stages, reverse=True)}
+            for k, s in sorted(held.items()):  # every rank in model-stage order
+                copies = [k + lane * self.plan.num_model_stages for lane in range(self.plan.lanes)]
+                ranks = sorted({self.plan.stage_device[c] for c in copies})
+                if len(ranks) < 2:
+                    continue
+                params = dict(self.stages[s].named_parameters())
+                for position, name in enumerate(params):
+                    found.append((copy_tag(k, position), params[name], ranks))
+        return found
+
+    def _peer(self, rank: int) -> int:
+        return global_rank(self.group, rank)
+
+    def _sync_tied_values(self) -> None:
+        """The lowest owner's values go to the other owners (as DDP broadcasts)."""
+        timeout = self.engine.timeout
+        for tag, param, ranks in self._tie_peers():
+            with torch.no_grad():
+                if self.rank == ranks[0]:
+                    sends, _ = self.transport.post(
+                        [(param.detach().contiguous(), self._peer(r), tag, r) for r in ranks[1:]], [])
+                    for pending in sends:
+                        pending.wait(timeout)
+                else:
+                    _, recvs = self.transport.post(
+                        [], [(param.shape, param.dtype, self._peer(ranks[0]), tag, ranks[0])])
+                    param.copy_(recvs[0].wait(timeout))
+
+    def _swap(self, mine: torch.Tensor, ranks: Sequence[int], tag: int) -> dict[int, torch.Tensor]:
+        """Send `mine` to each pipeline rank in `ranks` and receive theirs, posted as
+        one batch, receives first: on NCCL an ungrouped send then receive with the
+        same peer deadlocks on both sides once the tensor outgrows its buffering
+        (a tied embedding's gradient). {rank: theirs}."""
+        sends, recvs = self.transport.post(
+            [(mine, self._peer(r), tag, r) for r in ranks],
+            [(mine.shape, mine.dtype, self._peer(r), tag, r) for r in ranks],
+        )
+        got = {r.what: r.wait(self.engine.timeout) for r in recvs}
+        for pending in sends:
+            pending.wait(self.engine.timeout)
+        return got
+
+    def sync_tied_grads(self) -> None:
+        """Sum each tied parameter's gradient over its owning ranks, in rank order
+        (every owner ends with the same bits). Runs after each step's passes."""
+        for tag, param, ranks in self._tie_peers():
+            if not param.requires_grad:
+                continue
+            mine = param.grad if param.grad is not None else torch.zeros_like(param)
+            mine = mine.contiguous()
+            bufs = self._swap(mine, [r for r in ranks if r != self.rank], tag)
+            total = None
+            for r in ranks:
+                g = mine if r == self.rank else bufs[r]
+                total = g.clone() if total is None else total.add_(g)
+            param.grad = total
+

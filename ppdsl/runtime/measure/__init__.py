@@ -1,0 +1,21 @@
+"""Measurement for the compiler (docs/runtime.md, "ppdsl profile"): per-stage pass
+costs and memory, transfers, collectives and the engine's overhead, written as a
+costs file; the per-layer profile of a `hf:DIR` model and the cut it chooses."""
+
+from __future__ import annotations
+
+from ppdsl.runtime._lazy import lazy_getattr
+
+__all__ = ["profile_model", "prepare_device", "to_costs_pp", "profile_layers", "balanced_cut",
+           "choose_cut", "stage_profile", "describe"]
+
+__getattr__ = lazy_getattr(__name__, {
+    "profile_model": "profile",
+    "prepare_device": "profile",
+    "to_costs_pp": "profile",
+    "profile_layers": "cut",
+    "balanced_cut": "cut",
+    "choose_cut": "cut",
+    "stage_profile": "cut",
+    "describe": "cut",
+})
