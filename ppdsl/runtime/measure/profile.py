@@ -885,7 +885,7 @@ def _engine_steps(
             t0 = time.perf_counter()
             with torch.no_grad():
                 if params:
-                    access.foreach_norm([p.grad for p in params], 2.0)
+                    access.foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
                 opt.step()
             _sync(device)
             if rep >= warmup:

@@ -251,7 +251,7 @@ class OptimizerStep:
         if pending is None:  # sync
             if not invalid:
                 if coef is not None:
-                    access.foreach_mul_([p.grad for p in params], coef)
+                    access.foreach_mul_([p.grad for p in params], coef)  # type: ignore[misc]
                 self.optimizer.step()
         elif invalid or coef is not None:
             if pending.stepped:
