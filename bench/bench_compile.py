@@ -1,5 +1,5 @@
 """torch.compile and the B/W split (issue 20, point 9): one stage of two GPT blocks
-(bench/gpu_gpt.py) three ways, measured by `ppdsl.runtime.measure.profile.measure_stage`:
+(bench/gpu_gpt.py) three ways, measured by `ppdsl.runtime.measure.stages.measure_stage`:
 
 - eager: every linear split (B computes dx, W dW);
 - whole block compiled (``torch.compile(block)``): the compiled region is ONE
@@ -33,7 +33,7 @@ from torch import nn
 
 from bench.gpu_gpt import Block
 from ppdsl.runtime.execution.split import uncovered_parameters
-from ppdsl.runtime.measure.profile import measure_stage
+from ppdsl.runtime.measure.stages import measure_stage
 
 
 class _PiecesBlock(nn.Module):

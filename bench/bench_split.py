@@ -1,5 +1,5 @@
 """The B/W split's cost (ppdsl.runtime.execution.split), plain vs split, per layer kind and
-for tiny_gpt stages, measured in the same run by `ppdsl.runtime.measure.profile.measure_stage`
+for tiny_gpt stages, measured in the same run by `ppdsl.runtime.measure.stages.measure_stage`
 (the plain run and the split run alternate; medians of 30 after 5 warm-up).
 
 Times are this thread's CPU time (`time.thread_time`, torch on one thread), so
@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ppdsl.runtime.execution.split import NORMS
-from ppdsl.runtime.measure.profile import StageTiming, measure_stage
+from ppdsl.runtime.measure.records import StageTiming
+from ppdsl.runtime.measure.stages import measure_stage
 from ppdsl.runtime.models.model import build_model
 from ppdsl.runtime.worker.cpu import keep_freed_memory
 

@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     out = output_file(args.output)
     costs_out = out.with_name(out.stem + ".costs.pp")
 
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp
     from ppdsl.runtime.measure.cut import (
         balanced_cut,
         boundary_transfer_ms,
@@ -171,7 +172,6 @@ def run(args: argparse.Namespace) -> ExitCode:
         stage_profile,
         stage_timings,
     )
-    from ppdsl.runtime.measure.profile import to_costs_pp
     from ppdsl.runtime.models.hf import equal_cut
     from ppdsl.runtime.models.model import ModelError
     from ppdsl.search.progress import ProgressBar
@@ -257,8 +257,8 @@ def _searched(args: argparse.Namespace, layers, transfer_ms: float | None, budge
     """What `ppdsl search` finds (parallel placement) under the balanced cut's
     costs and the budget, compiled back under those costs."""
     from ppdsl.commands import search as search_command
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp
     from ppdsl.runtime.measure.cut import balanced_cut, stage_profile
-    from ppdsl.runtime.measure.profile import to_costs_pp
 
     cut = balanced_cut(layers, args.devices)
     profile = stage_profile(layers, cut, args.model, transfer_ms)

@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    from ppdsl.runtime.measure.profile import prepare_device, profile_model, to_costs_pp
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp
+    from ppdsl.runtime.measure.profile import profile_model
+    from ppdsl.runtime.measure.stages import prepare_device
     from ppdsl.runtime.models.model import ModelError
     from ppdsl.search.progress import ProgressBar
 
@@ -144,8 +146,9 @@ def run(args: argparse.Namespace) -> ExitCode:
 def _per_layer(args: argparse.Namespace) -> ExitCode:
     """`--per-layer`: each layer of a `hf:DIR` model measured alone; with
     `--stages`, the cut and its stages' costs (`-o` writes them)."""
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp
     from ppdsl.runtime.measure.cut import choose_cut, describe, profile_layers, stage_profile
-    from ppdsl.runtime.measure.profile import prepare_device, to_costs_pp
+    from ppdsl.runtime.measure.stages import prepare_device
     from ppdsl.runtime.models.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
     from ppdsl.runtime.models.model import ModelError
     from ppdsl.search.progress import ProgressBar

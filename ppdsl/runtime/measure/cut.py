@@ -4,7 +4,7 @@ layers, the balanced cut chosen from those sums.
 
 The layers of the profile are the model's own: the embedding (first stage), each
 decoder layer, and the head (final norm, LM head and the loss; last stage). Each
-is measured by `ppdsl.runtime.measure.profile.measure_stage` on one microbatch (T_F, T_B
+is measured by `ppdsl.runtime.measure.stages.measure_chain` on one microbatch (T_F, T_B
 fused, T_I and T_W of the B/W split, M_B and M_W by the runtime's meter) with the
 previous layer's output as its input. A stage's costs are the sums of its
 layers' (what a stage adds, its own mask and rotary embedding, is left out).
@@ -17,20 +17,15 @@ for a schedule), ties going to the cut whose stages' times are most even.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 
-from ppdsl.runtime.measure.profile import (
-    Profile,
-    StageProfile,
-    StageTiming,
-    measure_stage,
-    measure_transfer,
-)
+from ppdsl.runtime.measure.records import Profile, StageProfile, StageTiming
+from ppdsl.runtime.measure.stages import measure_chain, stage_stopwatch
+from ppdsl.runtime.measure.transfers import measure_transfer
 from ppdsl.runtime.models.hf import HFPipelineModel, HFStage, anatomy_of, parse_cut
 from ppdsl.runtime.models.model import ModelError
 
@@ -51,7 +46,7 @@ class LayerProfile:
     microbatch_size: int
     """Samples per measured microbatch."""
     clock: str
-    """`thread` (CPU time of this thread) or `wall`."""
+    """`thread` (CPU time of this thread), `wall`, or `cuda-events` (`Stopwatch.clock`)."""
     warmup: int = 0
     """Untimed runs of each layer before the timed ones."""
     repeats: int = 1
@@ -121,47 +116,23 @@ def profile_layers(
     whole = model.hf_model
     anatomy = anatomy_of(whole)
     num_layers = len(whole.get_submodule(anatomy.layers))
-    thread_clock = device.type == "cpu" and torch.get_num_threads() == 1
-    clock = time.thread_time if thread_clock else time.perf_counter
+    watch = stage_stopwatch(device)
     inputs, targets = model.batch(0, microbatch_size)
     inputs, targets = inputs.to(device), targets.to(device)
     units: list[tuple[str, HFStage]] = [("embedding", HFStage(whole, anatomy, range(0), True, False))]
     units += [(f"layer {i}", HFStage(whole, anatomy, range(i, i + 1), False, False))
               for i in range(num_layers)]
     units.append(("head", HFStage(whole, anatomy, range(0), False, True)))
-    timings = []
-    x = inputs
-    boundary = 0
-    for k, (name, unit) in enumerate(units):
-        unit.to(device)
-        last = k == len(units) - 1
-        with torch.no_grad():
-            out = unit(x)
-        if last:
-            grad_output = None
 
-            def finish(y: torch.Tensor) -> torch.Tensor:
-                return model.loss(y, targets)
-        else:
-            g = torch.Generator(device="cpu").manual_seed(k)
-            grad_output = torch.randn(out.shape, generator=g).to(out.dtype).to(device)
-            boundary = out.numel() * out.element_size()
+    def loss(y: torch.Tensor) -> torch.Tensor:
+        return model.loss(y, targets)
 
-            def finish(y: torch.Tensor) -> torch.Tensor:
-                return y
-
-        def report(fraction: float, k: int = k, name: str = name) -> None:
-            if progress is not None:
-                progress(name, (k + fraction) / len(units))
-
-        def make_input(t: torch.Tensor = x) -> torch.Tensor:
-            return t
-
-        timings.append(measure_stage(unit, make_input, finish, grad_output, device,
-                                     warmup=warmup, repeats=repeats, progress=report, clock=clock))
-        x = out.detach()
-    return LayerProfile(tuple(n for n, _ in units), tuple(timings), boundary, microbatch_size,
-                        "thread" if thread_clock else "wall", warmup, repeats)
+    links = list(measure_chain(units, len(units), inputs, loss, device,
+                               where=f"the per-layer profile of {type(whole).__name__}",
+                               warmup=warmup, repeats=repeats, clock=watch.host_clock,
+                               progress=progress))
+    return LayerProfile(tuple(link.name for link in links), tuple(link.timing for link in links),
+                        links[-2].boundary_bytes, microbatch_size, watch.clock, warmup, repeats)
 
 
 def _sum(timings: Sequence[StageTiming]) -> StageTiming:
@@ -245,7 +216,7 @@ def balanced_cut(profile: LayerProfile, num_stages: int,
 def stage_profile(profile: LayerProfile, cut: Sequence[int], model: str,
                   transfer_ms: float | None = None, device: str = "cpu") -> Profile:
     """The per-stage `Profile` that `cut` makes of the layer profile (what
-    `ppdsl.runtime.measure.profile.to_costs_pp` writes as a costs file)."""
+    `ppdsl.runtime.measure.costs_pp.to_costs_pp` writes as a costs file)."""
     timings = stage_timings(profile, cut)
     last = len(cut) - 1
     stages = tuple(
@@ -280,7 +251,7 @@ def profile_folder(
 
 def boundary_transfer_ms(profile: LayerProfile) -> float | None:
     """The time to move one microbatch's hidden state to another rank (gloo on
-    loopback, `ppdsl.runtime.measure.profile.measure_transfer`)."""
+    loopback, `ppdsl.runtime.measure.transfers.measure_transfer`)."""
     measured, _ = measure_transfer([profile.boundary_bytes], torch.device("cpu"))
     return measured[0] if measured else None
 

@@ -19,7 +19,7 @@ from ppdsl.compiler import compile_file
 from ppdsl.costs_file import load_costs_file
 from ppdsl.ir.schedule import Costs, MemoryModel, PassKind
 from ppdsl.runtime.execution.trace import Tracer, chrome_trace, mean_costs, simulated_makespan
-from ppdsl.runtime.measure.profile import _run_gloo
+from ppdsl.runtime.measure.launch import launch
 from tests.paths import ROOT
 from tests.trace_conformance import assert_trace_conforms
 
@@ -214,7 +214,7 @@ if rank == 0:
     print(json.dumps(every), flush=True)
 dist.barrier()
 # skip the teardown, where gloo's threads may end the process with "terminate
-# called without an active exception" (as ppdsl.runtime.measure.profile's scripts do)
+# called without an active exception" (as ppdsl.runtime.measure.gloo_worker's pipeline job does)
 os._exit(0)
 """
 
@@ -225,7 +225,7 @@ def test_ranks_on_one_host_share_the_first_ranks_epoch() -> None:
     takes the first rank's (the host's monotonic clock), so a slice both record
     right after a common barrier starts at the same time in both (within
     50 ms), not 0.3 s apart; both say their clock is shared."""
-    (ts0, shared0), (ts1, shared1) = _run_gloo(_EPOCHS, 2, 0.3, 120, "two tracers")
+    (ts0, shared0), (ts1, shared1) = launch(["-c", _EPOCHS], 2, 0.3, 120, "two tracers")
     assert shared0 and shared1
     assert abs(ts0 - ts1) < 50e3, (ts0, ts1)
     assert ts1 > 250e3  # times run from the first rank's epoch, before the late one's

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from ppdsl.runtime.measure.cut import LayerProfile, balanced_cut, stage_timings  # noqa: E402
-from ppdsl.runtime.measure.profile import StageTiming  # noqa: E402
+from ppdsl.runtime.measure.records import StageTiming  # noqa: E402
 from ppdsl.runtime.models.model import ModelError  # noqa: E402
 from tests.dist import hf_models  # noqa: E402
 
