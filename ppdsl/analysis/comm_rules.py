@@ -113,6 +113,8 @@ class LaneWait:
     peer: int
     peer_item: int
     text: str
+    crossed: bool = False
+    """Whether the wait is on a crossed pair (two different tensors matched)."""
 
 
 @dataclass(frozen=True)
@@ -386,7 +388,7 @@ def _describe(lanes: _Lanes, lane: int, wait, position, offsets, programs) -> La
         text = f"rank {rank}'s {me} waits for rank {peer} to post {them}"
     else:
         text = f"rank {rank}'s {me} waits for rank {peer} to reach {them}"
-    return LaneWait(rank, item, peer, peer_item, text)
+    return LaneWait(rank, item, peer, peer_item, text, why == "crossed")
 
 
 def _item_text(programs, rank: int, item: int) -> str:

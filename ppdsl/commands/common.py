@@ -52,9 +52,14 @@ class UsageError(Exception):
     `ppdsl COMMAND: error: ...` and exits `ExitCode.USAGE`."""
 
 
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """FILE, repeated `-D name=value` and `--costs-from`."""
-    parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
+def add_schedule_arguments(parser: argparse.ArgumentParser, *, optional_file: bool = False) -> None:
+    """FILE (left out where `optional_file`: the command checks its own), repeated
+    `-D name=value` and `--costs-from`."""
+    if optional_file:
+        parser.add_argument("file", metavar="FILE", nargs="?", default=None,
+                            help="the .pp schedule file")
+    else:
+        parser.add_argument("file", metavar="FILE", help="the .pp schedule file")
     add_defines_argument(parser, "override a parameter's default")
     add_costs_from_argument(parser)
     add_limit_arguments(parser)

@@ -31,6 +31,8 @@ def test_reported_hangs_are_rejected_with_their_cycle(capsys, name):
     assert err.count("error: deadlock under nccl's rules: ranks 0, 1 wait on each other") == 1
     assert f"{path}:1:" in err and f"{path}:2:" in err  # both rows
     assert "rank 0's" in err and "rank 1's" in err
+    crossed = "NCCL matches the n-th send with the n-th receive" in err
+    assert crossed == (name == "megatron_5100")  # 5100 is a crossed pair, 172668 is not
 
 
 def test_the_hangs_run_where_tags_match(capsys):

@@ -177,6 +177,9 @@ def verdict_diagnostics(
             continue  # an unmatched op, reported above
         notes = tuple((items[w.rank][w.item].span, w.text) for w in cycle)
         ranks = ", ".join(dict.fromkeys(str(w.rank) for w in cycle))
+        if any(w.crossed for w in cycle):
+            advice = ("post each rank's operations to a peer in the order the peer posts the "
+                      "other side (NCCL matches the n-th send with the n-th receive)")
         found.append(Diagnostic(
             "error", f"deadlock under {model}'s rules: ranks {ranks} wait on each other in a "
             f"cycle; {advice}:", notes[0][0], notes))
