@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.analysis.run_gap import gap_sources, mean_costs, simulated_timeline
 from ppdsl.backend.plan import PassKeys, Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
@@ -54,14 +55,7 @@ from ppdsl.runtime.execution.group import agree, differing, gather, placement_of
 from ppdsl.runtime.execution.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner
 from ppdsl.runtime.execution.structure import flatten, unflatten
-from ppdsl.runtime.execution.trace import (
-    Tracer,
-    chrome_trace,
-    gap_sources,
-    mean_costs,
-    simulated_timeline,
-    write_chrome_trace,
-)
+from ppdsl.runtime.execution.trace import Tracer, chrome_trace, write_chrome_trace
 from ppdsl.runtime.models.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.models.model import LossError, ModelError, build_model
 from ppdsl.runtime.training.checkpoint import Checkpointer, CheckpointError, run_identity
