@@ -553,7 +553,7 @@ def _start(
         model=model, runner=runner, optimizer=optimizer, scheduler=scheduler, stepper=stepper,
         checkpointer=checkpointer, export=export, first_step=first_step, last_step=last_step,
         batch_size=batch_size, replica=replica, pp_rank=pp_rank, tracer=tracer,
-        device_peak=runner.engine.device_peak,
+        device_peak=runner.device_peak,
         last_saved=first_step if first_step else None,
     )
 
@@ -913,7 +913,7 @@ def _predicted_cuda_peak(plan: Plan, pp_rank: int, runner: PipelineRunner, memor
             grads[s] = sum(t.numel() * t.element_size() for t in local)
     return predicted_device_peak(PassKeys(plan.orders[pp_rank].passes), memory, runner.stage_bytes(),
                                  working=device_peak.working,
-                                 stash_gradients=runner.engine.meter.stash_gradient_bytes(),
+                                 stash_gradients=runner.meter.stash_gradient_bytes(),
                                  first_gradients=grads)
 
 
