@@ -53,8 +53,8 @@ class Tracer:
         default process group at once (when there is one). On CPU a rank on the
         same host as rank 0 then takes rank 0's epoch: `perf_counter` is the host's monotonic clock, so their
         times compare exactly; a barrier alone leaves each rank's epoch where
-        it left the barrier, milliseconds apart on busy cores (3.5 ms seen
-        between two gloo ranks on 2 cores)."""
+        it left the barrier, which on busy cores differs between ranks by
+        milliseconds, as much as a short pass lasts."""
         if self.cuda:
             torch.cuda.synchronize()
             self._epoch_event = torch.cuda.Event(enable_timing=True)
