@@ -24,8 +24,8 @@ def test_load_schedule_errors_are_located(tmp_path: Path) -> None:
 
 def test_runner_refuses_bad_arguments_before_anything_collective(one_rank) -> None:
     """A DP mode that does not exist, a group beside a mesh, a mesh that is not
-    ("dp", "pp"): ValueError naming the argument, raised before any collective
-    (one rank, so a collective would not hang: its absence is in the message)."""
+    ("dp", "pp"): a ValueError naming the argument and what it must be, raised
+    by the argument checks before the stages are built."""
     schedule = load_schedule(ROOT / "examples" / "1f1b.pp", {"d": 1, "m": 2})
     with pytest.raises(ValueError, match="dp_mode must be one of replicate, shard, not 'fsdp'"):
         PipelineRunner(schedule, {}, lambda out, target: out, dp_mode="fsdp")
