@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 from ppdsl.backend.plan import plan_from_schedule  # noqa: E402
 from ppdsl.runtime.models.model import build_model  # noqa: E402
 from ppdsl.runtime.training.optim import OptimizerStep  # noqa: E402
-from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner, tie_parameters  # noqa: E402
+from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
+from ppdsl.runtime.execution.ties import tie_parameters  # noqa: E402
 from ppdsl.runtime.execution.structure import call_stage  # noqa: E402
 from tests.dist.standins import delayed_sends, rendezvous_sends  # noqa: E402
 

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 from ppdsl.ir.schedule import PassKind  # noqa: E402
 from ppdsl.runtime.execution.data_parallel import dp_pp_mesh  # noqa: E402
 from ppdsl.runtime.training.optim import make_optimizer  # noqa: E402
-from ppdsl.runtime.execution.pipeline import PipelineRunner, tie_parameters  # noqa: E402
+from ppdsl.runtime.execution.pipeline import PipelineRunner  # noqa: E402
+from ppdsl.runtime.execution.ties import tie_parameters  # noqa: E402
 from ppdsl.runtime.execution.structure import call_stage, split_microbatches  # noqa: E402
 from tests.dist import zoo  # noqa: E402
 from tests.dist.train_worker import _compiled, _rel  # noqa: E402

@@ -243,7 +243,7 @@ _ENGINE = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine"
 # On CUDA, autograd's device thread makes its first cuBLAS call before any CUDA
 # context is current on that thread; torch then sets the primary context (the
 # one every other thread uses) and warns. Harmless, and once per rank: not the
-# user's to see (seen with torch 2.11 on an H100, `make gpu-check`).
+# user's to see (`make gpu-check` runs the split on CUDA, where it would show).
 warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current "
                         "CUDA context", category=UserWarning)
 

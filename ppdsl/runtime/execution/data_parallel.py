@@ -46,9 +46,10 @@ from torch import nn
 
 from ppdsl.runtime.execution.buffers import broadcast_buffers
 from ppdsl.runtime.execution.dtensor import is_sharded, local_tensor, sharded_like
+from ppdsl.runtime.execution.group import global_rank
 from ppdsl.runtime.execution.transport import backend_for
 
-__all__ = ["MODES", "DataParallel", "dp_pp_mesh", "shard_stages"]
+__all__ = ["MODES", "DataParallel", "broadcast_replica_zero", "dp_pp_mesh", "shard_stages"]
 
 MODES = ("replicate", "shard")
 """The data-parallel modes `--dp-mode` names."""
@@ -80,6 +81,15 @@ def dp_pp_mesh(dp: int, pp: int, device_type: str) -> Any:
     if world != dp * pp:
         raise ValueError(f"--dp {dp} x {pp} pipeline ranks needs {dp * pp} processes, not {world}")
     return init_device_mesh(device_type, (dp, pp), mesh_dim_names=("dp", "pp"))
+
+
+def broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.ProcessGroup) -> None:
+    """Every replica starts from replica 0's parameters and buffers (as DDP does)."""
+    src = global_rank(dp_group, 0)
+    with torch.no_grad():
+        for _, module in sorted(modules.items()):
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=src, group=dp_group)
 
 
 def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:

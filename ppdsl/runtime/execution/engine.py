@@ -36,10 +36,12 @@ A value between stages is a tensor or a tuple/list/dict of tensors
 carry a gradient back. Ranks are the pipeline group's ranks (`group`); point-to-
 point calls name the global ranks behind them.
 
-Hooks (`Hooks`) let a layer above (post-validation, data parallelism) act at the
-points a step defines: before this rank's first pass, before a stage's first
-forward, when a stage's gradients are final (its last W or BW of the step), and
-after the last pass.
+Hooks (`Hooks`) let a layer above (post-validation, data parallelism, ties) act
+at the points a step defines: before this rank's first pass, before a stage's
+first forward, when a stage's gradients are final (its last W or BW of the
+step), and after the last pass. Each pass runs as hooks, wait, compute, hooks;
+what is recorded around it (trace, timing, memory windows) is one
+`PassInstruments`, and everything a step holds is one `StepState` made per step.
 """
 
 from __future__ import annotations
@@ -60,11 +62,13 @@ from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime.errors import LossError, PeerError, first_line, peer_failure
 from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
+from ppdsl.runtime.execution.instruments import PassInstruments
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
 from ppdsl.runtime.execution.split import WStash, backward_input
+from ppdsl.runtime.execution.step_state import Kept, Key, RngState, Saved, StepState
 from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatten
 from ppdsl.runtime.execution.trace import Tracer
-from ppdsl.runtime.execution.transport import PendingRecv, PendingSend, Transport
+from ppdsl.runtime.execution.transport import Transport
 from ppdsl.runtime.worker import faults, progress
 from ppdsl.semantics import reduction_points
 
@@ -102,23 +106,30 @@ class Hooks:
     """After the last pass and after every send has completed."""
 
 
-class _RngState:
-    """The RNG state when a recomputed stage's F starts (CPU, and this device's
-    on CUDA), so that R draws what F drew."""
+def _next_exchanges(ops: Sequence[Op]) -> dict[int, Exchange | None]:
+    """For each exchange's index in `ops`, the exchange after it (None for the last)."""
+    found: dict[int, Exchange | None] = {}
+    upcoming: Exchange | None = None
+    for index in range(len(ops) - 1, -1, -1):
+        op = ops[index]
+        if isinstance(op, Exchange):
+            found[index] = upcoming
+            upcoming = op
+    return found
 
-    def __init__(self, device: torch.device) -> None:
-        self.devices = [device] if device.type == "cuda" else []
-        self.cpu = torch.get_rng_state()
-        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
 
-    @contextlib.contextmanager
-    def restored(self) -> Any:
-        """Run with F's RNG state; the state outside is left as it was."""
-        with torch.random.fork_rng(devices=self.devices):
-            torch.set_rng_state(self.cpu)
-            for d, state in zip(self.devices, self.cuda, strict=True):
-                torch.cuda.set_rng_state(state, d)
-            yield
+def _stage_points(ops: Sequence[Op]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per stage, the index in `ops` of its first F, and of its last W/BW, after
+    which its gradients are final (`semantics.reduction_point`, the rule the
+    compiler's reductions check proves)."""
+    computes = [(i, op.pass_) for i, op in enumerate(ops) if isinstance(op, Compute)]
+    first_forward: dict[int, int] = {}
+    for i, p in computes:
+        if p.kind is PassKind.F:
+            first_forward.setdefault(p.stage, i)
+    grads_final = {stage: computes[at][0]
+                   for stage, at in reduction_points([p for _, p in computes]).items()}
+    return first_forward, grads_final
 
 
 class Engine:
@@ -176,26 +187,11 @@ class Engine:
             for param in module.parameters():
                 params.setdefault(id(param), param)
         self.params = list(params.values())
-        # For each exchange, the next one: its receives are posted a pass ahead.
-        self._next_exchange: dict[int, Exchange | None] = {}
-        upcoming: Exchange | None = None
-        for index in range(len(self.ops) - 1, -1, -1):
-            op = self.ops[index]
-            if isinstance(op, Exchange):
-                self._next_exchange[index] = upcoming
-                upcoming = op
-        # Per stage: the index of its first F and of its last W/BW (its gradients
-        # are final after it).
-        # (`semantics.reduction_point`, the rule the compiler's reductions check proves).
-        computes = [(i, op.pass_) for i, op in enumerate(self.ops) if isinstance(op, Compute)]
-        passes = [p for _, p in computes]
-        self._first_forward: dict[int, int] = {}
-        self._grads_final: dict[int, int] = {}
-        for i, p in computes:
-            if p.kind is PassKind.F:
-                self._first_forward.setdefault(p.stage, i)
-        for stage, at in reduction_points(passes).items():
-            self._grads_final[stage] = computes[at][0]
+        self._next_exchange = _next_exchanges(self.ops)
+        """For each exchange's index, the next exchange: its receives are posted a pass ahead."""
+        self._first_forward, self._grads_final = _stage_points(self.ops)
+        self._forward_at = {i: s for s, i in self._first_forward.items()}
+        self._final_at = {i: s for s, i in self._grads_final.items()}
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
@@ -209,6 +205,8 @@ class Engine:
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
+        self._current = StepState(None, None, None, False)
+        """The running step's state (`StepState`); an empty one between steps."""
 
     @property
     def first_forward(self) -> dict[int, int]:
@@ -245,52 +243,30 @@ class Engine:
         meter (its saved-tensor hooks cost Python time on every saved tensor; the
         activations of a step with static shapes are the same every step, so
         measuring one step is enough)."""
-        self._inputs = inputs
-        self._targets = targets
-        self._loss_scale = loss_scale
-        self._inbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
-        self._outbox: dict[tuple[TransferKind, int, int], list[torch.Tensor]] = {}
-        self._state: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], list[torch.Tensor]]] = {}
-        self._stash: dict[tuple[int, int], WStash] = {}
-        self._kept: dict[tuple[int, int], tuple[Any, list[torch.Tensor], _RngState]] = {}
-        self._sends: list[PendingSend] = []
-        self._losses: list[torch.Tensor] = []  # summed once at the end: no GPU sync per pass
-        self._measure = measure
+        self._current = StepState(inputs, targets, loss_scale, measure)
         if measure:
             self.meter.reset_peak()
         start = time.perf_counter()
-        self._posted: dict[Transfer, list[PendingRecv]] = {}
-        self._arriving: dict[tuple[TransferKind, int, int], tuple[Transfer, list[PendingRecv]]] = {}
-        tracer = self.tracer
-        hooks = self.hooks
-        first_forward = {i: s for s, i in self._first_forward.items()} if hooks.before_stage_forward else {}
-        grads_final = {i: s for s, i in self._grads_final.items()} if hooks.stage_grads_ready else {}
-        self._pass_events: list[tuple[PassKind, Any, Any]] = []
+        instruments = PassInstruments(self.tracer, self.device,
+                                   self.device_peak if measure else None, self.compute_time)
         with self._cast_once():
-            compute = self._run_ops(tracer, hooks, first_forward, grads_final)
+            self._run_ops(instruments)
         if self._first_compute is None:  # a rank with no pass still validates
-            for before in hooks.before_first_pass:
+            for before in self.hooks.before_first_pass:
                 before()
         progress.at("completing the step's last sends")
-        for pending in self._sends:
+        for pending in self._current.sends:
             self._wait(pending, pending.what)
-        self._sends.clear()
-        for after in hooks.after_passes:
+        self._current.sends.clear()
+        for after in self.hooks.after_passes:
             after()
-        if tracer is not None:
-            tracer.flush()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            for kind, begin, end in self._pass_events:
-                seconds = begin.elapsed_time(end) / 1e3
-                compute += seconds
-                self.compute_time[kind] += seconds
-            self._pass_events.clear()
+        instruments.finish(self.device)
         elapsed = time.perf_counter() - start
         holds_loss = any(self._is_last(s) for s in self.stages)
-        loss = torch.stack(self._losses).sum() if holds_loss and self._losses else None
-        self._inputs = self._targets = None
-        return StepResult(loss, elapsed, compute)
+        losses = self._current.losses
+        loss = torch.stack(losses).sum() if holds_loss and losses else None
+        self._current = StepState(None, None, None, False)
+        return StepResult(loss, elapsed, instruments.compute)
 
     def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
         """The step's autocast region (disabled: B and W run without autocast):
@@ -300,67 +276,39 @@ class Engine:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
 
-    def _run_ops(self, tracer: Tracer | None, hooks: Hooks, first_forward: dict[int, int],
-                 grads_final: dict[int, int]) -> float:
-        """The step's ops in order; the seconds spent in passes (on CUDA, 0: their
-        events are read at the step's end)."""
-        compute = 0.0
-        cuda = self.device.type == "cuda"
+    def _run_ops(self, instruments: PassInstruments) -> None:
+        """The step's ops in order: an exchange is posted; a pass runs its hooks,
+        waits for its receive, computes, and runs its hooks."""
         for index, op in enumerate(self.ops):
             progress.at(op)
             if isinstance(op, Exchange):
-                if tracer is None or not (op.sends or op.recvs):
+                with instruments.exchange(op):
                     self._exchange(op, self._next_exchange[index])
-                    continue
-                tracer.begin()
-                self._exchange(op, self._next_exchange[index])
-                tracer.end("exchange", "exchange",
-                           {"sends": [str(t) for t in op.sends], "recvs": [str(t) for t in op.recvs]},
-                           None)
                 continue
-            if index == self._first_compute:
-                for before in hooks.before_first_pass:
-                    before()
-            if index in first_forward:
-                for before_stage in hooks.before_stage_forward:
-                    before_stage(first_forward[index])
+            self._hooks_before(index)
             arriving = self._arriving_for(op.pass_)
             if arriving is not None:  # its receive, waited for here: not the pass's time
-                if tracer is None:
+                with instruments.waiting(self._current.arriving[arriving][0]):
                     self._receive(arriving)
-                else:
-                    waited_for = self._arriving[arriving][0]
-                    tracer.begin()
-                    self._receive(arriving)
-                    tracer.end("wait", "exchange", {"recvs": [str(waited_for)]}, None)
-            if tracer is not None:
-                tracer.begin()
-            window = (self.device_peak.pass_window(op.pass_.kind, op.pass_.stage)
-                      if self._measure and self.device_peak is not None else contextlib.nullcontext())
-            if cuda:  # the GPU's time, read at the step's end
-                begin = torch.cuda.Event(enable_timing=True)
-                begin.record()
-                with window:
-                    self._compute(op)
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                self._pass_events.append((op.pass_.kind, begin, end))
-            else:
-                t0 = time.perf_counter()
-                with window:
-                    self._compute(op)
-                dt = time.perf_counter() - t0
-                compute += dt
-                self.compute_time[op.pass_.kind] += dt
-            if tracer is not None:
-                done = op.pass_
-                tracer.end(f"{done.kind.value}{done.microbatch}", done.kind.value,
-                           {"stage": done.stage, "microbatch": done.microbatch},
-                           (done.kind.value, done.stage))
-            if index in grads_final:
-                for ready in hooks.stage_grads_ready:
-                    ready(grads_final[index])
-        return compute
+            with instruments.pass_(op.pass_):
+                self._compute(op)
+            self._hooks_after(index)
+
+    def _hooks_before(self, index: int) -> None:
+        """The hooks due before the pass at `index`: the step's first pass, a
+        stage's first forward."""
+        if index == self._first_compute:
+            for before in self.hooks.before_first_pass:
+                before()
+        if index in self._forward_at:
+            for before_stage in self.hooks.before_stage_forward:
+                before_stage(self._forward_at[index])
+
+    def _hooks_after(self, index: int) -> None:
+        """The hooks due after the pass at `index`: a stage's gradients final."""
+        if index in self._final_at:
+            for ready in self.hooks.stage_grads_ready:
+                ready(self._final_at[index])
 
     def _compute(self, op: Compute) -> None:
         p = op.pass_
@@ -370,13 +318,13 @@ class Engine:
         elif p.kind is PassKind.R:
             self._recompute(p.microbatch, p.stage)
         elif p.kind is PassKind.W:
-            stash = self._stash.pop(key)
+            stash = self._current.stash.pop(key)
             stash.run()  # under no_grad, whoever calls it
-            if self._measure:
+            if self._current.measure:
                 self.meter.set_stash(key, [], [])
         else:
             self._backward(p.microbatch, p.stage, fused=p.kind is PassKind.BW)
-        if self._measure:
+        if self._current.measure:
             self.meter.after(
                 p.kind, key, self.memory.activation[p.stage], recomputed=p.stage in self.recompute
             )
@@ -397,8 +345,8 @@ class Engine:
         faults.reached("forward")
         inputs: list[torch.Tensor] = []
         if self._is_first(s):
-            assert self._inputs is not None, f"stage {s}'s rank was given no inputs"
-            value = self._inputs[mb]
+            assert self._current.inputs is not None, f"stage {s}'s rank was given no inputs"
+            value = self._current.inputs[mb]
         else:
             received = self._take(TransferKind.ACT, mb, s)
             for t in received:
@@ -406,12 +354,12 @@ class Engine:
                     inputs.append(t.requires_grad_(True))
             value = unflatten(self.specs[s - 1], received)
         if s in self.recompute:
-            rng = _RngState(self.device)
+            rng = RngState(self.device)
             with torch.no_grad():
                 self._run_stage(mb, s, value, inputs, send=True)
-            del self._state[(mb, s)]  # no graph: R makes the one B runs on
-            self._kept[(mb, s)] = (value, inputs, rng)
-            if self._measure:
+            del self._current.saved[(mb, s)]  # no graph: R makes the one B runs on
+            self._current.kept[(mb, s)] = Kept(value, inputs, rng)
+            if self._current.measure:
                 leaves = flatten(value, f"stage {s}'s input")[0] if self._is_first(s) else received
                 self.meter.set_kept((mb, s), [t for t in leaves if isinstance(t, torch.Tensor)])
             return
@@ -420,19 +368,19 @@ class Engine:
     def _recompute(self, mb: int, s: int) -> None:
         """R: the stage's forward again on what its F kept, with autograd and the
         F's RNG state, leaving the state B needs; nothing is sent."""
-        value, inputs, rng = self._kept.pop((mb, s))
-        if self._measure:
+        kept = self._current.kept.pop((mb, s))
+        if self._current.measure:
             self.meter.set_kept((mb, s), [])
-        with rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
-            self._run_stage(mb, s, value, inputs, send=False)
+        with kept.rng.restored(), kept_buffers(self.stages[s]):  # F updated them already
+            self._run_stage(mb, s, kept.value, kept.inputs, send=False)
 
     def _loss(self, mb: int, s: int, out: Any) -> torch.Tensor:
         """The user's loss of microbatch `mb` (once per microbatch and step, R aside:
         recomputing the last stage computes its loss again); LossError when it fails
         or returns no scalar tensor."""
-        assert self._targets is not None, "the last stage's rank was given no targets"
+        assert self._current.targets is not None, "the last stage's rank was given no targets"
         try:
-            loss = self.loss_fn(out, self._targets[mb])
+            loss = self.loss_fn(out, self._current.targets[mb])
         except Exception as exc:
             raise LossError(f"loss(output, target) of stage {s}, microbatch {mb}: "
                             f"{type(exc).__name__}: {exc}") from exc
@@ -448,35 +396,36 @@ class Engine:
         """The stage (and on the last one the loss) on `value`; keeps what B needs
         and, if `send`, hands the output to the next stage (the loss once)."""
         last = self._is_last(s)
-        with self.meter.saving((mb, s)) if self._measure else contextlib.nullcontext():
+        with self.meter.saving((mb, s)) if self._current.measure else contextlib.nullcontext():
             with self.autocast():
                 out = call_stage(self.stages[s], value)
                 if last:
                     loss = self._loss(mb, s, out)
             if last:
                 if send:
-                    self._losses.append(loss.detach().float() / self.num_microbatches)
+                    self._current.losses.append(loss.detach().float() / self.num_microbatches)
                 scaled = loss / self.num_microbatches
-                if self._loss_scale is not None:
-                    scaled = scaled * self._loss_scale
-                self._state[(mb, s)] = (inputs, [0], [scaled])
+                if self._current.loss_scale is not None:
+                    scaled = scaled * self._current.loss_scale
+                self._current.saved[(mb, s)] = Saved(inputs, [0], [scaled])
                 return
         leaves, _ = flatten(out, f"stage {s}'s output")
         # The outputs a gradient comes back for: floating-point leaves; B runs from
         # those autograd reaches (a leaf made without gradients gets none).
         floats = [i for i, t in enumerate(leaves) if t.is_floating_point() or t.is_complex()]
         outs = [i for i, t in enumerate(floats) if leaves[t].requires_grad]
-        self._state[(mb, s)] = (inputs, outs, [leaves[floats[i]] for i in outs])
+        self._current.saved[(mb, s)] = Saved(inputs, outs, [leaves[floats[i]] for i in outs])
         if send:
             self._give(TransferKind.ACT, mb, s, s + 1, [t.detach() for t in leaves])
 
     def _backward(self, mb: int, s: int, fused: bool) -> None:
-        inputs, which, outs = self._state.pop((mb, s))
+        saved = self._current.saved.pop((mb, s))
+        inputs, outs = saved.inputs, saved.outputs
         if self._is_last(s):
             grads: list[torch.Tensor | None] = [None]
         else:
             received = self._take(TransferKind.GRAD, mb, s)
-            grads = [received[i] for i in which]
+            grads = [received[i] for i in saved.grad_positions]
         stash = None
         grad_inputs: list[torch.Tensor | None]
         if not outs:  # nothing differentiable left this stage
@@ -492,11 +441,11 @@ class Engine:
                 stash.graph = outs[0]  # the graph and its saved activations live until W
         del outs, grads
         if stash is not None:
-            self._stash[(mb, s)] = stash
-            if self._measure:
+            self._current.stash[(mb, s)] = stash
+            if self._current.measure:
                 self.meter.set_stash((mb, s), stash.tensors, stash.gradients)
         elif not fused:  # a W still comes: give it an empty stash
-            self._stash[(mb, s)] = WStash()
+            self._current.stash[(mb, s)] = WStash()
         if not self._is_first(s):
             self._give(TransferKind.GRAD, mb, s, s - 1, [
                 g if g is not None else torch.zeros_like(x) for g, x in zip(grad_inputs, inputs, strict=True)
@@ -506,11 +455,11 @@ class Engine:
 
     def _give(self, kind: TransferKind, mb: int, src: int, dst: int, value: list[torch.Tensor]) -> None:
         if self.stage_device[dst] == self.rank:
-            self._inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
+            self._current.inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
-            self._outbox[(kind, mb, src)] = [v.contiguous() for v in value]
+            self._current.outbox[(kind, mb, src)] = [v.contiguous() for v in value]
 
-    def _arriving_for(self, p: Any) -> tuple[TransferKind, int, int] | None:
+    def _arriving_for(self, p: Any) -> Key | None:
         """The pending receive pass `p` takes, if any: F's activation, B's or BW's
         gradient."""
         if p.kind is PassKind.F:
@@ -519,20 +468,20 @@ class Engine:
             key = (TransferKind.GRAD, p.microbatch, p.stage)
         else:
             return None
-        return key if key in self._arriving else None
+        return key if key in self._current.arriving else None
 
-    def _receive(self, key: tuple[TransferKind, int, int]) -> None:
+    def _receive(self, key: Key) -> None:
         """Wait for a pending receive; its tensors go to the inbox."""
-        t, pending = self._arriving.pop(key)
-        self._inbox[key] = [self._wait(r, t) for r in pending]
+        t, pending = self._current.arriving.pop(key)
+        self._current.inbox[key] = [self._wait(r, t) for r in pending]
 
     def _take(self, kind: TransferKind, mb: int, stage: int) -> list[torch.Tensor]:
         """The value handed over locally, else the received one: its receives are
         waited for here, where it is first used."""
         key = (kind, mb, stage)
-        if key not in self._inbox:
+        if key not in self._current.inbox:
             self._receive(key)
-        return self._inbox.pop(key)
+        return self._current.inbox.pop(key)
 
     def _leaves_of(self, t: Transfer) -> list[Any]:
         """The tensors a transfer carries: every leaf of the sender's output for an
@@ -558,9 +507,9 @@ class Engine:
         except RuntimeError as exc:
             raise PeerError(f"posting the transfers {[str(t) for _, t in sends] + [str(t) for t in recvs]} "
                             f"failed: {exc}") from exc
-        self._sends += pending_sends
+        self._current.sends += pending_sends
         for r in pending_recvs:
-            self._posted.setdefault(r.what, []).append(r)
+            self._current.posted.setdefault(r.what, []).append(r)
 
     def _exchange(self, op: Exchange, upcoming: Exchange | None) -> None:
         """Post the sends and receives of `op`; on a tagged transport (gloo: tags
@@ -568,15 +517,15 @@ class Engine:
         exchange, so that their data arrives while this rank runs the pass in
         between. Nothing is waited for here: a receive where its tensor is used
         (`_take`), a send lazily."""
-        self._sends = [s for s in self._sends if not s.done()]
-        sends = [(self._outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
+        self._current.sends = [s for s in self._current.sends if not s.done()]
+        sends = [(self._current.outbox.pop((t.kind, t.microbatch, t.src_stage)), t) for t in op.sends]
         if self.transport.ordered:  # NCCL matches in order: one batch per exchange, as proven
             self._post(sends, op.recvs)
         else:
             early = [t for t in upcoming.recvs] if upcoming is not None else []
-            self._post(sends, [t for t in (*op.recvs, *early) if t not in self._posted])
+            self._post(sends, [t for t in (*op.recvs, *early) if t not in self._current.posted])
         for t in op.recvs:
-            self._arriving[(t.kind, t.microbatch, t.dst_stage)] = (t, self._posted.pop(t, []))
+            self._current.arriving[(t.kind, t.microbatch, t.dst_stage)] = (t, self._current.posted.pop(t, []))
         if op.sends or op.recvs:
             faults.reached("exchange")
 

@@ -18,8 +18,8 @@ stage 0 and targets on the rank holding the last stage (other ranks pass None).
 The first `step` probes the shapes between stages with its first microbatch.
 Under a bidirectional placement (`place dualpipe`) each model stage is held twice,
 once per direction: the runner builds both copies from the same factory call
-(`stages(k)` for model stage k), starts them equal and sums their gradients
-after each step's passes, as it does for tied parameters.
+(`stages(k)` for model stage k); they, like tied parameters, are kept equal by
+`ppdsl.runtime.execution.ties`, attached through `Hooks`.
 Everything collective runs on `group` (default: the world); with `mesh` (a 2-D
 DeviceMesh ("dp", "pp"), `ppdsl.runtime.execution.data_parallel.dp_pp_mesh`) the runner is
 one replica's pipeline: its group is the mesh's "pp" group and its gradients are
@@ -45,11 +45,16 @@ from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import MemoryModel, torch_actions
 from ppdsl.runtime.errors import ModelError
 from ppdsl.runtime.execution.buffers import kept_buffers
-from ppdsl.runtime.execution.data_parallel import MODES, DataParallel, shard_stages
+from ppdsl.runtime.execution.data_parallel import (
+    MODES,
+    DataParallel,
+    broadcast_replica_zero,
+    shard_stages,
+)
 from ppdsl.runtime.execution.dtensor import is_sharded
 from ppdsl.runtime.execution.engine import Engine, Hooks, StepResult
-from ppdsl.runtime.execution.group import LaneEnds, agree, copy_tag, differing, global_rank, tie_tag
-from ppdsl.runtime.execution.memory import MemoryMeter
+from ppdsl.runtime.execution.group import LaneEnds, agree, differing, global_rank
+from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
 from ppdsl.runtime.execution.precision import LossScaler, autocast_dtype
 from ppdsl.runtime.execution.split import uncovered_in
 from ppdsl.runtime.execution.structure import (
@@ -60,6 +65,7 @@ from ppdsl.runtime.execution.structure import (
     split_microbatches,
     unflatten,
 )
+from ppdsl.runtime.execution.ties import Ties, check_ties, copy_groups, tie_parameters
 from ppdsl.runtime.execution.trace import Tracer
 from ppdsl.runtime.execution.transport import Transport, backend_for
 
@@ -136,23 +142,40 @@ def load_schedule(
     )
 
 
-def tie_parameters(stages: Mapping[int, nn.Module], tied: Sequence[Mapping[int, str]]) -> None:
-    """Make the tied parameters that sit in `stages` one Parameter: in each group
-    ({stage: parameter name}), the lowest stage's replaces the others' (a single
-    process or one rank holding several owners)."""
-    for group in tied:
-        here = sorted(s for s in group if s in stages)
-        if len(here) < 2:
-            continue
-        first = stages[here[0]].get_parameter(group[here[0]])
-        for s in here[1:]:
-            owner, _, leaf = group[s].rpartition(".")
-            module = stages[s].get_submodule(owner) if owner else stages[s]
-            setattr(module, leaf, first)
-
-
 def _default_note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _validate_arguments(group: dist.ProcessGroup | None, mesh: Any,
+                        dp_mode: str) -> tuple[dist.ProcessGroup | None, Any]:
+    """The pipeline's group and the DP mesh (None without `mesh`); the errors a
+    caller's arguments alone show, before anything collective."""
+    if not dist.is_initialized():
+        raise RuntimeError("PipelineRunner needs torch.distributed initialised "
+                           "(dist.init_process_group, e.g. under torchrun)")
+    if dp_mode not in MODES:
+        raise ValueError(f"dp_mode must be one of {', '.join(MODES)}, not {dp_mode!r}")
+    if mesh is None:
+        return group, None
+    if group is not None:
+        raise ValueError("give either group or mesh (whose 'pp' group is the pipeline's)")
+    if tuple(mesh.mesh_dim_names or ()) != ("dp", "pp"):
+        raise ValueError(f"mesh must be 2-D with dims ('dp', 'pp'), not {mesh.mesh_dim_names}")
+    return mesh["pp"].get_group(), mesh["dp"]
+
+
+def _default_device(device: torch.device | str | None, group: dist.ProcessGroup | None,
+                    share_gpu: bool) -> torch.device:
+    """`device`, else this process's GPU where the group serves CUDA tensors
+    (or the ranks share GPUs), else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    # by the backend serving CUDA tensors, not the group's name ("undefined"
+    # for a group made without one)
+    cuda = torch.device("cuda")
+    if torch.cuda.is_available() and (share_gpu or backend_for(group, cuda) == "nccl"):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class PipelineRunner:
@@ -196,93 +219,24 @@ class PipelineRunner:
         share_gpu: bool = False,
         transfer_mode: str | None = None,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("PipelineRunner needs torch.distributed initialised "
-                               "(dist.init_process_group, e.g. under torchrun)")
-        if dp_mode not in MODES:
-            raise ValueError(f"dp_mode must be one of {', '.join(MODES)}, not {dp_mode!r}")
-        dp_mesh = None
-        if mesh is not None:
-            if group is not None:
-                raise ValueError("give either group or mesh (whose 'pp' group is the pipeline's)")
-            if tuple(mesh.mesh_dim_names or ()) != ("dp", "pp"):
-                raise ValueError(f"mesh must be 2-D with dims ('dp', 'pp'), not {mesh.mesh_dim_names}")
-            group = mesh["pp"].get_group()
-            dp_mesh = mesh["dp"]
+        group, dp_mesh = _validate_arguments(group, mesh, dp_mode)
         self.schedule = schedule
         self.plan = schedule.plan
         self.group = group
         self.rank = dist.get_rank(group)
         """This process's rank in the pipeline (the schedule's rank it runs)."""
-        world = dist.get_world_size(group)
-        if device is None:
-            # by the backend serving CUDA tensors, not the group's name ("undefined"
-            # for a group made without one)
-            cuda = torch.device("cuda")
-            device = torch.device("cuda", torch.cuda.current_device()) if (
-                torch.cuda.is_available() and (share_gpu or backend_for(group, cuda) == "nccl")
-            ) else torch.device("cpu")
-        self.device = torch.device(device)
+        self.device = _default_device(device, group, share_gpu)
         self.transport = Transport(group, self.device, staged=share_gpu, mode=transfer_mode)
         """How tensors move between this pipeline's ranks (`ppdsl.runtime.execution.transport`)."""
         self.note = note
         self.tied = [dict(g) for g in tied]
-        error = None
-        if self.plan.lanes > 1 and self.tied:
-            error = (f"tied parameters under a placement of {self.plan.lanes} pipelines "
-                     "(each stage held twice) are not supported")
-        elif world != self.plan.num_devices:
-            error = (f"schedule {self.plan.name!r} was compiled for {self.plan.num_devices} ranks "
-                     f"but the process group has {world}")
-        elif self.rank not in schedule.ops:
-            error = f"rank {self.rank}: the schedule given holds no program for this rank"
         self.stage_indices = schedule.stages_of(self.rank)
-        modules: dict[int, nn.Module] = {}
-        if error is None:
-            try:
-                for s in self.stage_indices:
-                    k = self.plan.model_stage(s)
-                    module = stages(k) if callable(stages) and not isinstance(stages, Mapping) \
-                        else stages.get(k)  # type: ignore[union-attr]
-                    if not isinstance(module, nn.Module):
-                        raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
-                    modules[s] = module.to(self.device)
-                self._check_ties(modules)
-                tie_parameters(modules, self.tied)
-                tie_parameters(modules, self._copy_groups(modules))
-                if dp_mesh is not None and dp_mode == "shard" and (self.tied or self.plan.lanes > 1):
-                    raise ModelError("tied parameters and a bidirectional placement's stage "
-                                     "copies are not supported with dp_mode 'shard' (FSDP shards "
-                                     "each stage on its own); use 'replicate'")
-            except ModelError as exc:
-                error = str(exc)
-            except Exception as exc:  # the user's code
-                error = f"building the stages failed: {type(exc).__name__}: {exc}"
-        error = agree(error, group)
-        if error is not None:
-            raise ModelError(error)
-        theirs = differing([schedule.fingerprint], group)
-        if theirs is not None:
-            lines = [f"  rank {r}: {fps[0][:12]}" for r, (fps, _) in enumerate(theirs)]
-            raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
-        if dp_mesh is not None:
-            self._broadcast_replica_zero(modules, dp_mesh.get_group())
-            if dp_mode == "shard":
-                shard_stages(modules, dp_mesh)
-        self.stages: dict[int, nn.Module] = modules
+        self.stages: dict[int, nn.Module] = self._build(stages, dp_mesh, dp_mode)
         """This rank's stage modules, by stage index (FSDP modules in shard mode)."""
         self.loss_fn = loss_fn
         self.scaler = LossScaler(self.device) if precision == "fp16" else None
         """fp16's loss scale (GradScaler semantics, one decision for all ranks), or None."""
         self.precision = precision
-        self.engine = Engine(
-            self.rank, schedule.ops[self.rank], self.plan.stage_device, self.plan.num_microbatches,
-            self.plan.memory, modules, loss_fn, self.device, group=group, timeout=timeout,
-            release=release, autocast_dtype=autocast_dtype(precision),
-            lane_ends=LaneEnds.of(self.plan), transport=self.transport,
-        )
-        self.hooks: Hooks = self.engine.hooks
-        """Callbacks at a step's points (`ppdsl.runtime.execution.engine.Hooks`)."""
         self.specs: dict[int, Spec] | None = None
         """Every stage's output structure, known after the first step's probe."""
         self.uncovered: dict[int, list[str]] = {}
@@ -293,25 +247,89 @@ class PipelineRunner:
         """The last `step()`'s result (loss, elapsed and compute seconds), or None."""
         self._input_spec: Spec | None = None
         self._eval_engine: Engine | None = None
-        self._sync_tied_values()
-        if self._tie_peers():
-            self.hooks.after_passes.append(self.sync_tied_grads)
+        self._wire(release, timeout, dp_mesh, dp_mode)
+
+    # -- validate, build, wire -----------------------------------------------------
+
+    def _validate(self) -> str | None:
+        """Why this rank cannot run the schedule in this group, or None."""
+        world = dist.get_world_size(self.group)
+        if self.plan.lanes > 1 and self.tied:
+            return (f"tied parameters under a placement of {self.plan.lanes} pipelines "
+                    "(each stage held twice) are not supported")
+        if world != self.plan.num_devices:
+            return (f"schedule {self.plan.name!r} was compiled for {self.plan.num_devices} ranks "
+                    f"but the process group has {world}")
+        if self.rank not in self.schedule.ops:
+            return f"rank {self.rank}: the schedule given holds no program for this rank"
+        return None
+
+    def _build(self, stages: Mapping[int, nn.Module] | Callable[[int], nn.Module],
+               dp_mesh: Any, dp_mode: str) -> dict[int, nn.Module]:
+        """This rank's stage modules on its device, ties and copies made one
+        Parameter where they share this rank, replica 0's values on every replica
+        (sharded in shard mode). Collective: a rank's error (a bad stage, a bad
+        tie, a differing schedule) is raised on every rank as ModelError."""
+        modules: dict[int, nn.Module] = {}
+        error = self._validate()
+        if error is None:
+            try:
+                for s in self.stage_indices:
+                    k = self.plan.model_stage(s)
+                    module = stages(k) if callable(stages) and not isinstance(stages, Mapping) \
+                        else stages.get(k)  # type: ignore[union-attr]
+                    if not isinstance(module, nn.Module):
+                        raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
+                    modules[s] = module.to(self.device)
+                check_ties(self.tied, self.plan.num_stages, modules)
+                tie_parameters(modules, self.tied)
+                tie_parameters(modules, copy_groups(self.plan, modules))
+                if dp_mesh is not None and dp_mode == "shard" and (self.tied or self.plan.lanes > 1):
+                    raise ModelError("tied parameters and a bidirectional placement's stage "
+                                     "copies are not supported with dp_mode 'shard' (FSDP shards "
+                                     "each stage on its own); use 'replicate'")
+            except ModelError as exc:
+                error = str(exc)
+            except Exception as exc:  # the user's code
+                error = f"building the stages failed: {type(exc).__name__}: {exc}"
+        error = agree(error, self.group)
+        if error is not None:
+            raise ModelError(error)
+        theirs = differing([self.schedule.fingerprint], self.group)
+        if theirs is not None:
+            lines = [f"  rank {r}: {fps[0][:12]}" for r, (fps, _) in enumerate(theirs)]
+            raise ModelError("the ranks run different compiled schedules\n" + "\n".join(lines))
+        if dp_mesh is not None:
+            broadcast_replica_zero(modules, dp_mesh.get_group())
+            if dp_mode == "shard":
+                shard_stages(modules, dp_mesh)
+        return modules
+
+    def _wire(self, release: str, timeout: float, dp_mesh: Any, dp_mode: str) -> None:
+        """The engine on the built stages, and the layers that attach to its
+        hooks: the ties and stage copies across ranks (their values made equal
+        now), data parallelism."""
+        self.engine = Engine(
+            self.rank, self.schedule.ops[self.rank], self.plan.stage_device,
+            self.plan.num_microbatches, self.plan.memory, self.stages, self.loss_fn, self.device,
+            group=self.group, timeout=timeout, release=release,
+            autocast_dtype=autocast_dtype(self.precision), lane_ends=LaneEnds.of(self.plan),
+            transport=self.transport,
+        )
+        self.hooks: Hooks = self.engine.hooks
+        """Callbacks at a step's points (`ppdsl.runtime.execution.engine.Hooks`)."""
+        self.ties = Ties(self.plan, self.rank, self.tied, self.stages, self.transport, self.group,
+                         self.engine.timeout)
+        """The ties and stage copies that span ranks (`ppdsl.runtime.execution.ties`)."""
+        self.ties.sync_values()
+        self.ties.attach(self.hooks)
         self.data_parallel: DataParallel | None = None
         """The data-parallel layer (with `mesh`), else None."""
         if dp_mesh is not None:
-            self.data_parallel = DataParallel(dp_mode, dp_mesh, modules, self.engine.grads_final,
+            self.data_parallel = DataParallel(dp_mode, dp_mesh, self.stages, self.engine.grads_final,
                                               self.engine.first_forward)
             self.data_parallel.on_gather.append(self.engine.meter.add_parameters)
             self.data_parallel.attach(self.hooks)
-
-    @staticmethod
-    def _broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.ProcessGroup) -> None:
-        """Every replica starts from replica 0's parameters and buffers (as DDP does)."""
-        src = global_rank(dp_group, 0)
-        with torch.no_grad():
-            for _, module in sorted(modules.items()):
-                for t in [*module.parameters(), *module.buffers()]:
-                    dist.broadcast(t.data, src=src, group=dp_group)
 
     @property
     def norm_groups(self) -> list[dist.ProcessGroup | None]:
@@ -359,15 +377,7 @@ class PipelineRunner:
         dp = self.data_parallel
         if dp is not None and dp.mode == "shard" and dist.get_rank(dp.group) != 0:
             skip.update(id(p) for p in self.engine.params if not is_sharded(p))
-        for group in self.tied:
-            owner = min(group)
-            if self.plan.stage_device[owner] != self.rank:
-                for s, name in group.items():
-                    if s in self.stages:
-                        skip.add(id(self.stages[s].get_parameter(name)))
-        for _, param, ranks in self._tie_peers():
-            if ranks[0] != self.rank:  # a copy counted on its lowest rank
-                skip.add(id(param))
+        skip |= self.ties.not_counted()
         return [p for p in self.engine.params if id(p) not in skip]
 
     # -- what a training loop reads ------------------------------------------------
@@ -387,6 +397,12 @@ class PipelineRunner:
         """The memory meter of this rank's passes (peaks in bytes and in the
         compiler's units; it runs in steps given `measure_memory=True`)."""
         return self.engine.meter
+
+    @property
+    def device_peak(self) -> DevicePeak | None:
+        """The allocator's peak on CUDA, with each pass's working memory of the
+        measured steps (`ppdsl.runtime.execution.memory.DevicePeak`); None elsewhere."""
+        return self.engine.device_peak
 
     def measured_mw_ratio(self) -> dict[int, Fraction]:
         """Per stage of this rank: the measured M_W/M_B (what a microbatch still
@@ -411,19 +427,8 @@ class PipelineRunner:
         Gradients accumulate into `.grad` (zero them between steps). Returns the
         batch's mean loss (detached, unscaled) on the last stage's rank, else None.
         `measure_memory` runs the memory meter for this step (`engine.meter`)."""
-        m = self.plan.num_microbatches
-        input_mbs = target_mbs = None
-        if self.is_first:
-            if inputs is None:
-                raise ValueError(f"rank {self.rank} holds a first stage: step() needs the inputs")
-            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
-        if self.is_last:
-            if targets is None:
-                raise ValueError(f"rank {self.rank} holds the last stage: step() needs the targets")
-            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
-        if self.specs is None:
-            self._probe(input_mbs[0] if input_mbs else None)
-        elif input_mbs is not None:
+        input_mbs, target_mbs = self._microbatches(inputs, targets, "step()")
+        if input_mbs is not None and self._input_spec is not None:
             spec = flatten(input_mbs[0], "the inputs")[1]
             if spec != self._input_spec:
                 raise ValueError(
@@ -432,10 +437,7 @@ class PipelineRunner:
                 )
         scale = self.scaler.scale if self.scaler is not None else None
         result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
-        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
-            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
-            dist.all_reduce(total, group=self.group)
-            result.loss = total if self.is_last else None
+        result.loss = self._batch_loss(result.loss)
         self.steps_run += 1
         self.last_result = result
         return result.loss
@@ -451,18 +453,7 @@ class PipelineRunner:
         last stage's rank (with a mesh: this replica's share's), else None;
         parameters, gradients, buffers and the training mode are left as they
         were."""
-        m = self.plan.num_microbatches
-        input_mbs = target_mbs = None
-        if self.is_first:
-            if inputs is None:
-                raise ValueError(f"rank {self.rank} holds a first stage: evaluate() needs the inputs")
-            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
-        if self.is_last:
-            if targets is None:
-                raise ValueError(f"rank {self.rank} holds the last stage: evaluate() needs the targets")
-            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
-        if self.specs is None:
-            self._probe(input_mbs[0] if input_mbs else None)
+        input_mbs, target_mbs = self._microbatches(inputs, targets, "evaluate()")
         engine = self._evaluation_engine()
         modes = {s: module.training for s, module in self.stages.items()}
         try:
@@ -477,11 +468,36 @@ class PipelineRunner:
             if dp is not None and dp.mode == "shard":  # FSDP gathered them at the forwards
                 for module in self.stages.values():
                     module.reshard()  # type: ignore[operator]
-        if self.plan.lanes > 1:  # each lane's last rank holds its microbatches' share
-            total = result.loss if result.loss is not None else torch.zeros((), device=self.device)
-            dist.all_reduce(total, group=self.group)
-            result.loss = total if self.is_last else None
-        return result.loss
+        return self._batch_loss(result.loss)
+
+    def _microbatches(self, inputs: Any, targets: Any, caller: str) -> tuple[list[Any] | None,
+                                                                               list[Any] | None]:
+        """A step's opening: the inputs (on a rank holding a first stage) and the
+        targets (on one holding a last stage) cut into the schedule's microbatches
+        on this device, else None; the first call probes the stages' shapes."""
+        m = self.plan.num_microbatches
+        input_mbs = target_mbs = None
+        if self.is_first:
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} holds a first stage: {caller} needs the inputs")
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+        if self.is_last:
+            if targets is None:
+                raise ValueError(f"rank {self.rank} holds the last stage: {caller} needs the targets")
+            target_mbs = self._to_device(split_microbatches(targets, m, "the targets"))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None)
+        return input_mbs, target_mbs
+
+    def _batch_loss(self, loss: torch.Tensor | None) -> torch.Tensor | None:
+        """The batch's mean loss on the last stage's rank, else None: under several
+        lanes each lane's last rank holds its microbatches' share, summed here
+        (collective over the pipeline)."""
+        if self.plan.lanes == 1:
+            return loss
+        total = loss if loss is not None else torch.zeros((), device=self.device)
+        dist.all_reduce(total, group=self.group)
+        return total if self.is_last else None
 
     def _evaluation_engine(self) -> Engine:
         """The engine of the forward-only programs (made at the first `evaluate`):
@@ -580,104 +596,3 @@ class PipelineRunner:
                 f"ppdsl: rank {self.rank}: note: these parameters get their gradient during B "
                 f"(no split-aware layer for them): {'; '.join(unsplit)}"
             )
-
-    # -- tied parameters -----------------------------------------------------------
-
-    def _check_ties(self, modules: dict[int, nn.Module]) -> None:
-        for group in self.tied:
-            if len(group) < 2:
-                raise ModelError(f"tied parameters {group}: a tie names at least two stages")
-            shapes = set()
-            for s, name in group.items():
-                if not 0 <= s < self.plan.num_stages:
-                    raise ModelError(f"tied parameters {group}: no stage {s} in a "
-                                     f"{self.plan.num_stages}-stage schedule")
-                if s in modules:
-                    try:
-                        shapes.add(tuple(modules[s].get_parameter(name).shape))
-                    except AttributeError:
-                        raise ModelError(f"tied parameters: stage {s} has no parameter {name!r}") from None
-            if len(shapes) > 1:
-                raise ModelError(f"tied parameters {group}: shapes differ ({sorted(shapes)})")
-
-    def _copy_groups(self, modules: Mapping[int, nn.Module]) -> list[dict[int, str]]:
-        """Under a bidirectional placement, the copies of one model stage that
-        sit on this one rank: per parameter, {stage: name} (made one Parameter)."""
-        plan = self.plan
-        groups = []
-        for k in range(plan.num_model_stages if plan.lanes > 1 else 0):
-            here = [k + lane * plan.num_model_stages for lane in range(plan.lanes)]
-            here = [c for c in here if c in modules]
-            if len(here) > 1:
-                groups += [{c: name for c in here} for name, _ in modules[here[0]].named_parameters()]
-        return groups
-
-    def _tie_peers(self) -> list[tuple[int, nn.Parameter, list[int]]]:
-        """Per tie or copy this rank owns part of: (the tag of its exchange, its
-        parameter here, the owning ranks in order). A copy's tag is made of its
-        model stage and the parameter's position in it, the same on both ranks."""
-        found = []
-        for i, group in enumerate(self.tied):
-            ranks = sorted({self.plan.stage_device[s] for s in group})
-            mine = [s for s in sorted(group) if s in self.stages]
-            if len(ranks) > 1 and mine:
-                found.append((tie_tag(i), self.stages[mine[0]].get_parameter(group[mine[0]]), ranks))
-        if self.plan.lanes > 1:
-            held = {self.plan.model_stage(s): s for s in sorted(self.stages, reverse=True)}
-            for k, s in sorted(held.items()):  # every rank in model-stage order
-                copies = [k + lane * self.plan.num_model_stages for lane in range(self.plan.lanes)]
-                ranks = sorted({self.plan.stage_device[c] for c in copies})
-                if len(ranks) < 2:
-                    continue
-                params = dict(self.stages[s].named_parameters())
-                for position, name in enumerate(params):
-                    found.append((copy_tag(k, position), params[name], ranks))
-        return found
-
-    def _peer(self, rank: int) -> int:
-        return global_rank(self.group, rank)
-
-    def _sync_tied_values(self) -> None:
-        """The lowest owner's values go to the other owners (as DDP broadcasts)."""
-        timeout = self.engine.timeout
-        for tag, param, ranks in self._tie_peers():
-            with torch.no_grad():
-                if self.rank == ranks[0]:
-                    sends, _ = self.transport.post(
-                        [(param.detach().contiguous(), self._peer(r), tag, r) for r in ranks[1:]], [])
-                    for pending in sends:
-                        pending.wait(timeout)
-                else:
-                    _, recvs = self.transport.post(
-                        [], [(param.shape, param.dtype, self._peer(ranks[0]), tag, ranks[0])])
-                    param.copy_(recvs[0].wait(timeout))
-
-    def _swap(self, mine: torch.Tensor, ranks: Sequence[int], tag: int) -> dict[int, torch.Tensor]:
-        """Send `mine` to each pipeline rank in `ranks` and receive theirs, posted as
-        one batch, receives first: on NCCL an ungrouped send then receive with the
-        same peer deadlocks on both sides once the tensor outgrows its buffering
-        (a tied embedding's gradient). {rank: theirs}."""
-        sends, recvs = self.transport.post(
-            [(mine, self._peer(r), tag, r) for r in ranks],
-            [(mine.shape, mine.dtype, self._peer(r), tag, r) for r in ranks],
-        )
-        got = {r.what: r.wait(self.engine.timeout) for r in recvs}
-        for pending in sends:
-            pending.wait(self.engine.timeout)
-        return got
-
-    def sync_tied_grads(self) -> None:
-        """Sum each tied parameter's gradient over its owning ranks, in rank order
-        (every owner ends with the same bits). Runs after each step's passes."""
-        for tag, param, ranks in self._tie_peers():
-            if not param.requires_grad:
-                continue
-            mine = param.grad if param.grad is not None else torch.zeros_like(param)
-            mine = mine.contiguous()
-            bufs = self._swap(mine, [r for r in ranks if r != self.rank], tag)
-            total = None
-            for r in ranks:
-                g = mine if r == self.rank else bufs[r]
-                total = g.clone() if total is None else total.add_(g)
-            param.grad = total
-

@@ -411,6 +411,12 @@ def _analyse(order: list[Any], defer_norms: bool) -> _Plan:
     way, is claimed by a path from a native node's parameter slot (or by a
     split-aware Function). Unless `defer_norms`, a parameter that a layer norm
     uses gets its gradient in B."""
+    # Over 80 lines, and split.py over 600, on purpose (the exceptions
+    # tests/system/test_sizes.py allows): one analysis in four phases (count and
+    # claim the edges, spread "not split" down the adapters, sort the
+    # accumulators, group the linears), each reading the tables the one before
+    # filled (position, edges_in, claimed, uses, bad, in_b); cut into functions,
+    # each would take and return those tables, and the rule would read in pieces.
     classes = access.node_classes()
     acc_type = classes.accumulate
     adapters = {classes.transpose, classes.to_copy}
@@ -549,21 +555,8 @@ def backward_input(
     like a linear layer's; W keeps the norm's input, mean and rstd)."""
     if norms not in NORMS:
         raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
-    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
-    given: list[torch.Tensor | None]
-    if grad_output is None:
-        given = [None] * len(outputs)
-    elif isinstance(grad_output, torch.Tensor):
-        given = [grad_output]
-    else:
-        given = list(grad_output)
-    if len(given) != len(outputs):
-        raise ValueError(f"backward_input: {len(outputs)} outputs but {len(given)} gradients")
+    pairs, wanted = _as_lists(output, grad_output, input)
     many = input is not None and not isinstance(input, torch.Tensor)
-    wanted: list[torch.Tensor] = (
-        [] if input is None else [input] if isinstance(input, torch.Tensor) else list(input)
-    )
-    pairs = [(out, grad) for out, grad in zip(outputs, given, strict=True) if out.requires_grad]
     if not pairs:
         return [None] * len(wanted) if many else None
     roots = [out.grad_fn for out, _ in pairs if out.grad_fn is not None]
@@ -608,6 +601,29 @@ def backward_input(
     if many:
         return list(found[: len(wanted)])
     return found[0] if wanted else None
+
+
+def _as_lists(
+    output: torch.Tensor | Sequence[torch.Tensor],
+    grad_output: torch.Tensor | None | Sequence[torch.Tensor | None],
+    input: torch.Tensor | Sequence[torch.Tensor] | None,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[torch.Tensor]]:
+    """`backward_input`'s arguments as lists: the (output, gradient) pairs autograd
+    reaches, and the inputs whose gradients are asked for."""
+    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    given: list[torch.Tensor | None]
+    if grad_output is None:
+        given = [None] * len(outputs)
+    elif isinstance(grad_output, torch.Tensor):
+        given = [grad_output]
+    else:
+        given = list(grad_output)
+    if len(given) != len(outputs):
+        raise ValueError(f"backward_input: {len(outputs)} outputs but {len(given)} gradients")
+    wanted: list[torch.Tensor] = (
+        [] if input is None else [input] if isinstance(input, torch.Tensor) else list(input)
+    )
+    return [(out, grad) for out, grad in zip(outputs, given, strict=True) if out.requires_grad], wanted
 
 
 def _stash_linears(group: _Linears, order: list[Any], xs: list[torch.Tensor],

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.analysis.run_gap import gap_sources, mean_costs, simulated_timeline
 from ppdsl.backend.plan import PassKeys, Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
@@ -54,14 +55,7 @@ from ppdsl.runtime.execution.group import agree, differing, gather, placement_of
 from ppdsl.runtime.execution.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner
 from ppdsl.runtime.execution.structure import flatten, unflatten
-from ppdsl.runtime.execution.trace import (
-    Tracer,
-    chrome_trace,
-    gap_sources,
-    mean_costs,
-    simulated_timeline,
-    write_chrome_trace,
-)
+from ppdsl.runtime.execution.trace import Tracer, chrome_trace, write_chrome_trace
 from ppdsl.runtime.models.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
 from ppdsl.runtime.models.model import LossError, ModelError, build_model
 from ppdsl.runtime.training.checkpoint import Checkpointer, CheckpointError, run_identity
@@ -559,7 +553,7 @@ def _start(
         model=model, runner=runner, optimizer=optimizer, scheduler=scheduler, stepper=stepper,
         checkpointer=checkpointer, export=export, first_step=first_step, last_step=last_step,
         batch_size=batch_size, replica=replica, pp_rank=pp_rank, tracer=tracer,
-        device_peak=runner.engine.device_peak,
+        device_peak=runner.device_peak,
         last_saved=first_step if first_step else None,
     )
 
@@ -919,7 +913,7 @@ def _predicted_cuda_peak(plan: Plan, pp_rank: int, runner: PipelineRunner, memor
             grads[s] = sum(t.numel() * t.element_size() for t in local)
     return predicted_device_peak(PassKeys(plan.orders[pp_rank].passes), memory, runner.stage_bytes(),
                                  working=device_peak.working,
-                                 stash_gradients=runner.engine.meter.stash_gradient_bytes(),
+                                 stash_gradients=runner.meter.stash_gradient_bytes(),
                                  first_gradients=grads)
 
 

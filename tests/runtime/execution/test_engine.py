@@ -139,3 +139,20 @@ def test_measured_memory_in_the_compilers_units(one_rank) -> None:
         ratios[release] = engine.measured_mw_ratio()
     assert all(0 < r < 1 for r in ratios["at-b"].values())
     assert all(r == 1 for r in ratios["at-w"].values())
+
+
+def test_nothing_of_a_step_outlives_it(one_rank) -> None:
+    """A step's state is made per step and dropped at its end: the engine keeps
+    no reference to the step's inputs, targets or the activations made from
+    them once `step` returns (the next step starts from nothing)."""
+    import gc
+    import weakref
+
+    engine = _engine("zb_h1", _stages(2))
+    inputs, targets = _batch()
+    watched = [weakref.ref(t) for t in (*inputs, *targets)]
+    result = engine.step(inputs, targets)
+    assert result.loss is not None
+    del inputs, targets, result
+    gc.collect()
+    assert [w() for w in watched] == [None] * len(watched)

@@ -1,7 +1,8 @@
-"""bf16 autocast on one rank in this process (a one-rank gloo group): the step
-casts each weight once (docs/runtime.md, precision), so the microbatches in
-flight share one low-precision copy, which the meter counts apart from the
-activations, and M_W / M_B reads what it reads in fp32."""
+"""Mixed precision (`ppdsl.runtime.execution.precision`). bf16 autocast on one
+rank in this process (a one-rank gloo group): the step casts each weight once
+(docs/runtime.md, precision), so the microbatches in flight share one
+low-precision copy, which the meter counts apart from the activations, and
+M_W / M_B reads what it reads in fp32. fp16's loss scale follows GradScaler."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
+from ppdsl.runtime.execution.precision import LossScaler
 
 SOURCE = """schedule two_stages_one_rank {
     param d = 1
@@ -55,3 +57,17 @@ def test_weights_cast_once_per_step_and_counted_apart(one_rank, tmp_path: Path) 
     fp32 = _run(tmp_path, "fp32").engine.measured_mw_ratio()
     bf16 = runner.engine.measured_mw_ratio()
     assert fp32[0] == bf16[0] == 1 and bf16[1] > 0.5, (fp32, bf16)
+
+
+def test_loss_scale_follows_grad_scaler() -> None:
+    """Halved on inf/NaN, doubled after growth_interval clean steps, restored from
+    its state."""
+    scaler = LossScaler(torch.device("cpu"), growth_interval=2)
+    scaler.update(True)
+    assert float(scaler.scale) == 32768.0
+    scaler.update(False)
+    scaler.update(False)
+    assert float(scaler.scale) == 65536.0 and scaler.growth_tracker == 0
+    other = LossScaler(torch.device("cpu"))
+    other.load_state_dict(scaler.state_dict())
+    assert float(other.scale) == 65536.0
