@@ -100,6 +100,7 @@ __all__ = [
     "DEFAULT_COMM",
     "DEFAULT_RECV",
     "COLLECTIVES",
+    "DP_MODES",
     "DEFAULT_COLLECTIVE",
     "STEP_COSTS",
     "JITTER_DRAWS",
@@ -613,6 +614,11 @@ COLLECTIVES = ("reduce", "gather")
 gradients over the DP group (an all-reduce, or a reduce-scatter when sharded),
 `gather` its sharded weights (an all-gather; sharded data parallelism only).
 Declared per stage like pass costs (`cost reduce[s] = ...`)."""
+DP_MODES = ("replicate", "shard")
+"""How the replicas of a pipeline combine (`--dp-mode`): `replicate` all-reduces
+each stage's gradients after its last W; `shard` keeps each stage's weights
+sharded over the DP group, gathered once per step, its gradients
+reduce-scattered."""
 DEFAULT_COLLECTIVE = 0
 """A collective costs nothing unless the file says `cost reduce` / `cost gather`."""
 STEP_COSTS = ("overhead", "optimizer", "norm", "jitter")

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 from ppdsl.analysis.simulate import Timeline
 from ppdsl.ir.schedule import PassKind, Schedule
-from ppdsl.semantics import reduction_points
+from ppdsl.semantics import DP_MODES, reduction_points
 
 __all__ = ["MODES", "Collective", "CommLanes", "StateBytes", "comm_lanes", "state_bytes"]
 
-MODES = ("replicate", "shard")
+MODES = DP_MODES
 """Data-parallel modes: `replicate` reduces only; `shard` gathers too."""
 
 

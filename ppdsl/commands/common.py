@@ -11,6 +11,7 @@ from pathlib import Path
 from ppdsl import limits
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
+from ppdsl.semantics import DP_MODES
 
 __all__ = [
     "ExitCode",
@@ -157,7 +158,7 @@ def add_dp_arguments(parser: argparse.ArgumentParser) -> None:
         "rank = replica * pipeline ranks + pipeline rank; default 1)",
     )
     parser.add_argument(
-        "--dp-mode", choices=["replicate", "shard"], default="replicate",
+        "--dp-mode", choices=DP_MODES, default="replicate",
         help="replicate (default): all-reduce each stage's gradients after its last W; "
         "shard: FSDP2 per stage, gathered once per step, reduce-scattered after its last W",
     )

@@ -29,6 +29,7 @@ from ppdsl.commands.common import (
     write_output,
 )
 from ppdsl.diagnostics import CompileError, Diagnostic
+from ppdsl.runtime.choices import DEVICES, DP_MODES, OPTIMIZERS, PRECISIONS
 
 HELP = "measure a model's pass costs and memory per stage (for --costs-from)"
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --model hf:DIR: tokens per sample (default 64)")
     parser.add_argument("--microbatch-size", type=int, default=2, metavar="B",
                         help="samples per microbatch (default 2, what `ppdsl run` uses by default)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+    parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="auto: CUDA when available, else CPU")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--repeats", type=int, default=20,
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--norms", choices=["in-b", "deferred"], default="in-b",
                         help="when the split computes layer norms' weight gradients: in-b (in B, as "
                              "the zero-bubble paper's implementation; default) or deferred (to W)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp32 (default), or the forward and loss under bf16/fp16 autocast, as "
                              "`ppdsl run --precision` trains (a bf16 run needs bf16 costs)")
     parser.add_argument("--no-transfer", action="store_true",
@@ -67,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure each stage's data-parallel collectives over N "
                         "processes (NCCL with a GPU each, else gloo, said so): cost reduce (all-reduce; reduce-scatter with --dp-mode shard) "
                         "and cost gather (all-gather) of its parameter bytes")
-    parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
+    parser.add_argument("--dp-mode", choices=DP_MODES, default="replicate",
                         help="what cost reduce measures (default replicate: an all-reduce)")
-    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adam",
+    parser.add_argument("--optimizer", choices=[*OPTIMIZERS, "none"], default="adam",
                         help="the optimizer whose step per stage `cost optimizer[s]` measures, "
                         "as `ppdsl run --optimizer` (default adam); none: measure no step costs "
                         "(overhead, optimizer, norm)")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ppdsl.commands.common import (
     ExitCode,
@@ -28,10 +29,12 @@ from ppdsl.commands.common import (
 )
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
+from ppdsl.runtime.choices import CUT_RULES
 from ppdsl.runtime.training.options import (
     add_training_options,
     check_training_options,
     training_argv,
+    training_default,
 )
 
 HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
@@ -39,27 +42,7 @@ HELP = "compile and train locally under torchrun (gloo on CPU, NCCL on GPUs)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
-    parser.add_argument("--model", required=True, metavar="FILE.py:FACTORY",
-                        help="model factory, e.g. examples/models/tiny_gpt.py:stages")
-    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="samples per step (default 2*m)")
     add_training_options(parser, forward=True)
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds before a dead or hung rank stops the others (default 60)")
-    parser.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], default="auto",
-        help="auto (default): CUDA when there is a GPU per rank, else CPU with a note; "
-        "cuda with fewer GPUs than ranks is an error (exit 2)",
-    )
-    parser.add_argument("--release", choices=["at-b", "at-w"], default="at-b",
-                        help="when a split backward frees activations: at-b (default) frees at B what "
-                        "W does not need; at-w keeps the autograd graph until W (M_W = M_B, the "
-                        "controllable-memory paper's accounting)")
-    parser.add_argument("--json", dest="json_out", metavar="DIR", default=None,
-                        help="write each rank's measurements to DIR/rank<N>.json")
-    parser.add_argument("--trace", metavar="OUT.json", default=None,
-                        help="write every rank's passes as one Chrome/Perfetto trace")
     parser.add_argument("-o", "--output", metavar="DIR", default=None,
                         help="keep the generated programs in DIR (default: a temporary folder)")
     parser.add_argument(
@@ -164,44 +147,36 @@ def run(args: argparse.Namespace) -> ExitCode:
     compiled = compile_from_args(args)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
-    from ppdsl.runtime.worker.devices import choose_device  # imports torch: only when running
+    from ppdsl.runtime.models.hf import is_hf_spec  # these import torch: only when running
+    from ppdsl.runtime.worker.devices import choose_device
 
     model_record = None
-    if args.model.startswith("hf:"):
+    if is_hf_spec(args.model):
         model_record = _check_hf_model(args, compiled.schedule.placement.num_model_stages)
 
     # Every rank runs on this machine: decide the device once, before torchrun starts.
     dp = args.dp or 1
-    choice = choose_device(args.device, compiled.schedule.num_devices * dp,
-                           share_gpu=bool(getattr(args, "share_gpu", False)))
+    choice = choose_device(args.device or training_default("device"),
+                           compiled.schedule.num_devices * dp, share_gpu=bool(args.share_gpu))
     if choice.error is not None:
         raise UsageError(choice.error)
     if choice.note is not None:
         print(choice.note, file=sys.stderr)
     assert choice.kind is not None
-    rank_args = ["--model", args.model, "--steps", str(args.steps), "--device", choice.kind,
-                 "--release", args.release]
-    rank_args += training_argv(args)
-    for flag, value in (("--batch-size", args.batch_size),
-                        ("--timeout", args.timeout), ("--json", args.json_out),
-                        ("--trace", os.path.abspath(args.trace) if args.trace else None)):
-        if value is not None:
-            rank_args += [flag, str(value)]
+    args.device = choice.kind
+    if args.trace:
+        args.trace = os.path.abspath(args.trace)
+    rank_args = training_argv(args)
     if args.max_restarts and not args.checkpoint_dir:
         print("ppdsl run: note: --max-restarts without --checkpoint-dir: a restart trains "
               "again from step 1", file=sys.stderr)
-    return launch(compiled, rank_args, args.output, dp=dp, dp_mode=args.dp_mode or "replicate",
-                  max_restarts=args.max_restarts, model_record=model_record)
+    return launch(compiled, rank_args, args.output, dp=dp,
+                  dp_mode=args.dp_mode or "replicate", max_restarts=args.max_restarts,
+                  model_record=model_record)
 
 
 def _check_run_arguments(args: argparse.Namespace) -> None:
     """What `run`'s own flags get wrong, refused before compiling and launching."""
-    if args.steps < 1:
-        raise UsageError(f"--steps {args.steps}: need at least 1 training step")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UsageError(f"--batch-size {args.batch_size}: need at least 1 sample")
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"--timeout {args.timeout:g}: need a positive number of seconds")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts {args.max_restarts}: need 0 or more restarts")
     if args.output:
@@ -218,13 +193,17 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     balanced` chosen here from a per-layer profile (one process, one thread, as a
     rank runs) and handed to the ranks as the list of stage starts. Returns what
     the manifest records of the model."""
-    from ppdsl.runtime.models.hf import HFOptions, preflight
+    from ppdsl.runtime.models.hf import PREFIX, HFOptions, preflight
     from ppdsl.runtime.models.model import ModelError
 
-    options = HFOptions(seq_len=args.seq_len or 64, seed=args.seed or 0, data=args.data,
-                        data_dtype=args.data_dtype or "uint16", cut=args.cut or "equal",
+    def value(dest: str) -> Any:
+        given = getattr(args, dest)
+        return given if given is not None else training_default(dest)
+
+    options = HFOptions(seq_len=value("seq_len"), seed=value("seed"), data=args.data,
+                        data_dtype=value("data_dtype"), cut=value("cut"),
                         eval_data=args.eval_data)
-    directory = args.model[len("hf:"):]
+    directory = args.model[len(PREFIX):]
     try:
         cut = preflight(directory, num_stages, options)
         if cut is None:
@@ -239,7 +218,7 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
     except ModelError as exc:
         raise UsageError(str(exc)) from None
     return {"spec": args.model, "cut": list(cut), "cut_rule": options.cut
-            if options.cut in ("equal", "balanced") else "list"}
+            if options.cut in CUT_RULES else "list"}
 
 
 def launch(compiled: Compiled, rank_args: list[str], output: str | None = None,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from ppdsl.runtime.execution.data_parallel import dp_pp_mesh, local_tensor  # noqa: E402
 from ppdsl.runtime.training.optim import OptimizerStep  # noqa: E402
 from ppdsl.runtime.execution.pipeline import PipelineRunner  # noqa: E402
-from ppdsl.runtime.training.train import _with_real_mw  # noqa: E402
+from ppdsl.runtime.training.summary import with_real_mw  # noqa: E402
 from tests.dist.train_worker import _compiled, _model, _optimizer, _rel, reference  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -72,7 +72,7 @@ def dp_case(case: dict, rank: int, world: int) -> dict:
                            measure_memory=step == 0)
         if step == 0:
             peak = runner.engine.meter.peak_units
-            real = _with_real_mw(plan.memory, runner.engine.measured_mw_ratio())
+            real = with_real_mw(plan.memory, runner.engine.measured_mw_ratio())
         losses.append(float(loss) if loss is not None else None)
         resharded_after_step.append(all(hasattr(p, "to_local") for p in runner.parameters()))
         stepper.step()

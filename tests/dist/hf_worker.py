@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from ppdsl.runtime import load_schedule  # noqa: E402
 from ppdsl.runtime.models.hf import HFOptions, pipeline_model  # noqa: E402
 from ppdsl.runtime.execution.pipeline import PipelineRunner  # noqa: E402
-from ppdsl.runtime.training.train import _with_real_mw  # noqa: E402
+from ppdsl.runtime.training.summary import with_real_mw  # noqa: E402
 
 
 def run_case(case: dict, rank: int) -> dict:
@@ -45,7 +45,7 @@ def run_case(case: dict, rank: int) -> dict:
         losses.append(None if loss is None else float(loss))
     model.save(case["out"], runner.stages)
     engine, plan = runner.engine, schedule.plan
-    real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
+    real = with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
     return {"rank": rank, "losses": losses, "tied": [dict(t) for t in model.tied],
             "measured_peak": str(engine.meter.peak_units),
             "predicted_peak_real_mw": str(plan.predicted_peak(rank, real))}

@@ -39,7 +39,7 @@ from ppdsl.backend.plan import PassKeys, plan_from_schedule  # noqa: E402
 from ppdsl.runtime.execution.memory import DevicePeak  # noqa: E402
 from ppdsl.runtime.models.model import build_model  # noqa: E402
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner  # noqa: E402
-from ppdsl.runtime.training.train import _predicted_cuda_peak, _with_real_mw  # noqa: E402
+from ppdsl.runtime.training.summary import predicted_cuda_peak, with_real_mw  # noqa: E402
 from tests.oracles.allocator import HostAllocator  # noqa: E402
 
 DEVICE = torch.device("cpu")
@@ -140,7 +140,7 @@ def run_case(case: dict, rank: int, world: int, host: HostAllocator | None = Non
     out["mi_ratio"] = {str(s): str(r) for s, r in kept.items()}
     out["recompute"] = sorted(plan.memory.recompute)
     out["predicted_peak_real_mw"] = str(
-        plan.predicted_peak(rank, _with_real_mw(plan.memory, ratios, kept))
+        plan.predicted_peak(rank, with_real_mw(plan.memory, ratios, kept))
     )
     if not case.get("check_grads", True):
         return out
@@ -194,8 +194,8 @@ def run_case(case: dict, rank: int, world: int, host: HostAllocator | None = Non
                 torch.cuda.memory._dump_snapshot(str(Path(snapshots) / f"{case['id']}.rank{rank}.pickle"))
                 torch.cuda.memory._record_memory_history(enabled=None)
             out["cuda_peak_bytes"] = peak.bytes
-            real = _with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
-            out["predicted_cuda_peak_bytes"] = _predicted_cuda_peak(plan, rank, runner, real, peak,
+            real = with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
+            out["predicted_cuda_peak_bytes"] = predicted_cuda_peak(plan, rank, runner, real, peak,
                                                                     fresh_gradients=False)
             out["working_bytes"] = peak.working_by_pass()
     return out

@@ -18,7 +18,7 @@ import torch
 from ppdsl.runtime.execution import engine as engine_module
 from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
 from ppdsl.runtime.models.model import build_model
-from ppdsl.runtime.training.train import _with_real_mw
+from ppdsl.runtime.training.summary import with_real_mw
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPOUT = str(ROOT / "examples" / "models" / "tiny_gpt.py") + ":stages_dropout"
@@ -72,7 +72,7 @@ def test_recomputed_step_equals_the_plain_one(one_rank, tmp_path: Path) -> None:
         assert sorted(kept) == sorted(compiled.plan.memory.recompute)
         assert all(0 < r < Fraction(1, 10) for r in kept.values()), kept
         meter = runner.engine.meter
-        real = _with_real_mw(compiled.plan.memory, runner.engine.measured_mw_ratio(), kept)
+        real = with_real_mw(compiled.plan.memory, runner.engine.measured_mw_ratio(), kept)
         assert meter.peak_units == compiled.plan.predicted_peak(0, real), name
         assert meter.peak_bytes < plain.engine.meter.peak_bytes, name
 

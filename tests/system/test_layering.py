@@ -125,7 +125,7 @@ def test_package_import_graph_has_no_cycle():
 # face (`ppdsl/runtime/__init__.py`) and the paths generated programs import
 # (`program`, `train`) sit above them all.
 _RUNTIME_FLOORS = [
-    ("ppdsl.runtime.errors", "ppdsl.runtime._lazy"),
+    ("ppdsl.runtime.errors", "ppdsl.runtime._lazy", "ppdsl.runtime.choices"),
     ("ppdsl.runtime.worker",),
     ("ppdsl.runtime.execution",),
     ("ppdsl.runtime.models",),

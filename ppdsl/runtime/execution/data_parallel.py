@@ -44,15 +44,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ppdsl.runtime.choices import DP_MODES as MODES
 from ppdsl.runtime.execution.buffers import broadcast_buffers
 from ppdsl.runtime.execution.dtensor import is_sharded, local_tensor, sharded_like
 from ppdsl.runtime.execution.group import global_rank
 from ppdsl.runtime.execution.transport import backend_for
 
 __all__ = ["MODES", "DataParallel", "broadcast_replica_zero", "dp_pp_mesh", "shard_stages"]
-
-MODES = ("replicate", "shard")
-"""The data-parallel modes `--dp-mode` names."""
 
 
 def _fsdp() -> Any:

@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
+from ppdsl.runtime.choices import RELEASES
 from ppdsl.runtime.errors import LossError, PeerError, first_line, peer_failure
 from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
@@ -153,7 +154,7 @@ class Engine:
         lane_ends: LaneEnds,
         transport: Transport | None = None,
     ) -> None:
-        if release not in ("at-b", "at-w"):
+        if release not in RELEASES:
             raise ValueError(f"release must be 'at-b' or 'at-w', not {release!r}")
         self.rank = rank
         self.release = release

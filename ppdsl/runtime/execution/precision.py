@@ -15,12 +15,10 @@ from typing import Any
 
 import torch
 
+from ppdsl.runtime.choices import PRECISIONS
 from ppdsl.runtime.execution import autograd_access as access
 
 __all__ = ["PRECISIONS", "autocast_dtype", "LossScaler"]
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-"""The precisions `--precision` offers."""
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

@@ -72,6 +72,11 @@ def is_hf_spec(spec: str) -> bool:
     return spec.startswith(PREFIX)
 
 
+def _where(directory: str | Path) -> str:
+    """How a message names the model of `--model hf:DIR`: as the user wrote it."""
+    return f"--model {PREFIX}{directory}"
+
+
 @dataclass(frozen=True)
 class HFOptions:
     """How a `hf:DIR` model is trained: its sequences, data and cut."""
@@ -112,7 +117,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """`DIR/config.json` as a dict (no transformers needed); `ModelError` when
     DIR or its config is missing or unreadable."""
     folder = Path(directory)
-    where = f"--model {PREFIX}{directory}"
+    where = _where(directory)
     if not folder.is_dir():
         raise ModelError(f"{where}: no such directory")
     path = folder / "config.json"
@@ -160,7 +165,7 @@ def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     folder = Path(directory)
-    where = f"--model {PREFIX}{directory}"
+    where = _where(directory)
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     except Exception as exc:
@@ -411,7 +416,7 @@ def preflight(directory: str | Path, num_stages: int,
     raw = read_config(directory)
     transformers = _transformers()
     transformers.utils.logging.set_verbosity_error()
-    where = f"--model {PREFIX}{directory}"
+    where = _where(directory)
     try:
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as exc:
@@ -452,7 +457,7 @@ def pipeline_model(directory: str | Path, num_stages: int,
     synthetic tokens from the seed). Every process that calls it builds the whole
     model once (then each stage it is asked for is the whole model's modules)."""
     options = options or HFOptions()
-    where = f"--model {PREFIX}{directory}"
+    where = _where(directory)
     raw = read_config(directory)
     vocab = _vocab_size(raw)
     data = held_out = None

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppdsl.runtime.choices import LR_SCHEDULES, OPTIMIZERS, VALIDATIONS
 from ppdsl.runtime.execution import autograd_access as access
 from ppdsl.runtime.execution.dtensor import local_tensor
 
@@ -48,10 +49,6 @@ __all__ = [
     "lr_lambda",
 ]
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-"""The optimizers `--optimizer` names (any torch.optim optimizer works in the library)."""
-LR_SCHEDULES = ("constant", "warmup-cosine")
-"""The learning-rate schedules `--lr-schedule` names."""
 
 
 def make_optimizer(
@@ -144,7 +141,7 @@ class OptimizerStep:
         norm_groups: Sequence[dist.ProcessGroup | None] | None = None,
         norm_parameters: Sequence[torch.nn.Parameter] | None = None,
     ) -> None:
-        if validation not in ("sync", "post"):
+        if validation not in VALIDATIONS:
             raise ValueError(f"validation must be 'sync' or 'post', not {validation!r}")
         if max_norm is not None and not max_norm > 0:
             raise ValueError(f"max_norm must be positive, not {max_norm}")

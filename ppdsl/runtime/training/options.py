@@ -3,7 +3,9 @@ once (no torch here: `ppdsl run` reads them before anything imports torch).
 
 `ppdsl run` declares them with `forward=True` (no defaults) and hands the ones
 given on to the ranks (`training_argv`); the ranks parse them with their
-defaults. `check_training_options` is the one place their limits are checked.
+defaults (`training_default` reads one). `check_training_options` is the one
+place their limits are checked; each choice list is a tuple of
+`ppdsl.runtime.choices`.
 """
 
 from __future__ import annotations
@@ -11,17 +13,54 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["add_training_options", "training_argv", "check_training_options"]
+from ppdsl.runtime.choices import (
+    CUT_RULES,
+    DATA_DTYPES,
+    DEVICES,
+    DP_MODES,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    PRECISIONS,
+    RELEASES,
+    VALIDATIONS,
+)
+
+__all__ = ["add_training_options", "training_argv", "training_default", "check_training_options"]
 
 # (flag, destination, argparse keywords, default on the ranks)
 _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
-    ("--optimizer", "optimizer", {"choices": ["sgd", "adam", "adamw"],
+    ("--model", "model", {
+        "required": True, "metavar": "FILE.py:FACTORY",
+        "help": "the model: a factory, e.g. examples/models/tiny_gpt.py:stages, or hf:DIR, a "
+                "transformers checkpoint folder (docs/runtime.md)"}, None),
+    ("--steps", "steps", {"type": int, "help": "training steps (default 20)"}, 20),
+    ("--batch-size", "batch_size", {
+        "type": int, "help": "samples per step, split into m microbatches (default 2*m, times "
+                             "--dp)"}, None),
+    ("--timeout", "timeout", {
+        "type": float,
+        "help": "seconds before a dead or hung rank makes the others stop (default 60)"}, 60.0),
+    ("--device", "device", {
+        "choices": DEVICES,
+        "help": "auto (default): CUDA when the node has a GPU per local rank, else CPU with a "
+                "note; cuda with fewer GPUs than local ranks is an error (exit 2)"}, "auto"),
+    ("--release", "release", {
+        "choices": RELEASES,
+        "help": "when a split backward frees activations: at-b (default) frees at B what W "
+                "does not need; at-w keeps the autograd graph until W (M_W = M_B, the "
+                "controllable-memory paper's accounting)"}, "at-b"),
+    ("--json", "json_out", {
+        "metavar": "DIR", "help": "write each rank's measurements to DIR/rank<N>.json"}, None),
+    ("--trace", "trace", {
+        "metavar": "OUT.json",
+        "help": "write every rank's passes as one Chrome/Perfetto trace (ui.perfetto.dev)"}, None),
+    ("--optimizer", "optimizer", {"choices": OPTIMIZERS,
                                   "help": "torch.optim optimizer (default adam)"}, "adam"),
     ("--lr", "lr", {"type": float, "help": "learning rate (default 3e-3)"}, 3e-3),
     ("--weight-decay", "weight_decay", {"type": float, "help": "weight decay (default 0)"}, 0.0),
     ("--momentum", "momentum", {"type": float, "help": "SGD momentum (default 0)"}, 0.0),
     ("--lr-schedule", "lr_schedule", {
-        "choices": ["constant", "warmup-cosine"],
+        "choices": LR_SCHEDULES,
         "help": "constant (default), or a linear warm-up over --warmup-steps then a cosine "
                 "decay to 0 at --steps"}, "constant"),
     ("--warmup-steps", "warmup_steps", {"type": int, "help": "warm-up steps (default 0)"}, 0),
@@ -29,12 +68,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "type": float, "metavar": "MAX",
         "help": "clip gradients by their global norm across all pipeline ranks"}, None),
     ("--optimizer-validation", "optimizer_validation", {
-        "choices": ["sync", "post"],
+        "choices": VALIDATIONS,
         "help": "sync (default): all-reduce the gradient norm and inf/NaN flags, then step; "
                 "post: step at once, validate before the next step's first pass and roll "
                 "back (skip, or redo clipped) when needed (the zero-bubble paper's §4)"}, "sync"),
     ("--precision", "precision", {
-        "choices": ["fp32", "bf16", "fp16"],
+        "choices": PRECISIONS,
         "help": "fp32 (default); bf16 or fp16 autocast (fp16 with dynamic loss scaling, one "
                 "inf/NaN decision for all ranks)"}, "fp32"),
     ("--seed", "seed", {
@@ -56,7 +95,7 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
                 "mesh ('dp', 'pp'); global rank = replica * pipeline ranks + pipeline rank; "
                 "default: as compiled, else 1)"}, None),
     ("--dp-mode", "dp_mode", {
-        "choices": ["replicate", "shard"],
+        "choices": DP_MODES,
         "help": "replicate: all-reduce each stage's gradients after its last W (DDP); "
                 "shard: FSDP2 fully_shard per stage on the dp sub-mesh, gathered once per "
                 "step, gradients reduce-scattered after its last W (default: as compiled, "
@@ -85,13 +124,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "help": "with --model hf:DIR: held-out token ids for --eval-every (same format as "
                 "--data; evaluation batch k takes sequences by the same rule)"}, None),
     ("--data-dtype", "data_dtype", {
-        "choices": ["uint16", "uint32"],
+        "choices": DATA_DTYPES,
         "help": "element type of a raw .bin token file (default uint16)"}, "uint16"),
     ("--seq-len", "seq_len", {
         "type": int, "metavar": "L", "help": "with --model hf:DIR: tokens per sample (default 64)"},
      64),
     ("--cut", "cut", {
-        "metavar": "equal|balanced|0,5,11",
+        "metavar": "|".join(CUT_RULES) + "|0,5,11",
         "help": "with --model hf:DIR: where the stages start: equal layer counts (default), "
                 "balanced from a per-layer profile, or each stage's first decoder layer"},
      "equal"),
@@ -116,6 +155,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
 
 
 _DEFAULTS = {dest: default for _, dest, _, default in _OPTIONS}
+
+
+def training_default(dest: str) -> Any:
+    """The value the ranks take for the option stored at `dest` when it is not
+    given (`--seq-len`'s 64 for "seq_len")."""
+    return _DEFAULTS[dest]
 
 
 def add_training_options(parser: argparse.ArgumentParser, *, forward: bool = False) -> None:
@@ -147,6 +192,12 @@ def check_training_options(args: argparse.Namespace) -> str | None:
     def given(name: str) -> Any:
         return getattr(args, name, None)
 
+    if given("steps") is not None and given("steps") < 1:
+        return f"--steps {given('steps')}: need at least 1 training step"
+    if given("batch_size") is not None and given("batch_size") < 1:
+        return f"--batch-size {given('batch_size')}: need at least 1 sample"
+    if given("timeout") is not None and not given("timeout") > 0:
+        return f"--timeout {given('timeout'):g}: need a positive number of seconds"
     if given("lr") is not None and not given("lr") > 0:
         return f"--lr must be positive, not {given('lr')}"
     if given("weight_decay") is not None and given("weight_decay") < 0:

@@ -6,9 +6,9 @@ which attempt this is in `TORCHELASTIC_RESTART_COUNT`. Its store (the agent's,
 at MASTER_ADDR:MASTER_PORT) outlives the workers, and with the static
 rendezvous (`--master-addr/--master-port`) torch's `env://` keys are the same in
 every attempt: a restarted gloo group reads the dead workers' addresses and
-fails to connect ("Gloo connectFullMesh failed ... Connection refused", seen
-with torch 2.13). So ppdsl forms its process group on a store whose keys carry
-the attempt, and so does its watchdog.
+fails to connect ("Gloo connectFullMesh failed ... Connection refused"). So
+ppdsl forms its process group on a store whose keys carry the attempt, and so
+does its watchdog.
 """
 
 from __future__ import annotations

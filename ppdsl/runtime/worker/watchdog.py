@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -186,7 +187,7 @@ class Watchdog:
         self.on_failure(f"ppdsl: rank {self.rank}: stopping: {what}")
 
 
-def fail(watchdog: Watchdog | None, rank: int, message: str) -> None:
+def fail(watchdog: Watchdog | None, rank: int, message: str) -> NoReturn:
     """Print `message`, tell the others, and exit this rank at once (exit code 1)."""
     say(f"ppdsl: rank {rank}: {message}")
     if watchdog is not None:

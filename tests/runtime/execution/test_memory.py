@@ -18,7 +18,7 @@ from ppdsl.ir.schedule import PassKind
 from ppdsl.runtime.execution.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
 from ppdsl.runtime.models.model import build_model
-from ppdsl.runtime.training.train import _with_real_mw
+from ppdsl.runtime.training.summary import with_real_mw
 from tests.oracles.allocator import HostAllocator
 from tests.paths import ROOT
 
@@ -128,7 +128,7 @@ def test_device_peak_predicted_on_imitated_allocator(one_rank, tmp_path: Path, s
         runner.step(inputs, targets, measure_memory=True)
         peak.stop()
     engine = runner.engine
-    memory = _with_real_mw(compiled.plan.memory, engine.measured_mw_ratio(),
+    memory = with_real_mw(compiled.plan.memory, engine.measured_mw_ratio(),
                            engine.measured_mi_ratio())
     order = list(PassKeys(compiled.plan.orders[0].passes))
     grads = {s: sum(p.numel() * p.element_size() for p in st.parameters())

@@ -138,7 +138,7 @@ def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     ranks outnumber the cores; under costs that match, measured/predicted stays
     under 1.10 and no gap is named."""
     from ppdsl.runtime.execution.pipeline import load_schedule
-    from ppdsl.runtime.training.train import _predictions, timing_summary
+    from ppdsl.runtime.training.summary import predictions, timing_summary
 
     def plan_for(forward: float, backward: float) -> object:
         costs = tmp_path / f"costs{forward}.pp"
@@ -161,7 +161,7 @@ def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     # back to back, rank 0 its BW1 from 70 to 90; then the optimizer step (1 ms)
     step_ms = 10 + (10 + 20) * 2 + 20 + 1
     wrong = plan_for(1, 2)
-    mine = _predictions(wrong, durations, [step_ms / 1e3])  # type: ignore[arg-type]
+    mine = predictions(wrong, durations, [step_ms / 1e3])  # type: ignore[arg-type]
     text = timing_summary(wrong, mine)  # type: ignore[arg-type]
     assert "the gap (more than 1.10x)" in text, text
     first = text.split("the gap")[1].splitlines()[1].strip()
@@ -170,7 +170,7 @@ def test_summary_names_the_gap_sources(tmp_path: Path) -> None:
     mine["cores"] = 1  # two ranks on one core: the summary says so
     assert "oversubscribed (2 ranks on 1 cores): " in timing_summary(wrong, mine)  # type: ignore[arg-type]
     right = plan_for(10, 20)
-    mine = _predictions(right, durations, [step_ms / 1e3])  # type: ignore[arg-type]
+    mine = predictions(right, durations, [step_ms / 1e3])  # type: ignore[arg-type]
     assert mine["predicted_step_time_ms"] == step_ms
     text = timing_summary(right, mine)  # type: ignore[arg-type]
     assert mine["median_step_time_ms"] / mine["predicted_step_time_ms"] < 1.10, text

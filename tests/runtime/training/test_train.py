@@ -1,7 +1,6 @@
 """`ppdsl run` and the generated programs as a user runs them (real torchrun or
 rank processes on gloo): the training options, data built only on the ranks
-that use it, throughput in the model's units, and a clean exit (the heartbeat
-thread joined before the process group goes)."""
+that use it, and throughput in the model's units."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from ppdsl.cli import main
-from tests.dist import harness
 from tests.paths import ROOT
 
 TINY = str(ROOT / "examples" / "models" / "tiny_gpt.py")
@@ -81,46 +79,8 @@ def test_data_built_only_where_used_and_throughput_units(tmp_path: Path) -> None
     assert "optimizer: 3 steps" in proc.stdout
 
 
-_EXIT_RACE = """
-import os, sys, time
-from datetime import timedelta
-import torch.distributed as dist
-from ppdsl.runtime.worker.watchdog import Watchdog
-port = int(sys.argv[1])
-os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
-                       wait_for_workers=False)
-# 400 ranks to watch and no pause: the heartbeat thread is inside a store call
-# nearly all the time, so it is there when the process exits unless done() joins it
-watchdog = Watchdog(0, 400, 60.0, interval=0.0)
-watchdog.start()
-time.sleep(0.3)
-watchdog.done()
-print("alive", watchdog._thread.is_alive(), flush=True)
-"""
-
-
-@pytest.mark.slow
-def test_clean_exit_joins_the_heartbeat_thread() -> None:
-    """Exit right after the watchdog's done(), with its thread kept inside store
-    calls: before the fix every run aborted ("terminate called without an active
-    exception", exit 134); now the thread is joined and every run exits 0."""
-    # three runs at once, each on its own port: they spend their time importing torch
-    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_RACE, str(harness.free_port())],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
-             for _ in range(3)]
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err
-            assert "terminate called" not in err
-            assert "alive False" in out
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+# The watchdog's clean exit (its heartbeat thread joined before the process
+# group goes) is tests/runtime/worker/test_watchdog.py's.
 
 
 # examples/train_loop.py under torchrun (2 ranks: the loss falls, the checkpoint is
