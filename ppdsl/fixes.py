@@ -388,10 +388,13 @@ def find_fixes(
     costs: object | None = None,
     budget_seconds: float = BUDGET_SECONDS,
     max_candidates: int = MAX_CANDIDATES,
+    compile_seconds: float = 0.0,
 ) -> list[Diagnostic]:
     """`diagnostics` with the proven fixes attached: each to the first error whose
     lines it edits (or to the first error), smallest edit first. Every fix is
-    proven by compiling the edited text under the same overrides and costs."""
+    proven by compiling the edited text under the same overrides and costs.
+    `compile_seconds`, what compiling the file took, is the first guess of what a
+    candidate takes: no candidate starts that could end past the budget."""
     errors = [d for d in diagnostics if d.severity == "error"]
     if not errors:
         return list(diagnostics)
@@ -402,7 +405,7 @@ def find_fixes(
         module = parse(text, file)
     except CompileError:
         return list(diagnostics)
-    slowest = 0.0  # the longest one candidate took: the next may take as long
+    slowest = compile_seconds  # the longest one candidate took: the next may take as long
     try:
         for count, candidate in enumerate(candidate_fixes(text, file, errors)):
             if count >= max_candidates or len(proven) >= MAX_FIXES:

@@ -207,18 +207,18 @@ def is_near(diagnostics: list[Diagnostic], edited: frozenset[int], within: int =
     return False
 
 
-_NUMBER = re.compile(r"\d+")
+_DEVICE = re.compile(r"\bdevices? [\d, \u2013-]+")
 
 
 def repeated_errors(diagnostics: list[Diagnostic]) -> int:
-    """Errors that repeat another at the same line with only numbers changed (one
-    cause reported per device, stage or microbatch)."""
+    """Errors that repeat another at the same line with only the device changed
+    (one cause reported once per device)."""
     seen: set[tuple[int, str]] = set()
     repeats = 0
     for d in diagnostics:
         if d.severity != "error":
             continue
-        key = (d.span.line if d.span else 0, _NUMBER.sub("#", d.message))
+        key = (d.span.line if d.span else 0, _DEVICE.sub("device #", d.message))
         repeats += key in seen
         seen.add(key)
     return repeats

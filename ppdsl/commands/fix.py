@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import time
 from pathlib import Path
 
 from ppdsl.commands.common import (
@@ -45,6 +46,7 @@ def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
 def compile_with_fixes(args: argparse.Namespace) -> Compiled:
     """`compile_from_args`; a CompileError comes back with proven fixes attached
     to its errors, unless `--no-fixes`."""
+    started = time.perf_counter()
     try:
         return compile_from_args(args)
     except CompileError as err:
@@ -53,7 +55,7 @@ def compile_with_fixes(args: argparse.Namespace) -> Compiled:
             raise
         found = find_fixes(
             err.diagnostics, text, args.file, parse_defines(args.defines),
-            costs=costs_from_args(args),
+            costs=costs_from_args(args), compile_seconds=time.perf_counter() - started,
         )
         raise CompileError(found) from None
 
