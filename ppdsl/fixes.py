@@ -277,15 +277,12 @@ def _expect_candidates(
 
 
 def candidate_fixes(
-    text: str, file: str, errors: Sequence[Diagnostic]
+    module: ast.Module, text: str, errors: Sequence[Diagnostic]
 ) -> list[_Candidate]:
-    """The candidate edits for `errors` in `text`, in the order they are tried:
-    those at a line an error involves first, then the declarations, then the
-    expectations' bounds; smallest first within each."""
-    try:
-        module = parse(text, file)
-    except CompileError:
-        return []
+    """The candidate edits for `errors` in `text` (parsed as `module`), in the
+    order they are tried: those at a line an error involves first, then the
+    declarations, then the expectations' bounds; smallest first within each."""
+    file = module.file
     lines = text.split("\n")
     involved = {
         span.line
@@ -407,7 +404,7 @@ def find_fixes(
         return list(diagnostics)
     slowest = compile_seconds  # the longest one candidate took: the next may take as long
     try:
-        for count, candidate in enumerate(candidate_fixes(text, file, errors)):
+        for count, candidate in enumerate(candidate_fixes(module, text, errors)):
             if count >= max_candidates or len(proven) >= MAX_FIXES:
                 break
             begun = time.perf_counter()

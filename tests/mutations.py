@@ -207,18 +207,19 @@ def is_near(diagnostics: list[Diagnostic], edited: frozenset[int], within: int =
     return False
 
 
-_DEVICE = re.compile(r"\bdevices? [\d, \u2013-]+")
+_NUMBER = re.compile(r"\d+")
 
 
 def repeated_errors(diagnostics: list[Diagnostic]) -> int:
-    """Errors that repeat another at the same line with only the device changed
-    (one cause reported once per device)."""
-    seen: set[tuple[int, str]] = set()
+    """Errors that repeat another at the same place with only numbers changed (one
+    cause reported once per device, stage or microbatch)."""
+    seen: set[tuple[int, int, str]] = set()
     repeats = 0
     for d in diagnostics:
         if d.severity != "error":
             continue
-        key = (d.span.line if d.span else 0, _DEVICE.sub("device #", d.message))
+        where = (d.span.line, d.span.column) if d.span else (0, 0)
+        key = (*where, _NUMBER.sub("#", d.message))
         repeats += key in seen
         seen.add(key)
     return repeats

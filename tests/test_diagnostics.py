@@ -55,3 +55,13 @@ def test_render_shows_each_fix_as_a_help_line_with_the_edited_line():
     d = Diagnostic("error", "collides", Span("h.pp", 2, 10, 2, 14), fixes=(fix,))
     lines = render(d).split("\n")
     assert lines[-2:] == ["  help: start F at s (was s + 1)", "    h.pp:2: F at s"]
+
+
+def test_the_corpus_counts_an_error_repeated_per_device():
+    """tests/mutations' measure of repeats counts per-device copies, and none once grouped."""
+    from tests.mutations import repeated_errors
+
+    found = [Diagnostic("error", f"on device {dev}, B of stage {dev} collides", _at(7))
+             for dev in range(4)]
+    assert repeated_errors(found) == 3
+    assert repeated_errors(group_repeats(found)) == 0
