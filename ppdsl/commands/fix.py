@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ppdsl.commands.common import (
     ExitCode,
-    UsageError,
     add_schedule_arguments,
     compile_from_args,
     costs_from_args,
@@ -77,8 +76,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     out = output_file(args.output or args.file)
     try:
         original = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read '{args.file}': {exc}") from None
+        raise CompileError([Diagnostic("error", f"cannot read '{args.file}': {exc}")]) from None
     overrides = parse_defines(args.defines)
     costs = costs_from_args(args)
     text = original

@@ -71,3 +71,12 @@ def test_text_and_json_carry_the_same_notes_and_fixes(
                 assert f"{source}:{edit['line']}: " in text
     code, out, _ = _run(capsys, "check", "--json", "--no-fixes", str(source))
     assert not any(d["fixes"] for d in json.loads(out)["diagnostics"])
+
+
+def test_fix_of_a_missing_file_is_invalid_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`ppdsl fix` on no file says so and exits 1, as `ppdsl check` does."""
+    code, _, err = _run(capsys, "fix", str(tmp_path / "nope.pp"))
+    assert code == 1
+    assert "no such file" in err and "Traceback" not in err
