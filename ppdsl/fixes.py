@@ -402,19 +402,30 @@ def find_fixes(
         module = parse(text, file)
     except CompileError:
         return list(diagnostics)
-    slowest = compile_seconds  # the longest one candidate took: the next may take as long
+    # the longest a screen took, and a proof (a compile with its parse): the next
+    # may take as long, so none starts that would end past the budget
+    slowest_screen, proof = compile_seconds / 2, compile_seconds
+
+    def left() -> float:
+        return budget_seconds - (time.perf_counter() - started)
+
     try:
         for count, candidate in enumerate(candidate_fixes(module, text, errors)):
             if count >= max_candidates or len(proven) >= MAX_FIXES:
                 break
-            begun = time.perf_counter()
-            if begun - started + slowest > budget_seconds:
+            if left() < slowest_screen:
                 break
-            if _screened(module, candidate, overrides or {}, costs) and _valid(
-                apply_fix(text, candidate.fix), file, overrides or {}, costs
-            ):
+            begun = time.perf_counter()
+            screened = _screened(module, candidate, overrides or {}, costs)
+            slowest_screen = max(slowest_screen, time.perf_counter() - begun)
+            if not screened:
+                continue
+            if left() < proof:
+                break
+            begun = time.perf_counter()
+            if _valid(apply_fix(text, candidate.fix), file, overrides or {}, costs):
                 proven.append(candidate)
-            slowest = max(slowest, time.perf_counter() - begun)
+            proof = max(proof, time.perf_counter() - begun)
     finally:
         if original is not None:  # the candidates' compiles registered their text
             register_source(file, original)
