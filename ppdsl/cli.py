@@ -23,6 +23,7 @@ __all__ = ["main", "ExitCode", "UsageError"]
 # (subcommand, module in ppdsl.commands): the order is the order of `ppdsl --help`.
 _COMMANDS = [
     ("check", "check"),
+    ("fix", "fix"),
     ("show", "show"),
     ("stats", "stats"),
     ("compare", "compare"),

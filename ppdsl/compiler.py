@@ -24,6 +24,7 @@ from ppdsl.analysis.checks import deadlock, expectations, memory, reductions
 from ppdsl.analysis.simulate import Timeline, simulate
 from ppdsl.costs_file import CostsFile, expectation_warnings, schedule_with_costs
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source
+from ppdsl.frontend.ast import Module
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import RankArrays, RankProgram
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Compiled",
     "compile_source",
+    "compile_module",
     "compile_file",
     "compile_schedule",
     "compile_forward",
@@ -149,19 +151,37 @@ def compile_source(
     register_source(file, text)
     with limits.using(limits.active()), limits.progress(file) as phase:  # loop count from 0
         module = parse(text, file)
-        phase("elaborate")
-        if costs is None:
-            schedule = elaborate(module, overrides or {})
-            return compile_schedule(schedule, early_receives=early_receives, phase=phase,
-                                    comm_model=comm_model)
-        schedule, expects = schedule_with_costs(module, overrides or {}, costs)
-        bounded = any(e.metric == "peak_memory" for e in expects)
-        compiled = compile_schedule(
-            schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase,
+        return compile_module(
+            module, overrides, early_receives=early_receives, costs=costs, phase=phase,
             comm_model=comm_model,
         )
-        late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
-        return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
+
+
+def compile_module(
+    module: Module,
+    overrides: dict[str, str] | None = None,
+    *,
+    early_receives: bool = True,
+    costs: CostsFile | None = None,
+    phase: Callable[[str], None] = lambda name: None,
+    comm_model: str = "rendezvous",
+) -> Compiled:
+    """The passes after parsing (`compile_source` without the text): what the
+    fix search (`ppdsl.fixes`) runs on an edited AST before it proves a fix on
+    the edited text."""
+    phase("elaborate")
+    if costs is None:
+        schedule = elaborate(module, overrides or {})
+        return compile_schedule(schedule, early_receives=early_receives, phase=phase,
+                                comm_model=comm_model)
+    schedule, expects = schedule_with_costs(module, overrides or {}, costs)
+    bounded = any(e.metric == "peak_memory" for e in expects)
+    compiled = compile_schedule(
+        schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase,
+        comm_model=comm_model,
+    )
+    late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
+    return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
 
 
 def compile_file(

@@ -3,8 +3,8 @@
 loop bound changed, the placement or the backward form changed. Each mutant keeps
 the lines it edited, so a measurement can ask whether an error points near them.
 
-`python -m tests.mutations` compiles every mutant and prints, over the rejected
-ones, how many have an error or note within 2 lines of an edited line, how many
+`python -m tests.mutations [--budget SECONDS] [-v]` compiles every mutant and
+prints, over the rejected ones, how many have an error or note within 2 lines of an edited line, how many
 one-edit mutants get a fix that `ppdsl check` then accepts, whether any offered
 fix gives an invalid file, and how many errors repeat per device.
 """
@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppdsl.diagnostics import CompileError, Diagnostic
@@ -211,14 +211,15 @@ _NUMBER = re.compile(r"\d+")
 
 
 def repeated_errors(diagnostics: list[Diagnostic]) -> int:
-    """Errors that repeat another at the same line with only numbers changed (one
-    cause reported per device, stage or microbatch)."""
-    seen: set[tuple[int, str]] = set()
+    """Errors that repeat another at the same place with only numbers changed (one
+    cause reported once per device, stage or microbatch)."""
+    seen: set[tuple[int, int, str]] = set()
     repeats = 0
     for d in diagnostics:
         if d.severity != "error":
             continue
-        key = (d.span.line if d.span else 0, _NUMBER.sub("#", d.message))
+        where = (d.span.line, d.span.column) if d.span else (0, 0)
+        key = (*where, _NUMBER.sub("#", d.message))
         repeats += key in seen
         seen.add(key)
     return repeats
@@ -237,6 +238,8 @@ class Measure:
     fixes_invalid: int = 0
     repeated: int = 0
     seconds: float = 0.0
+    search_seconds: list[float] = field(default_factory=list)
+    """Per rejected mutant, the time to compile it and look for fixes."""
 
     def percentages(self) -> tuple[float, float]:
         """(near %, fixed one-edit %)."""
@@ -246,44 +249,36 @@ class Measure:
         )
 
 
-def _errors_of(text: str, file: str) -> list[Diagnostic] | None:
-    """The diagnostics `ppdsl check` reports on `text` (with their fixes where the
-    compiler has them), or None when the text is valid."""
+def _errors_of(text: str, file: str, budget_seconds: float) -> list[Diagnostic] | None:
+    """The diagnostics `ppdsl check` reports on `text`, with their fixes, or None
+    when the text is valid."""
     from ppdsl.compiler import compile_source
+    from ppdsl.fixes import find_fixes
 
     try:
         compile_source(text, file)
     except CompileError as err:
-        return _with_fixes(err.diagnostics, text, file)
+        return find_fixes(err.diagnostics, text, file, budget_seconds=budget_seconds)
     return None
 
 
-def _with_fixes(diagnostics: list[Diagnostic], text: str, file: str) -> list[Diagnostic]:
-    try:
-        from ppdsl.fixes import find_fixes  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return diagnostics
-    return find_fixes(diagnostics, text, file)
-
-
-def _applied(text: str, fix) -> str:
-    from ppdsl.fixes import apply_fix  # type: ignore[import-not-found, unused-ignore]
-
-    return apply_fix(text, fix)
-
-
-def measure(mutants: list[Mutant]) -> Measure:
+def measure(mutants: list[Mutant], budget_seconds: float = 60.0) -> Measure:
     """Compile every mutant; for the rejected ones count where the errors point,
-    their fixes (each applied and compiled again), and repeated errors."""
+    their fixes (each applied and compiled again), and repeated errors. The fix
+    search's time budget is wide by default, so that its candidate count, not
+    the machine's load, bounds it and the figures repeat."""
     from ppdsl.compiler import compile_source
+    from ppdsl.fixes import apply_fix
 
     result = Measure(mutants=len(mutants))
     started = time.perf_counter()
     for mutant in mutants:
         file = f"examples/{mutant.example}.pp"
-        diagnostics = _errors_of(mutant.text, file)
+        searched = time.perf_counter()
+        diagnostics = _errors_of(mutant.text, file, budget_seconds)
         if diagnostics is None:
             continue
+        result.search_seconds.append(time.perf_counter() - searched)
         result.rejected += 1
         result.near += is_near(diagnostics, mutant.edited_lines)
         result.repeated += repeated_errors(diagnostics)
@@ -292,7 +287,7 @@ def measure(mutants: list[Mutant]) -> Measure:
         for fix in fixes:
             result.fixes_offered += 1
             try:
-                compile_source(_applied(mutant.text, fix), file)
+                compile_source(apply_fix(mutant.text, fix), file)
             except CompileError:
                 result.fixes_invalid += 1
                 continue
@@ -307,9 +302,11 @@ def measure(mutants: list[Mutant]) -> Measure:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the corpus's numbers (`-v`: each rejected mutant that no error points near)."""
-    verbose = "-v" in (argv if argv is not None else sys.argv[1:])
+    args = argv if argv is not None else sys.argv[1:]
+    verbose = "-v" in args
+    budget = float(args[args.index("--budget") + 1]) if "--budget" in args else 60.0
     mutants = corpus()
-    result = measure(mutants)
+    result = measure(mutants, budget)
     near, fixed = result.percentages()
     print(f"mutants {result.mutants}, rejected {result.rejected} "
           f"({result.rejected_one_edit} one-edit), {result.seconds:.1f} s")
@@ -317,9 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one-edit rejected with a fix that check accepts: {fixed:.1f}%")
     print(f"offered fixes {result.fixes_offered}, invalid after applying {result.fixes_invalid}; "
           f"errors repeated per device {result.repeated}")
+    times = sorted(result.search_seconds)
+    if times:
+        print(f"check with fix search per rejected mutant (budget {budget:g} s): median "
+              f"{times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s")
     if verbose:
         for mutant in mutants:
-            diagnostics = _errors_of(mutant.text, f"examples/{mutant.example}.pp")
+            diagnostics = _errors_of(mutant.text, f"examples/{mutant.example}.pp", 0.0)
             if diagnostics is not None and not is_near(diagnostics, mutant.edited_lines):
                 first = diagnostics[0]
                 print(f"FAR {mutant.example}: {mutant.description} (lines "

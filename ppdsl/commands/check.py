@@ -9,7 +9,8 @@ import sys
 
 from ppdsl import json_text
 from ppdsl.analysis.comm_rules import COMM_MODELS
-from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments, compile_from_args
+from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments
+from ppdsl.commands.fix import add_fix_arguments, compile_with_fixes
 from ppdsl.diagnostics import CompileError, render_all
 from ppdsl.ir.rank import format_rank_programs
 from ppdsl.ir.schedule import format_schedule
@@ -20,6 +21,7 @@ HELP = "prove a schedule valid (or say where it is not)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser, optional_file=True)
+    add_fix_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a machine-readable result")
     parser.add_argument(
         "--no-early-receives", action="store_true",
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if torch:
         return _run_torch(args)
     if not args.json:
-        compiled = compile_from_args(args)
+        compiled = compile_with_fixes(args)
         if compiled.warnings:
             print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
         s, t = compiled.schedule, compiled.timeline
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             print(format_rank_programs(compiled.programs), end="")
         return ExitCode.OK
     try:
-        compiled = compile_from_args(args)
+        compiled = compile_with_fixes(args)
     except CompileError as err:
         result = {"valid": False, "diagnostics": [diagnostic_json(d) for d in err.diagnostics]}
         print(json_text.dumps(result, 2))

@@ -430,3 +430,23 @@ def test_fast_path_agrees_with_exact_evaluation():
         _fast_and_exact_agree(expr, env)
 
     check()
+
+
+def test_wrong_pass_kind_notes_the_backward_line():
+    """B in a fused schedule notes the `backward` line, the other side of the mistake."""
+    import pytest
+
+    from ppdsl.compiler import compile_source
+    from ppdsl.diagnostics import CompileError
+
+    text = (
+        "schedule s {\n    param d = 2\n    param m = 4\n    backward fused\n"
+        "    block period 3 {\n        F at s\n        B at 3*d - 2 - 2*s\n    }\n}\n"
+    )
+    with pytest.raises(CompileError) as info:
+        compile_source(text, "kind.pp")
+    [error] = info.value.diagnostics
+    assert error.span is not None and error.span.line == 7
+    assert [(span.line if span else None, note) for span, note in error.notes] == [
+        (4, "the backward form is declared here")
+    ]

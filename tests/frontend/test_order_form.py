@@ -129,3 +129,24 @@ def test_vector_loop_is_taken():
     finally:
         order_form._VectorLoop.run = original
     assert calls and all(calls)
+
+
+def test_out_of_range_microbatch_names_its_loop():
+    """A microbatch past m made by a loop names the loop and its variable's value."""
+    import pytest
+
+    from ppdsl.compiler import compile_source
+    from ppdsl.diagnostics import CompileError
+
+    text = (
+        "schedule s {\n    param d = 2\n    param m = 4\n    backward fused\n    order {\n"
+        "        for j in 0..m + 1 {\n            F(j)\n        }\n"
+        "        for j in 0..m { BW(j) }\n    }\n}\n"
+    )
+    with pytest.raises(CompileError) as info:
+        compile_source(text, "bound.pp")
+    [error] = info.value.diagnostics
+    assert error.span is not None and error.span.line == 7
+    assert [(span.line if span else None, note) for span, note in error.notes] == [
+        (6, "where j = 4, in this loop")
+    ]

@@ -134,3 +134,21 @@ def test_every_colliding_pair_is_found(slots, period, group_size, spacing):
     if group_size == 1:
         expected = [e.replace(" for microbatch 0", "") for e in expected]
     assert sorted(found) == expected
+
+
+def test_collision_of_two_stages_notes_the_placement():
+    """Two stages meeting on one device name the `place` line that put them there."""
+    import pytest
+
+    from ppdsl.compiler import compile_source
+    from ppdsl.diagnostics import CompileError
+
+    text = (
+        "schedule s {\n    param d = 2\n    param m = 4\n    place looped(2)\n"
+        "    backward fused\n    block period 3 {\n        F at s\n        BW at 3*d - 2 - 2*s\n"
+        "    }\n}\n"
+    )
+    with pytest.raises(CompileError) as info:
+        compile_source(text, "placed.pp")
+    notes = [(span.line if span else None, note) for d in info.value.diagnostics for span, note in d.notes]
+    assert any(line == 4 and note.startswith("the placement (looped) puts stages") for line, note in notes)

@@ -120,3 +120,23 @@ def test_repeated_line_is_one_error():
     ]
     assert found[0].span == repeat_line
     assert found[0].notes[0] == (loop_line, "the first run of F0:s0: pass 0 of the order")
+
+
+def test_missing_pass_points_at_the_loop_that_makes_its_neighbour():
+    """A loop one short is the error's line (issue 40: the loop that should have made
+    the pass), not the schedule header; the one cause on every device is one error."""
+    import pytest
+
+    from ppdsl.compiler import compile_source
+    from ppdsl.diagnostics import CompileError
+
+    text = (
+        "schedule s {\n    param d = 2\n    param m = 4\n    backward fused\n    order {\n"
+        "        for j in 0..m { F(j) }\n        for j in 0..m - 1 { BW(j) }\n    }\n}\n"
+    )
+    with pytest.raises(CompileError) as info:
+        compile_source(text, "loop.pp")
+    [error] = info.value.diagnostics
+    assert error.span is not None and error.span.line == 7
+    assert error.message.startswith("on devices 0\u20131: device 0 never runs 1 pass")
+    assert "the nearest BW of stage 0 on device 0, BW2:s0, is made here" in error.notes[0][1]
