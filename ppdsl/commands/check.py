@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from ppdsl import json_text
+from ppdsl.commands import check_family
 from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, render_all
 from ppdsl.ir.rank import format_rank_programs
@@ -34,9 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--programs", action="store_true",
         help="also print the lowered per-rank programs (passes and send/recv exchanges)",
     )
+    check_family.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if check_family.wanted(args):
+        return check_family.run(args)
     if not args.json:
         compiled = compile_from_args(args)
         if compiled.warnings:
