@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -231,10 +231,13 @@ def sweep(
     samples: int | None = None,
     seed: int = 0,
     progress: Callable[[int, int, Params], None] | None = None,
+    map_checks: Callable[[Iterable[Params]], Iterator[Outcome]] | None = None,
 ) -> SweepResult:
     """Check the family: every instance in order, stopping at the first invalid
     one; or, with `samples`, that many drawn by hypothesis from `seed` (every
-    instance when there are no more than that), the failure shrunk."""
+    instance when there are no more than that), the failure shrunk.
+    `map_checks` checks the enumerated instances in order, as `check` would, but
+    elsewhere (`FamilyFile.parallel`'s processes)."""
     start = time.monotonic()
     total = count_instances(ranges)
     result = SweepResult("enumerate", total, seed=None)
@@ -251,7 +254,10 @@ def sweep(
         return result.outcomes[key]
 
     if samples is None or total <= samples:
-        for params in instances(ranges):
+        ordered = instances(ranges)
+        if map_checks is not None:
+            ordered = _recorded(ordered, map_checks, result, total, progress)
+        for params in ordered:
             if run(params).failed:
                 result.failure = Failure(params, run(params).diagnostics, params)
                 break
@@ -263,6 +269,32 @@ def sweep(
             result.failure = Failure(smallest, run(smallest).diagnostics, found)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _recorded(
+    ordered: Iterator[Params],
+    map_checks: Callable[[Iterable[Params]], Iterator[Outcome]],
+    result: SweepResult,
+    total: int,
+    progress: Callable[[int, int, Params], None] | None,
+) -> Iterator[Params]:
+    """The instances in order, each outcome computed by `map_checks` and recorded
+    in `result` before the instance is yielded."""
+    pending: list[Params] = []
+
+    def remember(params_iter: Iterator[Params]) -> Iterator[Params]:
+        for params in params_iter:
+            pending.append(params)
+            yield params
+
+    for outcome in map_checks(remember(ordered)):
+        params = pending.pop(0)
+        result.outcomes[tuple(params.items())] = outcome
+        result.checked += 1
+        result.skipped += outcome.skipped
+        if progress is not None:
+            progress(result.checked, total, params)
+        yield params
 
 
 def _sample(
@@ -357,6 +389,19 @@ class FamilyFile:
         self.costs = costs
         self._requires = {s.span for s in self.module.stmts if isinstance(s, ast.Require)}
 
+    def parallel(self, jobs: int) -> Callable[[Iterable[Params]], Iterator[Outcome]]:
+        """`sweep`'s `map_checks` over `jobs` forked processes, each holding this
+        file: outcomes in the instances' order; the processes end when the
+        caller stops reading (the first invalid instance)."""
+        import multiprocessing
+
+        def map_checks(ordered: Iterable[Params]) -> Iterator[Outcome]:
+            context = multiprocessing.get_context("fork")
+            with context.Pool(jobs, initializer=_adopt, initargs=(self,)) as pool:
+                yield from pool.imap(_check_adopted, ordered, chunksize=2)
+
+        return map_checks
+
     @property
     def param_names(self) -> list[str]:
         """The file's params, in order."""
@@ -379,6 +424,17 @@ class FamilyFile:
             outside = len(errors) == 1 and errors[0].span in self._requires
             return Outcome(errors, skipped=outside)
         return Outcome()
+
+
+_ADOPTED: list[FamilyFile] = []
+
+
+def _adopt(family: FamilyFile) -> None:
+    _ADOPTED.append(family)
+
+
+def _check_adopted(params: Params) -> Outcome:
+    return _ADOPTED[0].check(params)
 
 
 def progress_reporter(label: str, stream: TextIO | None = None) -> _Progress:

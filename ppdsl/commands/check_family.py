@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 
 from ppdsl import json_text
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check N instances drawn by hypothesis instead of all of them (seeded: "
         "--seed), the failure shrunk to its smallest parameters",
     )
+    group.add_argument(
+        "--jobs", type=int, default=1, metavar="N",
+        help="check the instances in N processes (0: one per CPU; default 1); the result "
+        "is the same, the first invalid instance in order",
+    )
     group.add_argument("--seed", type=int, default=0, metavar="S",
                        help="the seed of --samples (default 0)")
 
@@ -58,6 +64,8 @@ def _setup(args: argparse.Namespace) -> tuple[FamilyFile, tuple[ParamRange, ...]
         raise UsageError("--samples needs at least one --for range")
     if args.samples is not None and args.samples < 1:
         raise UsageError(f"--samples must be at least 1, not {args.samples}")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs must be 0 (one per CPU) or more, not {args.jobs}")
     if args.samples is not None and importlib.util.find_spec("hypothesis") is None:
         raise UsageError("--samples draws with hypothesis: install it (pip install hypothesis)")
     if args.ir or args.programs:
@@ -95,6 +103,11 @@ def _family(args: argparse.Namespace) -> FamilyFile:
         raise UsageError(f"cannot read '{args.file}': {exc}") from None
 
 
+def _map_checks(args: argparse.Namespace, family: FamilyFile):
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    return family.parallel(jobs) if jobs > 1 else None
+
+
 def _reproduce(args: argparse.Namespace, params: dict[str, int]) -> str:
     fixed = " ".join(f"-D {d}" for d in args.defines)
     given = " ".join(f"-D {k}={v}" for k, v in params.items())
@@ -111,7 +124,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     progress = progress_reporter(args.file)
     try:
         result = sweep(family.check, ranges, samples=args.samples, seed=args.seed,
-                       progress=progress)
+                       progress=progress, map_checks=_map_checks(args, family))
     except ValueError as exc:  # a range's bound that is no integer at some instance
         raise UsageError(str(exc)) from None
     if args.json:
