@@ -19,11 +19,13 @@ from ppdsl.families import (
     SweepResult,
     count_instances,
     format_params,
+    instances,
     parse_ranges,
     progress_reporter,
     sweep,
     unknown_params,
 )
+from ppdsl.frontend import ast
 from ppdsl.report import diagnostic_json
 
 __all__ = ["add_arguments", "wanted", "run"]
@@ -49,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=1, metavar="N",
         help="check the instances in N processes (0: one per CPU; default 1); the result "
         "is the same, the first invalid instance in order",
+    )
+    group.add_argument(
+        "--symbolic", action="store_true",
+        help="first try to prove a block-form file for the whole --for d range at once "
+        "(CP-SAT: collisions, dependencies, peak memory bounds, every m); where it cannot, "
+        "say why and enumerate",
     )
     group.add_argument("--seed", type=int, default=0, metavar="S",
                        help="the seed of --samples (default 0)")
@@ -82,7 +90,7 @@ def _setup(args: argparse.Namespace) -> tuple[FamilyFile, tuple[ParamRange, ...]
         total = count_instances(ranges)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if total > MAX_ENUMERATED and args.samples is None:
+    if total > MAX_ENUMERATED and args.samples is None and not args.symbolic:
         raise UsageError(
             f"the ranges hold more than {MAX_ENUMERATED:,} instances; check a sample of "
             "them with --samples N (seeded, --seed S)"
@@ -121,6 +129,10 @@ def _ranges_text(ranges: tuple[ParamRange, ...]) -> str:
 def run(args: argparse.Namespace) -> ExitCode:
     """Sweep the family; exit 0 when every instance is valid, 1 at the first invalid one."""
     family, ranges = _setup(args)
+    if args.symbolic:
+        proof = _symbolic(args, family, ranges)
+        if proof is not None:
+            return proof
     progress = progress_reporter(args.file)
     try:
         result = sweep(family.check, ranges, samples=args.samples, seed=args.seed,
@@ -133,6 +145,51 @@ def run(args: argparse.Namespace) -> ExitCode:
     else:
         _print(args, ranges, result)
     return ExitCode.OK if result.failure is None else ExitCode.INVALID
+
+
+def _symbolic(
+    args: argparse.Namespace, family: FamilyFile, ranges: tuple[ParamRange, ...]
+) -> ExitCode | None:
+    """The symbolic proof over the d range: its exit code when it decides (proven,
+    or a collision shown on its instance), None to fall back to the enumeration."""
+    from ppdsl.analysis.symbolic import prove_block
+    from ppdsl.frontend.elaborate import elaborate
+
+    by_name = {r.name: r for r in ranges}
+    if "d" not in by_name or ranges[0].name != "d" or not by_name["d"].inclusive_range:
+        raise UsageError("--symbolic needs the first range to be d: --for d=LOW..HIGH")
+    d_values = by_name["d"].values({})
+    low, high = d_values.start, d_values.stop - 1  # type: ignore[union-attr]
+    first = next(instances(ranges))
+    schedule = elaborate(family.module, {**family.fixed, **{k: str(v) for k, v in first.items()}})
+    proof = prove_block(family.module, schedule, low, high)
+    where = f"{low} <= d <= {high}"
+    if proof.status == "proven":
+        requires = [ast.format_expr(s.cond) for s in family.module.stmts
+                    if isinstance(s, ast.Require)]
+        allowed = f" ({', '.join(requires)})" if requires else ""
+        print(f"{args.file}: proven for {where} and every m the file allows{allowed}: "
+              f"{', '.join(proof.proven)} (CP-SAT, {proof.seconds:.1f} s)")
+        print(f"{args.file}: not decided symbolically: {'; '.join(proof.not_decided)}; "
+              "enumerate a range with --for to check them")
+        return ExitCode.OK
+    if proof.status == "counterexample":
+        d, m = proof.counterexample["d"], proof.counterexample["m"]
+        params = {"d": d}
+        if "m" in by_name:
+            m_values = by_name["m"].values(params)
+            m = max(m, min(m_values)) if m_values else m
+        params["m"] = m
+        outcome = family.check(params)
+        if outcome.diagnostics:
+            print(render_all(outcome.diagnostics, sys.stderr), file=sys.stderr)
+        print(f"{args.file}: counterexample at d={d}: {proof.reason}; reproduce with: "
+              f"{_reproduce(args, params)}", file=sys.stderr)
+        return ExitCode.INVALID
+    what = "outside what the symbolic check decides" if proof.status == "outside" \
+        else "not proven symbolically"
+    print(f"{args.file}: {what}: {proof.reason}; enumerating instead", file=sys.stderr)
+    return None
 
 
 def _summary(result: SweepResult) -> str:
