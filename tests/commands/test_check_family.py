@@ -96,3 +96,32 @@ def test_bad_ranges_are_usage_errors(capsys, argv, message):
     code, _, err = _run(capsys, "check", str(EXAMPLES / "zb_h1.pp"), *argv)
     assert code == 2, err
     assert message in err and "Traceback" not in err
+
+
+def test_symbolic_proves_zb_h1_for_every_d(capsys):
+    """`--symbolic` proves ZB-H1 for 2 <= d <= 10000, naming what it leaves undecided."""
+    code, out, _ = _run(capsys, "check", str(EXAMPLES / "zb_h1.pp"), "--for", "d=2..10000",
+                        "--symbolic")
+    assert code == 0
+    assert "proven for 2 <= d <= 10000 and every m the file allows (m >= d)" in out
+    assert "not decided symbolically: deadlock-freedom" in out
+
+
+def test_symbolic_falls_back_to_enumeration_outside(capsys):
+    """An order-form file is named outside the symbolic check, then enumerated."""
+    code, out, err = _run(capsys, "check", str(EXAMPLES / "zb_v.pp"), "--for", "d=2..3",
+                          "--for", "m=2*d..2*d+1", "--symbolic")
+    assert code == 0
+    assert "outside what the symbolic check decides: it has no block (order form)" in err
+    assert "4 checked" in out
+
+
+def test_symbolic_collision_prints_the_instance_errors(capsys, tmp_path):
+    """A block colliding at some d is a counterexample with that instance's located errors."""
+    path = tmp_path / "collide.pp"
+    path.write_text(BROKEN.replace(" - (d >= 12 and m % 2 == 1 ? 2 : 0)", "")
+                    .replace("3*d - 2 - 2*s", "2*d + 1 - s"))
+    code, _, err = _run(capsys, "check", str(path), "--for", "d=2..50", "--for", "m=d..2*d",
+                        "--symbolic")
+    assert code == 1
+    assert "counterexample at d=" in err and f"{path}:9:9: error:" in err
