@@ -11,7 +11,7 @@ import sys
 
 from ppdsl import json_text
 from ppdsl.commands.common import ExitCode, UsageError, costs_from_args, parse_defines
-from ppdsl.diagnostics import render_all
+from ppdsl.diagnostics import CompileError, Diagnostic, render_all
 from ppdsl.families import (
     MAX_ENUMERATED,
     FamilyFile,
@@ -99,16 +99,18 @@ def _setup(args: argparse.Namespace) -> tuple[FamilyFile, tuple[ParamRange, ...]
 
 
 def _family(args: argparse.Namespace) -> FamilyFile:
+    """The file, parsed once; one it cannot read is invalid input (exit 1), as for `check`."""
     try:
         return FamilyFile(args.file, parse_defines(args.defines),
                           early_receives=not args.no_early_receives,
                           costs=costs_from_args(args))
     except FileNotFoundError:
-        raise UsageError(f"no such file: '{args.file}'") from None
+        raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
     except IsADirectoryError:
-        raise UsageError(f"'{args.file}' is a directory, not a .pp file") from None
+        message = f"'{args.file}' is a directory, not a .pp file"
+        raise CompileError([Diagnostic("error", message)]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read '{args.file}': {exc}") from None
+        raise CompileError([Diagnostic("error", f"cannot read '{args.file}': {exc}")]) from None
 
 
 def _map_checks(args: argparse.Namespace, family: FamilyFile):

@@ -125,3 +125,9 @@ def test_symbolic_collision_prints_the_instance_errors(capsys, tmp_path):
                         "--symbolic")
     assert code == 1
     assert "counterexample at d=" in err and f"{path}:9:9: error:" in err
+
+
+def test_a_missing_file_is_invalid_input_as_for_check(capsys, tmp_path):
+    """`--for` on a missing file exits 1 naming it, like a plain check."""
+    code, _, err = _run(capsys, "check", str(tmp_path / "nope.pp"), "--for", "d=1..2")
+    assert code == 1 and "no such file" in err and "Traceback" not in err
