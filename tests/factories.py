@@ -1,11 +1,12 @@
-"""Builders and hypothesis strategies for schedule IR, for tests of the checks,
-the simulator and the interchange formats.
+"""Builders, oracles and hypothesis strategies for schedule IR, for tests of
+the checks, the simulator and the interchange formats.
 
-Plain builders: `placement(...)`, `make_schedule(...)`, `one_f_one_b_orders`,
-`random_valid_orders`. Strategies: `schedules()` draws a valid schedule (random
-placement incl. vshape/looped/wave, a random topological interleaving of all
-passes, random costs); `corruptions()` breaks exactly one guarantee and says
-which check must catch it.
+The generators of valid schedules, placements, orders and blocks are public in
+`ppdsl.testing` (docs/testing.md) and re-exported here: `placement(...)`,
+`make_schedule(...)`, `random_valid_orders`, `schedules()`, `block_sources()`,
+`grouped_block_sources()`. Here: `one_f_one_b_orders`, the oracles
+(`oracle_peaks`, `oracle_timeline`), `corruptions()`, which breaks exactly one
+guarantee and says which check must catch it, and `brute_force_finishes`.
 """
 
 from __future__ import annotations
@@ -18,20 +19,30 @@ from hypothesis import strategies as st
 
 from ppdsl.diagnostics import Span
 from ppdsl.ir.rank import Compute, Exchange, RankProgram, Transfer
-from ppdsl.ir.schedule import (
-    Block,
-    BlockSlot,
-    Costs,
-    Expect,
-    MemoryModel,
-    Pass,
-    PassKind,
-    Placement,
-    Schedule,
+from ppdsl.ir.schedule import BlockSlot, Expect, Pass, PassKind, Placement, Schedule
+from ppdsl.testing import (
+    FILE,
+    block_sources,
+    grouped_block_sources,
+    make_schedule,
+    paper_needs,
+    pass_span,
+    placement,
+    random_costs,
+    random_valid_orders,
+    schedules,
+    with_spans,
 )
 
+__all__ = [
+    "FILE", "block_sources", "grouped_block_sources", "make_schedule", "paper_needs", "pass_span",
+    "placement", "random_costs", "random_valid_orders", "schedules", "with_spans",
+    "ZB_H1", "parse_rows", "one_f_one_b_orders", "oracle_peaks", "oracle_timeline",
+    "Corruption", "corrupt", "CORRUPTIONS", "corruptions", "block_slot", "breadth_first_orders",
+    "brute_force_finishes", "F", "B", "W", "BW",
+]
+
 F, B, W, BW = PassKind.F, PassKind.B, PassKind.W, PassKind.BW
-FILE = "orders.pp"
 
 
 # ZB-H1, p=4, m=8 (docs/papers.md's reference order)
@@ -50,75 +61,6 @@ def parse_rows(text: str) -> list[list[tuple]]:
         [(kinds[tok[0]], int(tok[1:]), dev) for tok in line.split()]
         for dev, line in enumerate(text.splitlines())
     ]
-
-
-def placement(kind: str, num_devices: int, v: int = 2) -> Placement:
-    """parallel, looped (v chunks), vshape, wave (v chunks), dualpipe (DualPipe's
-    two pipelines: stage s on device s, its copy d+s on device d-1-s)."""
-    d = num_devices
-    if kind == "dualpipe":
-        down = tuple(range(d))
-        return Placement("dualpipe", d, down + tuple(d - 1 - k for k in range(d)), lanes=2)
-    if kind == "parallel":
-        return Placement("parallel", d, tuple(range(d)))
-    if kind == "looped":
-        return Placement("looped", d, tuple(s % d for s in range(v * d)))
-    if kind == "vshape":
-        kind, v = "wave", 2
-    if kind == "wave":
-        devs = []
-        for s in range(v * d):
-            chunk, k = divmod(s, d)
-            devs.append(k if chunk % 2 == 0 else d - 1 - k)
-        return Placement("vshape" if v == 2 else "wave", d, tuple(devs))
-    raise ValueError(kind)
-
-
-def pass_span(device: int, index: int) -> Span:
-    """A distinct, sortable span per pass: line = device + 2, column = index + 1."""
-    return Span(FILE, device + 2, index + 1, device + 2, index + 1)
-
-
-def with_spans(orders: list[list[tuple]]) -> tuple[tuple[Pass, ...], ...]:
-    """Pass objects of (kind, mb, stage) tuples, or (kind, mb, stage, overlapped)
-    where a backward runs overlapped with the forward before it."""
-    return tuple(
-        tuple(Pass(*t[:3], pass_span(dev, i), *t[3:]) for i, t in enumerate(order))
-        for dev, order in enumerate(orders)
-    )
-
-
-def make_schedule(
-    place: Placement,
-    num_microbatches: int,
-    orders,
-    *,
-    split_backward: bool = True,
-    costs: Costs | None = None,
-    memory: MemoryModel | None = None,
-    expects: tuple[Expect, ...] = (),
-    block: Block | None = None,
-    name: str = "test",
-) -> Schedule:
-    """A Schedule from orders given as Pass tuples or (kind, mb, stage) lists."""
-    S = place.num_stages
-    if orders and orders[0] and not isinstance(orders[0][0], Pass):
-        orders = with_spans(orders)
-    orders = tuple(tuple(o) for o in orders)
-    return Schedule(
-        name=name,
-        file=FILE,
-        params=(("d", place.num_devices), ("m", num_microbatches)),
-        num_microbatches=num_microbatches,
-        placement=place,
-        split_backward=split_backward,
-        costs=costs or Costs.unit(S),
-        memory=memory or MemoryModel((Fraction(1),) * S, (Fraction(1, 2),) * S),
-        orders=orders,
-        expects=expects,
-        block=block,
-        span=Span(FILE, 1, 1, 1, 8),
-    )
 
 
 def one_f_one_b_orders(
@@ -142,29 +84,6 @@ def one_f_one_b_orders(
             b += 1
         orders.append(order)
     return orders
-
-
-def _needs(
-    kind: PassKind, j: int, s: int, S: int, split: bool, lanes: int = 1
-) -> list[tuple[PassKind, int, int]]:
-    """The zero-bubble paper's dependencies within one pipeline; with two lanes
-    (DualPipe) each half of the stages is a pipeline of its own."""
-    bk = B if split else BW
-    first = s - s % (S // lanes)  # the first and last stage of s's pipeline
-    last = first + S // lanes - 1
-    if kind is F:
-        return [(F, j, s - 1)] if s > first else []
-    if kind in (B, BW):
-        return [(F, j, s)] + ([(bk, j, s + 1)] if s < last else [])
-    return [(B, j, s)]
-
-
-def _stages_of(j: int, m: int, S: int, lanes: int) -> range:
-    """The stages microbatch j goes through: all of them, or under DualPipe the
-    first half (down) for the first half of the microbatches, else the second."""
-    if lanes == 1:
-        return range(S)
-    return range(S // 2) if 2 * j < m else range(S // 2, S)
 
 
 def oracle_peaks(s: Schedule) -> tuple[Fraction, ...]:
@@ -206,7 +125,7 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                 if joined:
                     unit.append(order[k + 1])
                 needed = [
-                    q for x in unit for q in _needs(x.kind, x.microbatch, x.stage, s.num_stages,
+                    q for x in unit for q in paper_needs(x.kind, x.microbatch, x.stage, s.num_stages,
                                                      s.split_backward, s.placement.lanes)
                 ]
                 for q in needed:
@@ -227,80 +146,6 @@ def oracle_timeline(s: Schedule) -> tuple[list[list[float]], list[list[float]]]:
                 progressed = True
         assert progressed, "the orders wait on each other in a cycle"
     return start, end  # type: ignore[return-value]
-
-
-def random_valid_orders(
-    place: Placement, m: int, split: bool, rng: random.Random, overlap: bool = False
-):
-    """A random topological interleaving of all passes, split into devices: every
-    device order is consistent with one global order, so the schedule is valid.
-    `overlap`: some F directly followed on its device by a backward whose inputs
-    all come earlier in the global order run overlapped with it (a 4th element)."""
-    S = place.num_stages
-    kinds = (F, B, W) if split else (F, BW)
-    lanes = place.lanes
-    all_passes = [(k, j, s) for k in kinds for j in range(m) for s in _stages_of(j, m, S, lanes)]
-    needers: dict[tuple, list[tuple]] = {}
-    waiting = {}
-    for p in all_passes:
-        n = _needs(*p, S, split, lanes)
-        waiting[p] = len(n)
-        for q in n:
-            needers.setdefault(q, []).append(p)
-    ready = [p for p in all_passes if waiting[p] == 0]
-    orders: list[list[tuple]] = [[] for _ in range(place.num_devices)]
-    position: dict[tuple, int] = {}
-    while ready:
-        p = ready.pop(rng.randrange(len(ready)))
-        position[p] = len(position)
-        orders[place.stage_device[p[2]]].append(p)
-        for q in needers.get(p, []):
-            waiting[q] -= 1
-            if waiting[q] == 0:
-                ready.append(q)
-    if not overlap:
-        return orders
-    paired = []
-    for order in orders:
-        out: list[tuple] = []
-        for p in order:
-            prev = out[-1] if out else None
-            if (prev is not None and prev[0] is F and len(prev) == 3 and p[0] in (B, BW)
-                    and all(position[q] < position[prev] for q in _needs(*p, S, split, lanes))
-                    and rng.random() < 0.5):
-                out.append((*p, True))
-            else:
-                out.append(p)
-        paired.append(out)
-    return paired
-
-
-def random_costs(S: int, rng: random.Random, comm: float) -> Costs:
-    f = tuple(float(rng.randint(1, 4)) for _ in range(S))
-    b = tuple(float(rng.randint(1, 4)) for _ in range(S))
-    w = tuple(float(rng.randint(1, 4)) for _ in range(S))
-    costs = Costs.of(f, b, w, tuple(x + y for x, y in zip(b, w, strict=True)), comm)
-    return replace(costs, overlap=rng.choice([1.0, 0.75, 0.5]))
-
-
-@st.composite
-def schedules(
-    draw, max_devices: int = 4, max_microbatches: int = 6, overlap: bool = True
-) -> Schedule:
-    """A valid schedule: random placement, random valid orders (some with
-    overlapped F&B pairs, unless `overlap` is False), random costs."""
-    d = draw(st.integers(1, max_devices))
-    kind = draw(st.sampled_from(["parallel", "looped", "vshape", "wave", "dualpipe"]))
-    v = draw(st.integers(1, 3)) if kind in ("looped", "wave") else 2
-    place = placement(kind, d, v)
-    m = draw(st.integers(1, max_microbatches))
-    split = draw(st.booleans())
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    comm = draw(st.sampled_from([0.0, 0.5, 1.0]))
-    recv = draw(st.sampled_from([0.0, 0.25, 1.5]))  # `cost recv`: the receiver's part
-    orders = random_valid_orders(place, m, split, rng, overlap=overlap and draw(st.booleans()))
-    costs = random_costs(place.num_stages, rng, comm).with_receive_cost(recv)
-    return make_schedule(place, m, orders, split_backward=split, costs=costs)
 
 
 @dataclass(frozen=True)
@@ -446,128 +291,3 @@ def brute_force_finishes(
             pc[r] += 1
 
 
-@st.composite
-def block_sources(draw) -> str:
-    """A schedule in block form: placement, backward, costs, one slot per pass
-    kind and chunk as `a*i + b`, a period, W placed or filled, a memory bound.
-    Half the blocks have free coefficients (mostly rejected: collisions, orders
-    that cannot run); half follow one microbatch's path in slot time (F along the
-    stages, B back, W after its B), so the period and costs decide."""
-    d = draw(st.integers(1, 4))
-    m = draw(st.integers(1, 6))
-    vshape = draw(st.booleans())
-    split = draw(st.booleans())
-    fill = split and draw(st.booleans())
-    kinds = ["F", "B"] if fill else (["F", "B", "W"] if split else ["F", "BW"])
-    S = 2 * d if vshape else d
-    # recomputation: none, every stage, or a condition on s; R written or left to
-    # its default (ending as the backward starts)
-    recompute = draw(st.sampled_from(["", "recompute", "recompute[s] = s % 2 == 0",
-                                      "recompute[s] = s < d"]))
-    write_r = bool(recompute) and draw(st.booleans())
-    if draw(st.booleans()):
-        period = draw(st.integers(1, 14))
-
-        def slot(kind: str, chunk: int) -> str:
-            a = draw(st.integers(-3, 4))
-            b = draw(st.integers(0, 6 * d + 4))
-            return f"{kind} at {a}*i + {b}"
-
-        def r_slot(chunk: int) -> str:
-            return slot("R", chunk)
-    else:
-        x, y = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-        gap, wait = draw(st.integers(0, 3)), draw(st.integers(0, 3))
-        b0 = x * (S - 1) + 1 + gap + y * (S - 1)  # B of stage 0
-        period = draw(st.integers(3 * S // d, b0 + 2 * S + 8))
-
-        def slot(kind: str, chunk: int) -> str:
-            # stage s = i (chunk 0) or 2d-1-i (chunk 1): F at x*s, B at b0 - y*s
-            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
-            if kind == "F":
-                return f"{kind} at {x * base} + {sign * x}*i"
-            b = f"{b0 - y * base} + {-sign * y}*i"
-            return f"{kind} at {b}" if kind in ("B", "BW") else f"{kind} at {b} + {1 + wait}"
-
-        def r_slot(chunk: int) -> str:  # R just before the backward, or a slot earlier
-            sign, base = (1, 0) if chunk == 0 else (-1, 2 * d - 1)
-            return f"R at {b0 - y * base} + {-sign * y}*i - {draw(st.integers(1, 2))}"
-
-    lines = []
-    for chunk in range(2 if vshape else 1):
-        slots = ", ".join(slot(k, chunk) for k in kinds)
-        if write_r and (recompute != "recompute[s] = s < d" or chunk == 0):
-            slots += ", " + r_slot(chunk)
-        lines.append(f"chunk {chunk}: {slots}" if vshape else slots)
-    if fill:
-        lines.append("W fill")
-    costs = []
-    if draw(st.booleans()):
-        for kind in ("F", "B", "W") if split else ("F", "BW"):
-            costs.append(f"cost {kind} = {draw(st.integers(1, 4))}")
-        costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
-    bound = draw(st.integers(1, 2 * m + 1))
-    life = draw(st.one_of(st.none(), st.integers(1, 12 * d + 12)))
-    body = "\n".join(
-        [
-            f"    param d = {d}",
-            f"    param m = {m}",
-            f"    place {'vshape' if vshape else 'parallel'}",
-            f"    backward {'split' if split else 'fused'}",
-            *(f"    {c}" for c in costs),
-            *([f"    {recompute}", f"    memory M_I = {draw(st.sampled_from(['0', '1/4']))}"]
-              if recompute else []),
-            f"    block period {period} {{",
-            *(f"        {line}" for line in lines),
-            "    }",
-            f"    expect peak_memory <= {bound} * M_B",
-            *([f"    expect lifespan <= {life}"] if life is not None else []),
-        ]
-    )
-    return f"schedule random_block {{\n{body}\n}}\n"
-
-
-@st.composite
-def grouped_block_sources(draw) -> str:
-    """A grouped block (`group G every U`) on a looped placement, shaped like
-    Megatron's interleaved 1F1B and the zero-bubble repository's grouped block:
-    forward k of a group (chunk c, microbatch r, k = G c + r) at U k + x i, its
-    backward passes a drawn number of forwards later, chunks reversed; the
-    group size, spacing, period, warm-up and costs are drawn, so some blocks
-    collide or cannot run (located errors) and the rest must keep every
-    guarantee."""
-    d = draw(st.integers(1, 4))
-    v = draw(st.integers(1, 3))
-    group = draw(st.integers(1, 4))
-    m = group * draw(st.integers(1, 3))
-    split = draw(st.booleans())
-    spacing = draw(st.sampled_from([2, 3, 3, 4]))
-    x = draw(st.integers(0, 1))
-    period = spacing * group * v + draw(st.sampled_from([0, 0, 0, -1, 1, spacing]))
-    warm = draw(st.integers(0, 2 * d + v * group))
-    slope = draw(st.integers(0, 2))  # more warm-up forwards on earlier devices
-    back = f"{spacing} * ({warm} + {slope} * ({d - 1} - i) + {group} * ({v - 1} - c))"
-    lines = [f"F at {x}*i + {spacing * group}*c"]
-    if split:
-        lines.append(f"B at {x}*i + 1 + {back}")
-        lines.append(f"W at {x}*i + 2 + {back}" if draw(st.booleans()) else "W fill")
-    else:
-        lines.append(f"BW at {x}*i + 1 + {back}")
-    costs = []
-    if draw(st.booleans()):
-        costs.append(f"cost comm = {draw(st.sampled_from(['0', '1/2', '1']))}")
-    bound = draw(st.integers(m * v // 2 + 1, 2 * m * v + 1))
-    body = "\n".join(
-        [
-            f"    param d = {d}",
-            f"    param m = {m}",
-            f"    place looped({v})",
-            f"    backward {'split' if split else 'fused'}",
-            *(f"    {c}" for c in costs),
-            f"    block period {period} group {group} every {spacing} {{",
-            *(f"        {line}" for line in lines),
-            "    }",
-            f"    expect peak_memory <= {bound} * M_B",
-        ]
-    )
-    return f"schedule random_block {{\n{body}\n}}\n"

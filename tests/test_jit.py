@@ -16,7 +16,7 @@ from ppdsl.analysis.simulate import simulate
 from ppdsl.ir.flat import flatten
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
-from tests.factories import schedules
+from ppdsl.testing import schedules
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,7 @@ import sys
 
 from ppdsl import json_text
 from ppdsl.analysis.comm_rules import COMM_MODELS
+from ppdsl.commands import check_family
 from ppdsl.commands.common import ExitCode, UsageError, add_schedule_arguments
 from ppdsl.commands.fix import add_fix_arguments, compile_with_fixes
 from ppdsl.diagnostics import CompileError, render_all
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--programs", action="store_true",
         help="also print the lowered per-rank programs (passes and send/recv exchanges)",
     )
+    check_family.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
@@ -61,6 +63,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         args.comm_model = "nccl" if torch else "rendezvous"
     if torch:
         return _run_torch(args)
+    if check_family.wanted(args):
+        return check_family.run(args)
     if not args.json:
         compiled = compile_with_fixes(args)
         if compiled.warnings:

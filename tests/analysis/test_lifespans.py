@@ -17,7 +17,7 @@ from ppdsl.cli import main
 from ppdsl.compiler import compile_file, compile_source
 from ppdsl.diagnostics import CompileError
 from ppdsl.report import stats_table
-from tests.factories import block_sources, grouped_block_sources
+from ppdsl.testing import block_sources, grouped_block_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

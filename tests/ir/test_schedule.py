@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 from ppdsl.ir.schedule import Pass, PassKind, PassOrder, format_schedule
-from tests.factories import schedules
+from ppdsl.testing import schedules
 
 
 @settings(max_examples=60, deadline=None)

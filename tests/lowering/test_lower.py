@@ -24,7 +24,7 @@ from ppdsl.frontend.parse import parse
 from ppdsl.ir.rank import Exchange, RankArrays, RankProgram, format_rank_programs
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower, lower_arrays
-from tests.factories import schedules
+from ppdsl.testing import schedules
 from tests.oracles import early_receives as old_early
 from tests.oracles import lower as old_lower
 from tests.oracles import rendezvous as old_rendezvous

@@ -29,7 +29,7 @@ from ppdsl.search.driver import arrays_for, evaluate_passes
 from ppdsl.search.evaluate import evaluate_orders
 from ppdsl.search.problem import build_problem, parse_budget, parse_costs
 from ppdsl.semantics import delta_table
-from tests.factories import _needs as oracle_needs
+from ppdsl.testing import paper_needs as oracle_needs
 from tests.factories import make_schedule, one_f_one_b_orders, schedules
 
 

@@ -17,7 +17,8 @@ from ppdsl.analysis.simulate import simulate
 from ppdsl.compiler import compile_source
 from ppdsl.diagnostics import CompileError
 from ppdsl.ir.schedule import Pass, PassKind
-from tests.factories import block_sources, brute_force_finishes, grouped_block_sources
+from ppdsl.testing import block_sources, grouped_block_sources
+from tests.factories import brute_force_finishes
 
 FILE = "random_block.pp"
 

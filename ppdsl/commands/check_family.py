@@ -1,0 +1,240 @@
+"""`ppdsl check FILE --for d=2..16 --for m=d..4*d`: the family sweep's command
+line (`ppdsl.families` does the work): its flags, its progress, its text and
+`--json` reports."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+from ppdsl import json_text
+from ppdsl.commands.common import ExitCode, UsageError, costs_from_args, parse_defines
+from ppdsl.diagnostics import CompileError, Diagnostic, render_all
+from ppdsl.families import (
+    MAX_ENUMERATED,
+    FamilyFile,
+    ParamRange,
+    SweepResult,
+    count_instances,
+    format_params,
+    instances,
+    parse_ranges,
+    progress_reporter,
+    sweep,
+    unknown_params,
+)
+from ppdsl.frontend import ast
+from ppdsl.report import diagnostic_json
+
+__all__ = ["add_arguments", "wanted", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--for`, `--samples`, `--seed`."""
+    group = parser.add_argument_group(
+        "families", "check every instance of parameter ranges (docs/testing.md)"
+    )
+    group.add_argument(
+        "--for", dest="ranges", action="append", default=[], metavar="NAME=LOW..HIGH",
+        help="check every value of a param from LOW to HIGH, both included (repeatable; "
+        "a range may use the names of earlier ones: --for d=2..16 --for m=d..4*d); "
+        "NAME=A,B,C lists values",
+    )
+    group.add_argument(
+        "--samples", type=int, default=None, metavar="N",
+        help="check N instances drawn by hypothesis instead of all of them (seeded: "
+        "--seed), the failure shrunk to its smallest parameters",
+    )
+    group.add_argument(
+        "--jobs", type=int, default=1, metavar="N",
+        help="check the instances in N processes (0: one per CPU; default 1); the result "
+        "is the same, the first invalid instance in order",
+    )
+    group.add_argument(
+        "--symbolic", action="store_true",
+        help="first try to prove a block-form file for the whole --for d range at once "
+        "(CP-SAT: collisions, dependencies, peak memory bounds, every m); where it cannot, "
+        "say why and enumerate",
+    )
+    group.add_argument("--seed", type=int, default=0, metavar="S",
+                       help="the seed of --samples (default 0)")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """True when the command line asks for a family sweep."""
+    return bool(args.ranges) or args.samples is not None
+
+
+def _setup(args: argparse.Namespace) -> tuple[FamilyFile, tuple[ParamRange, ...]]:
+    if not args.ranges:
+        raise UsageError("--samples needs at least one --for range")
+    if args.samples is not None and args.samples < 1:
+        raise UsageError(f"--samples must be at least 1, not {args.samples}")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs must be 0 (one per CPU) or more, not {args.jobs}")
+    if args.samples is not None and importlib.util.find_spec("hypothesis") is None:
+        raise UsageError("--samples draws with hypothesis: install it (pip install hypothesis)")
+    if args.ir or args.programs:
+        raise UsageError("--ir and --programs print one instance; drop --for, or use -D")
+    try:
+        ranges = parse_ranges(args.ranges)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    family = _family(args)
+    problems = unknown_params(family, ranges)
+    if problems:
+        raise UsageError("; ".join(problems))
+    try:
+        total = count_instances(ranges)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if total > MAX_ENUMERATED and args.samples is None and not args.symbolic:
+        raise UsageError(
+            f"the ranges hold more than {MAX_ENUMERATED:,} instances; check a sample of "
+            "them with --samples N (seeded, --seed S)"
+        )
+    return family, ranges
+
+
+def _family(args: argparse.Namespace) -> FamilyFile:
+    """The file, parsed once; one it cannot read is invalid input (exit 1), as for `check`."""
+    try:
+        return FamilyFile(args.file, parse_defines(args.defines),
+                          early_receives=not args.no_early_receives,
+                          costs=costs_from_args(args))
+    except FileNotFoundError:
+        raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
+    except IsADirectoryError:
+        message = f"'{args.file}' is a directory, not a .pp file"
+        raise CompileError([Diagnostic("error", message)]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompileError([Diagnostic("error", f"cannot read '{args.file}': {exc}")]) from None
+
+
+def _map_checks(args: argparse.Namespace, family: FamilyFile):
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    return family.parallel(jobs) if jobs > 1 else None
+
+
+def _reproduce(args: argparse.Namespace, params: dict[str, int]) -> str:
+    fixed = " ".join(f"-D {d}" for d in args.defines)
+    given = " ".join(f"-D {k}={v}" for k, v in params.items())
+    return " ".join(x for x in ("ppdsl check", args.file, fixed, given) if x)
+
+
+def _ranges_text(ranges: tuple[ParamRange, ...]) -> str:
+    return ", ".join(f"{r.name}={r.text}" for r in ranges)
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    """Sweep the family; exit 0 when every instance is valid, 1 at the first invalid one."""
+    family, ranges = _setup(args)
+    if args.symbolic:
+        proof = _symbolic(args, family, ranges)
+        if proof is not None:
+            return proof
+    progress = progress_reporter(args.file)
+    try:
+        result = sweep(family.check, ranges, samples=args.samples, seed=args.seed,
+                       progress=progress, map_checks=_map_checks(args, family))
+    except ValueError as exc:  # a range's bound that is no integer at some instance
+        raise UsageError(str(exc)) from None
+    if args.json:
+        json_text.dump(_json(args, ranges, result), sys.stdout.write, 2)
+        sys.stdout.write("\n")
+    else:
+        _print(args, ranges, result)
+    return ExitCode.OK if result.failure is None else ExitCode.INVALID
+
+
+def _symbolic(
+    args: argparse.Namespace, family: FamilyFile, ranges: tuple[ParamRange, ...]
+) -> ExitCode | None:
+    """The symbolic proof over the d range: its exit code when it decides (proven,
+    or a collision shown on its instance), None to fall back to the enumeration."""
+    from ppdsl.analysis.symbolic import prove_block
+    from ppdsl.frontend.elaborate import elaborate
+
+    by_name = {r.name: r for r in ranges}
+    if "d" not in by_name or ranges[0].name != "d" or not by_name["d"].inclusive_range:
+        raise UsageError("--symbolic needs the first range to be d: --for d=LOW..HIGH")
+    d_values = by_name["d"].values({})
+    low, high = d_values.start, d_values.stop - 1  # type: ignore[union-attr]
+    first = next(instances(ranges))
+    schedule = elaborate(family.module, {**family.fixed, **{k: str(v) for k, v in first.items()}})
+    proof = prove_block(family.module, schedule, low, high)
+    where = f"{low} <= d <= {high}"
+    if proof.status == "proven":
+        requires = [ast.format_expr(s.cond) for s in family.module.stmts
+                    if isinstance(s, ast.Require)]
+        allowed = f" ({', '.join(requires)})" if requires else ""
+        print(f"{args.file}: proven for {where} and every m the file allows{allowed}: "
+              f"{', '.join(proof.proven)} (CP-SAT, {proof.seconds:.1f} s)")
+        print(f"{args.file}: not decided symbolically: {'; '.join(proof.not_decided)}; "
+              "enumerate a range with --for to check them")
+        return ExitCode.OK
+    if proof.status == "counterexample":
+        d, m = proof.counterexample["d"], proof.counterexample["m"]
+        params = {"d": d}
+        if "m" in by_name:
+            m_values = by_name["m"].values(params)
+            m = max(m, min(m_values)) if m_values else m
+        params["m"] = m
+        outcome = family.check(params)
+        if outcome.diagnostics:
+            print(render_all(outcome.diagnostics, sys.stderr), file=sys.stderr)
+        print(f"{args.file}: counterexample at d={d}: {proof.reason}; reproduce with: "
+              f"{_reproduce(args, params)}", file=sys.stderr)
+        return ExitCode.INVALID
+    what = "outside what the symbolic check decides" if proof.status == "outside" \
+        else "not proven symbolically"
+    print(f"{args.file}: {what}: {proof.reason}; enumerating instead", file=sys.stderr)
+    return None
+
+
+def _summary(result: SweepResult) -> str:
+    how = ("every instance" if result.mode == "enumerate"
+           else f"a sample (seed {result.seed}) of {result.total:,} instances")
+    outside = f", {result.skipped:,} outside the file's requires" if result.skipped else ""
+    return f"{how}: {result.checked:,} checked{outside}, {result.seconds:.1f} s"
+
+
+def _print(args: argparse.Namespace, ranges: tuple[ParamRange, ...], result: SweepResult) -> None:
+    failure = result.failure
+    if failure is None:
+        print(f"{args.file}: ok for {_ranges_text(ranges)}: {_summary(result)}")
+        return
+    print(render_all(failure.diagnostics, sys.stderr), file=sys.stderr)
+    shrunk = (f", shrunk from {format_params(failure.found)}"
+              if failure.found != failure.params else "")
+    first = " (the first in order: every instance before it is valid)" \
+        if result.mode == "enumerate" else ""
+    print(f"{args.file}: invalid at {format_params(failure.params)}{first}{shrunk}; "
+          f"reproduce with: {_reproduce(args, failure.params)}\n"
+          f"{args.file}: {_summary(result)}", file=sys.stderr)
+
+
+def _json(args: argparse.Namespace, ranges: tuple[ParamRange, ...], result: SweepResult) -> dict:
+    failure = None
+    if result.failure is not None:
+        failure = {
+            "params": result.failure.params,
+            "found": result.failure.found,
+            "reproduce": _reproduce(args, result.failure.params),
+            "diagnostics": [diagnostic_json(d) for d in result.failure.diagnostics],
+        }
+    return {
+        "valid": result.failure is None,
+        "file": args.file,
+        "ranges": {r.name: r.text for r in ranges},
+        "mode": result.mode,
+        "seed": result.seed,
+        "instances": result.total,
+        "checked": result.checked,
+        "skipped": result.skipped,
+        "seconds": round(result.seconds, 3),
+        "failure": failure,
+    }
+
