@@ -9,6 +9,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from ppdsl import limits
+from ppdsl.analysis.device_bytes import DeviceOptions
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
 
@@ -156,6 +157,29 @@ def add_dp_arguments(parser: argparse.ArgumentParser) -> None:
         help="replicate (default): all-reduce each stage's gradients after its last W; "
         "shard: FSDP2 per stage, gathered once per step, reduce-scattered after its last W",
     )
+
+
+def add_bytes_arguments(parser: argparse.ArgumentParser, *, dp: bool = False) -> None:
+    """`--param-dtype`, `--optimizer`, `--precision` (as `ppdsl run` spells them):
+    how the whole-device byte model holds the model state (`device_options`)."""
+    parser.add_argument("--param-dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="parameter (and gradient) dtype (default fp32)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam",
+                        help="optimizer whose state is counted (default adam: 2 fp32 moments; "
+                        "sgd: none; over bf16 parameters an fp32 master copy too)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="autocast precision (default fp32: none); over fp32 parameters "
+                        "it keeps a low-precision weight copy per stage")
+    if dp:
+        add_dp_arguments(parser)
+
+
+def device_options(args: argparse.Namespace) -> DeviceOptions:
+    """The `analysis.device_bytes.DeviceOptions` of `add_bytes_arguments`' flags
+    and `--dp`/`--dp-mode`."""
+    return DeviceOptions(param_dtype=args.param_dtype, optimizer=args.optimizer,
+                         precision=args.precision, dp=getattr(args, "dp", 1),
+                         dp_mode=getattr(args, "dp_mode", "replicate"))
 
 
 def check_dp_arguments(args: argparse.Namespace) -> None:
