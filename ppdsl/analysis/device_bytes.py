@@ -177,28 +177,30 @@ def format_bytes(n: float) -> str:
 
 
 class _Level:
-    """The components' running levels on one rank, and their peaks."""
+    """The components' running levels on one rank, their own peaks, and the
+    peak of their sum with what each held then."""
 
     def __init__(self) -> None:
         self.now = dict.fromkeys(COMPONENTS, 0.0)
+        self.total = 0.0
         self.own = dict.fromkeys(COMPONENTS, 0.0)
         self.best = -1.0
-        self.at_best: dict[str, float] = {}
+        self.at_best: dict[str, float] = dict(self.now)
         self.best_op = 0
 
     def add(self, part: str, amount: float) -> None:
-        self.now[part] += amount
+        if amount:
+            level = self.now[part] = self.now[part] + amount
+            self.total += amount
+            self.own[part] = max(self.own[part], level)
 
-    def seen(self, op: int, extra: Mapping[str, float] | None = None) -> None:
-        """Record the present level (plus `extra`, held only at this moment)."""
-        levels = dict(self.now)
-        for k, v in (extra or {}).items():
-            levels[k] += v
-        for k, v in levels.items():
-            self.own[k] = max(self.own[k], v)
-        total = sum(levels.values())
+    def seen(self, op: int, levels: dict[str, float] | None = None,
+             total: float | None = None) -> None:
+        """A moment of the time line: the present levels, or `levels` summing
+        to `total` (a pass's moment)."""
+        total = self.total if total is None else total
         if total > self.best:
-            self.best, self.at_best, self.best_op = total, levels, op
+            self.best, self.at_best, self.best_op = total, dict(levels or self.now), op
 
 
 def _transfer_bytes(model: ModelBytes, schedule: Schedule, kind: TransferKind,
@@ -223,6 +225,8 @@ def device_bytes(schedule: Schedule, lowered: RankArrays, model: ModelBytes,
     unit = Fraction(model.unit_bytes)
     last = placement.num_model_stages - 1
     passes = lowered.passes
+    activation = {(kind, s): float(memory.delta(kind, s) * unit) for kind in PassKind
+                  for s in range(placement.num_stages)}
     send_of: dict[int, float] = {}  # producing pass -> bytes it leaves to send
     sends_at: dict[int, float] = {}  # exchange op -> bytes of the sends it completes
     recvs_at: dict[int, float] = {}  # exchange op -> bytes of the receives it posts
@@ -269,8 +273,8 @@ def device_bytes(schedule: Schedule, lowered: RankArrays, model: ModelBytes,
             pass_ = passes[p]
             kind, s = pass_.kind, pass_.stage
             stage = model.stages[placement.model_stage(s)]
-            before = dict(level.now)
-            level.add("activations", float(memory.delta(kind, s) * unit))
+            before, before_total = dict(level.now), level.total
+            level.add("activations", activation[kind, s])
             if kind is PassKind.F and autocast and s not in has_copy:
                 has_copy.add(s)
                 level.add("autocast_copies", count[s] * DTYPE_BYTES[options.precision])
@@ -286,10 +290,12 @@ def device_bytes(schedule: Schedule, lowered: RankArrays, model: ModelBytes,
             level.add("send_buffers", send_of.get(p, 0))
             # during the pass: its working memory over the larger of the levels
             # before and after it (its received inputs still held)
-            larger = before if sum(before.values()) > sum(level.now.values()) else level.now
-            during = {k: larger[k] - level.now[k] for k in COMPONENTS}
-            during["working"] += stage.working.get(kind, 0)
-            level.seen(g, during)
+            working = stage.working.get(kind, 0)
+            level.own["working"] = max(level.own["working"], working)
+            larger = before if before_total > level.total else level.now
+            moment = max(before_total, level.total) + working
+            if moment > level.best:
+                level.seen(g, {**larger, "working": larger["working"] + working}, moment)
             level.add("receive_buffers", -recv_of.get(p, 0))
         reserve = options.reserve
         at = {k: int(math.ceil(v)) for k, v in level.at_best.items()}

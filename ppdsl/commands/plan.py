@@ -187,9 +187,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         from ppdsl.commands.plan_real import run_real
 
         texts = {n: (_EXAMPLES / f"{n}.pp").read_text() for n in names}
-        counts = {n: _stage_count(texts[n], n, {"d": str(args.devices),
-                                                "m": str(args.microbatches)}) for n in names}
-        return run_real(args, texts, counts, budget, _pin_parameters)
+        return run_real(args, texts, budget, _pin_parameters)
     if args.output is None or args.json:
         raise UsageError("-o PLAN.pp is needed (--json and an optional -o go with --gpu)")
     out = output_file(args.output)

@@ -33,6 +33,8 @@ from ppdsl.commands.common import ExitCode, UsageError, device_options, output_f
 from ppdsl.compiler import Compiled, compile_source
 from ppdsl.costs_file import load_costs_file
 from ppdsl.diagnostics import CompileError
+from ppdsl.frontend.elaborate import elaborate
+from ppdsl.frontend.parse import parse
 from ppdsl.ir.schedule import PassKind
 
 __all__ = ["run_real"]
@@ -91,11 +93,21 @@ def _compile(name: str, source: str, overrides: dict[str, str], costs: str) -> C
             return None
 
 
-def run_real(args: argparse.Namespace, sources: dict[str, str], stage_counts: dict[str, int | None],
-             budget: int, pin: Callable[[str, int, int], str]) -> ExitCode:
+def _model_stages(source: str, name: str, overrides: dict[str, str]) -> int | None:
+    """The schedule's model stages at these parameters, from its elaboration
+    alone (None when it does not elaborate there, or runs two lanes)."""
+    try:
+        schedule = elaborate(parse(source, f"{name}.pp"), overrides)
+    except CompileError:
+        return None
+    placement = schedule.placement
+    return None if placement.lanes != 1 else placement.num_model_stages
+
+
+def run_real(args: argparse.Namespace, sources: dict[str, str], budget: int,
+             pin: Callable[[str, int, int], str]) -> ExitCode:
     """`ppdsl plan --gpu`: `sources` are the candidate schedules' texts by name,
-    `stage_counts` their model stages at d and m (None: not a candidate), `pin`
-    sets a schedule text's d and m."""
+    `pin` sets a schedule text's d and m."""
     from ppdsl.runtime.measure.cut import balanced_cut, describe, stage_profile
     from ppdsl.runtime.measure.fake import device_spec, model_size
     from ppdsl.runtime.measure.profile import to_costs_pp
@@ -119,7 +131,7 @@ def run_real(args: argparse.Namespace, sources: dict[str, str], stage_counts: di
     command = "ppdsl " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
     candidates: list[_Candidate] = []
     for name, source in sources.items():
-        stages = stage_counts[name]
+        stages = _model_stages(source, name, overrides)
         if stages is None or stages > size.num_layers:
             continue
         cuts = {equal_cut(size.num_layers, stages): "equal"}
@@ -138,7 +150,9 @@ def run_real(args: argparse.Namespace, sources: dict[str, str], stage_counts: di
         raise UsageError(f"no schedule of --schedules compiles at d={args.devices}, "
                          f"m={args.microbatches} with at most {size.num_layers} stages")
     fitting = [c for c in candidates if c.peak <= budget]
-    best = min(fitting or candidates, key=lambda c: (c.step_ms, c.peak))
+    # the fastest that fits; when none does, the one that comes closest
+    best = (min(fitting, key=lambda c: (c.step_ms, c.peak)) if fitting
+            else min(candidates, key=lambda c: (c.peak, c.step_ms)))
     if args.json:
         json_text.dump(_json(args, options, spec.name, size, best, candidates, budget,
                              bool(fitting)), sys.stdout.write, 2)
