@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ppdsl._resources import schedules_dir
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
@@ -49,7 +50,7 @@ SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min", "v_zb", "inter
 SEARCH_EVALUATIONS = 2000
 """`--search`'s heuristic budget (ppdsl search --evaluations)."""
 
-_EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+_EXAMPLES = schedules_dir()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
 
