@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from enum import IntEnum
 from pathlib import Path
 
@@ -157,6 +158,22 @@ def add_dp_arguments(parser: argparse.ArgumentParser) -> None:
         help="replicate (default): all-reduce each stage's gradients after its last W; "
         "shard: FSDP2 per stage, gathered once per step, reduce-scattered after its last W",
     )
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+                "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """`512MiB`, `2GiB`, `800MB`, `1000000` -> bytes (a UsageError otherwise)."""
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not found or found.group(2).lower() not in _BYTE_UNITS:
+        raise UsageError(f"--memory {text!r}: give bytes, or a number with KiB, MiB, GiB, KB, "
+                         "MB or GB (e.g. 512MiB)")
+    value = int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"--memory {text!r}: need a positive budget")
+    return value
 
 
 def add_bytes_arguments(parser: argparse.ArgumentParser, *, dp: bool = False) -> None:

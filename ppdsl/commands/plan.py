@@ -37,6 +37,7 @@ from ppdsl.commands.common import (
     UsageError,
     add_bytes_arguments,
     output_file,
+    parse_bytes,
     write_output,
 )
 from ppdsl.diagnostics import CompileError
@@ -51,8 +52,6 @@ SEARCH_EVALUATIONS = 2000
 """`--search`'s heuristic budget (ppdsl search --evaluations)."""
 
 _EXAMPLES = schedules_dir()
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,18 +96,6 @@ def add_real_size_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
                         help="with --gpu: shard divides parameters, gradients and optimizer "
                         "state by --dp")
-
-
-def parse_bytes(text: str) -> int:
-    """`512MiB`, `2GiB`, `800MB`, `1000000` -> bytes (a UsageError otherwise)."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not found or found.group(2).lower() not in _UNITS:
-        raise UsageError(f"--memory {text!r}: give bytes, or a number with KiB, MiB, GiB, KB, "
-                         "MB or GB (e.g. 512MiB)")
-    value = int(float(found.group(1)) * _UNITS[found.group(2).lower()])
-    if value <= 0:
-        raise UsageError(f"--memory {text!r}: need a positive budget")
-    return value
 
 
 @dataclass(frozen=True)
