@@ -9,6 +9,7 @@ unit keeps meaning M_B."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from ppdsl.analysis.device_bytes import DTYPE_BYTES, format_bytes
@@ -40,8 +41,9 @@ def activation_budget(args: argparse.Namespace) -> tuple[str, str] | None:
     text) and a line saying how it was made; None for a budget in M_B."""
     if args.memory is None or not is_bytes(args.memory):
         return None
-    if args.params is None or args.unit_bytes is None or args.params <= 0 or args.unit_bytes <= 0:
-        raise UsageError(f"--memory {args.memory} is the whole device: give --params N and "
+    if (args.params is None or args.unit_bytes is None or not 0 < args.params < math.inf
+            or not 0 < args.unit_bytes < math.inf):
+        raise UsageError(f"--memory {args.memory} is the whole device: give positive, finite --params N and "
                          "--unit-bytes B (the bytes of one M_B) too, or a budget in M_B (8, 2p)")
     budget = parse_bytes(args.memory)
     options = device_options(args)

@@ -7,6 +7,7 @@ whole-device bytes by component (`analysis.device_bytes`)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ppdsl import json_text
@@ -67,9 +68,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.params is not None and not args.params > 0:
         raise UsageError(f"--params must be positive, not {args.params:g}")
     options = device_options(args) if args.bytes else None
-    if args.bytes and (args.params is None or args.unit_bytes is None or args.unit_bytes <= 0
+    if args.bytes and (args.params is None or args.unit_bytes is None
+                       or not 0 < args.unit_bytes < math.inf or not 0 < args.params < math.inf
                        or args.boundary_bytes < 0):
-        raise UsageError("--bytes needs --params N and a positive --unit-bytes B (the bytes of "
+        raise UsageError("--bytes needs a finite --params N and a positive, finite --unit-bytes B (the bytes of "
                          "one M_B); --boundary-bytes must not be negative")
     compiled = compile_from_args(args)
     if compiled.warnings:
