@@ -12,7 +12,9 @@ reports the peak of the sum, not the sum of each part's peak.
 The time line of one rank, op by op (`device_bytes`):
 
 - resident all step: parameters (per dtype), optimizer state (`OPTIMIZER_STATE`;
-  divided by the replicas under `--dp-mode shard`, not under replicate), and on
+  divided by the replicas under `--dp-mode shard`, not under replicate; under
+  shard a stage's whole parameters are gathered from its first pass to its
+  reduction point, and its gradients are whole until then), and on
   the rank of the model's first stage the step's input batch (token ids of every
   microbatch) and on the last stage's rank the targets;
 - a stage's gradients appear at its first W or fused backward (the runtime
@@ -261,6 +263,7 @@ def device_bytes(schedule: Schedule, lowered: RankArrays, model: ModelBytes,
         reduced = {order[i].key for i in reduction_points(order).values()}
         has_grads: set[int] = set()
         has_copy: set[int] = set()
+        gathered: set[int] = set()
         lo, hi = int(lowered.offsets[rank]), int(lowered.offsets[rank + 1])
         level.seen(lo)
         for g in range(lo, hi):
@@ -282,11 +285,17 @@ def device_bytes(schedule: Schedule, lowered: RankArrays, model: ModelBytes,
                 level.add("stash_gradients", stage.stash_gradients)
             elif kind is PassKind.W:
                 level.add("stash_gradients", -stage.stash_gradients)
+            if s not in gathered:  # shard: the stage's whole parameters from its first pass
+                gathered.add(s)
+                level.add("parameters", count[s] * param_bytes * (1 - 1 / share))
             if kind in (PassKind.W, PassKind.BW) and s not in has_grads:
-                has_grads.add(s)
-                level.add("gradients", count[s] * param_bytes / share)
-            if pass_.key in reduced and options.dp > 1:
-                level.add("reduction_buffers", count[s] * 4 / share)
+                has_grads.add(s)  # whole until the reduction (shard: a reduce-scatter)
+                level.add("gradients", count[s] * param_bytes)
+            if pass_.key in reduced:
+                if options.dp > 1:
+                    level.add("reduction_buffers", count[s] * 4 / share)
+                level.add("parameters", -count[s] * param_bytes * (1 - 1 / share))
+                level.add("gradients", -count[s] * param_bytes * (1 - 1 / share))
             level.add("send_buffers", send_of.get(p, 0))
             # during the pass: its working memory over the larger of the levels
             # before and after it (its received inputs still held)

@@ -42,19 +42,24 @@ def _model(c: Compiled, boundary: int = 0, stash: int = 0, working: dict | None 
 def test_state_bytes_counted_by_hand() -> None:
     """Parameters, gradients and optimizer state per rank: fp32 + Adam is 4+4+8
     bytes a parameter, bf16 + Adam 2+2+12 (two moments and a master copy), SGD
-    keeps none, and `shard` divides all three by the replicas, replicate not."""
+    keeps none; `shard` divides the optimizer state by the replicas, replicate
+    not, and a sharded stage's parameters and gradients are whole only while
+    it is gathered (its first pass to its reduction), the shard after."""
     c = _compiled("1f1b")
     cases = {
         DeviceOptions(): (4000, 4000, 8000),
         DeviceOptions(param_dtype="bf16"): (2000, 2000, 12000),
         DeviceOptions(optimizer="sgd"): (4000, 4000, 0),
         DeviceOptions(optimizer="adamw", dp=2): (4000, 4000, 8000),
-        DeviceOptions(dp=2, dp_mode="shard"): (2000, 2000, 4000),
+        DeviceOptions(dp=2, dp_mode="shard"): (4000, 4000, 4000),
     }
     for options, (params, grads, optim) in cases.items():
         for r in device_bytes(c.schedule, c.lowered, _model(c), options):
             assert (r.bytes["parameters"], r.bytes["gradients"], r.bytes["optimizer"]) == (
                 params, grads, optim), options
+    before = device_bytes(c.schedule, c.lowered, _model(c), DeviceOptions(dp=2, dp_mode="shard"))
+    # rank 3's peak is at its first backward: its stage whole, gradients being made
+    assert before[3].at_peak["parameters"] == 4000
 
 
 def test_dualpipe_holds_two_copies() -> None:
