@@ -1,11 +1,12 @@
-"""Where the grammar and the codegen templates are, installed or in a checkout."""
+"""Where the grammar, the codegen templates and the example schedules are,
+installed or in a checkout."""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["grammar_text", "templates_dir"]
+__all__ = ["grammar_text", "schedules_dir", "templates_dir"]
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -27,3 +28,9 @@ def grammar_text() -> str:
 def templates_dir() -> Path:
     """The folder holding the jinja2 templates of codegen/."""
     return _find("_templates", "codegen")
+
+
+def schedules_dir() -> Path:
+    """The folder holding the example schedules (examples/*.pp), the candidates
+    `ppdsl plan` tries."""
+    return _find("_schedules", "examples")

@@ -3,12 +3,19 @@ table and the machine-readable JSON of `check --json` / `stats --json`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from functools import partial
 from typing import Any
 
 from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
+from ppdsl.analysis.device_bytes import (
+    ALLOCATOR_RESERVE,
+    COMPONENTS,
+    DeviceOptions,
+    RankBytes,
+    format_bytes,
+)
 from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time_by_device
 from ppdsl.compiler import Compiled
@@ -24,6 +31,8 @@ __all__ = [
     "lifespan_notes",
     "dp_table",
     "dp_json",
+    "bytes_table",
+    "bytes_json",
     "schedule_json",
     "diagnostic_json",
 ]
@@ -414,4 +423,33 @@ def diagnostic_json(d: Diagnostic) -> dict[str, Any]:
             }
             for fix in d.fixes
         ],
+    }
+
+
+def bytes_table(ranks: Sequence[RankBytes], title: str) -> str:
+    """Each rank's whole-device bytes by component (`analysis.device_bytes`):
+    a row per component, its value at the rank's peak and its own peak, then the
+    peak of the sum."""
+    lines = ["", title]
+    header = ["component"] + [f"rank {r.rank}" for r in ranks]
+    rows = [[name.replace("_", " ")] + [format_bytes(r.at_peak[name]) for r in ranks]
+            for name in COMPONENTS]
+    rows.append(["peak (sum)"] + [format_bytes(r.peak_bytes) for r in ranks])
+    lines += _columns(header, rows)
+    lines.append("each row: what the component holds when the rank's sum peaks (the peak of "
+                 f"the sum, not the sum of peaks); reserve: {ALLOCATOR_RESERVE:.0%} of the rest, "
+                 "the caching allocator's stated allowance")
+    return "\n".join(lines) + "\n"
+
+
+def bytes_json(ranks: Sequence[RankBytes], options: DeviceOptions) -> dict[str, Any]:
+    """`bytes_table` as JSON: `param_dtype`, `optimizer`, and per rank
+    `{rank, peak_bytes, bytes, at_peak}` (`bytes`: each component's own peak)."""
+    return {
+        "param_dtype": options.param_dtype,
+        "optimizer": options.optimizer,
+        "precision": options.precision,
+        "allocator_reserve": options.reserve,
+        "ranks": [{"rank": r.rank, "peak_bytes": r.peak_bytes, "bytes": r.bytes,
+                   "at_peak": r.at_peak} for r in ranks],
     }

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from enum import IntEnum
 from pathlib import Path
 
 from ppdsl import limits
+from ppdsl.analysis.device_bytes import DeviceOptions
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
 from ppdsl.semantics import DP_MODES
@@ -162,6 +164,45 @@ def add_dp_arguments(parser: argparse.ArgumentParser) -> None:
         help="replicate (default): all-reduce each stage's gradients after its last W; "
         "shard: FSDP2 per stage, gathered once per step, reduce-scattered after its last W",
     )
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+                "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """`512MiB`, `2GiB`, `800MB`, `1000000` -> bytes (a UsageError otherwise)."""
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not found or found.group(2).lower() not in _BYTE_UNITS:
+        raise UsageError(f"--memory {text!r}: give bytes, or a number with KiB, MiB, GiB, KB, "
+                         "MB or GB (e.g. 512MiB)")
+    value = int(float(found.group(1)) * _BYTE_UNITS[found.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"--memory {text!r}: need a positive budget")
+    return value
+
+
+def add_bytes_arguments(parser: argparse.ArgumentParser, *, dp: bool = False) -> None:
+    """`--param-dtype`, `--optimizer`, `--precision` (as `ppdsl run` spells them):
+    how the whole-device byte model holds the model state (`device_options`)."""
+    parser.add_argument("--param-dtype", choices=["fp32", "bf16"], default="fp32",
+                        help="parameter (and gradient) dtype (default fp32)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam",
+                        help="optimizer whose state is counted (default adam: 2 fp32 moments; "
+                        "sgd: none; over bf16 parameters an fp32 master copy too)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="autocast precision (default fp32: none); over fp32 parameters "
+                        "it keeps a low-precision weight copy per stage")
+    if dp:
+        add_dp_arguments(parser)
+
+
+def device_options(args: argparse.Namespace) -> DeviceOptions:
+    """The `analysis.device_bytes.DeviceOptions` of `add_bytes_arguments`' flags
+    and `--dp`/`--dp-mode`."""
+    return DeviceOptions(param_dtype=args.param_dtype, optimizer=args.optimizer,
+                         precision=args.precision, dp=getattr(args, "dp", 1),
+                         dp_mode=getattr(args, "dp_mode", "replicate"))
 
 
 def check_dp_arguments(args: argparse.Namespace) -> None:

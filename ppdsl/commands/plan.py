@@ -13,9 +13,10 @@ generated costs file): the simulated makespan is the predicted step time and
 the compiler's peak per device, in bytes, the predicted activation memory. The
 plan is the fastest candidate whose every device stays within `--memory`.
 
-Activation memory only: parameters, gradients and optimizer state are not
-counted in the budget (the report prints the model's parameter bytes per
-device beside it).
+Profiled here (no `--gpu`), the budget is activation memory only:
+parameters, gradients and optimizer state are not counted in it. With
+`--gpu h100|h200|a100|FILE` the model is sized from its config.json alone under
+fake tensors and `--memory` bounds the whole device (`commands.plan_real`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
+from ppdsl._resources import schedules_dir
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_bytes_arguments,
+    output_file,
+    parse_bytes,
+    write_output,
+)
 from ppdsl.diagnostics import CompileError
 
 HELP = "profile a hf:DIR model and choose its cut and schedule under a memory budget"
@@ -42,9 +51,7 @@ SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min", "v_zb", "inter
 SEARCH_EVALUATIONS = 2000
 """`--search`'s heuristic budget (ppdsl search --evaluations)."""
 
-_EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30}
+_EXAMPLES = schedules_dir()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,20 +78,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed runs per layer; the median is used (default 10)")
     parser.add_argument("--no-transfer", action="store_true",
                         help="skip measuring the transfer between stages (cost comm = 0)")
-    parser.add_argument("-o", "--output", required=True, metavar="PLAN.pp",
-                        help="the chosen schedule; its stage costs go to PLAN.costs.pp")
+    parser.add_argument("-o", "--output", default=None, metavar="PLAN.pp",
+                        help="the chosen schedule; its stage costs go to PLAN.costs.pp "
+                        "(optional with --json)")
+    add_real_size_arguments(parser)
 
 
-def parse_bytes(text: str) -> int:
-    """`512MiB`, `2GiB`, `800MB`, `1000000` -> bytes (a UsageError otherwise)."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not found or found.group(2).lower() not in _UNITS:
-        raise UsageError(f"--memory {text!r}: give bytes, or a number with KiB, MiB, GiB, KB, "
-                         "MB or GB (e.g. 512MiB)")
-    value = int(float(found.group(1)) * _UNITS[found.group(2).lower()])
-    if value <= 0:
-        raise UsageError(f"--memory {text!r}: need a positive budget")
-    return value
+def add_real_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--gpu` and what the whole-device byte model reads (`commands.plan_real`)."""
+    parser.add_argument("--gpu", default=None, metavar="h100|h200|a100|FILE",
+                        help="plan at real size for this device from config.json alone (fake "
+                        "tensors, FLOPs over the device's peak); --memory is then the whole "
+                        "device")
+    parser.add_argument("--json", action="store_true",
+                        help="with --gpu: print the plan and every rank's bytes by component")
+    add_bytes_arguments(parser)
+    parser.add_argument("--dp-mode", choices=["replicate", "shard"], default="replicate",
+                        help="with --gpu: shard divides parameters, gradients and optimizer "
+                        "state by --dp")
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,13 @@ def run(args: argparse.Namespace) -> ExitCode:
     for n in names:
         if not (_EXAMPLES / f"{n}.pp").is_file():
             raise UsageError(f"--schedules: no example named {n!r} (examples/{n}.pp)")
+    if args.gpu is not None:
+        from ppdsl.commands.plan_real import run_real
+
+        texts = {n: (_EXAMPLES / f"{n}.pp").read_text() for n in names}
+        return run_real(args, texts, budget, _pin_parameters)
+    if args.output is None or args.json:
+        raise UsageError("-o PLAN.pp is needed (--json and an optional -o go with --gpu)")
     out = output_file(args.output)
     costs_out = out.with_name(out.stem + ".costs.pp")
 

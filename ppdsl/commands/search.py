@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from fractions import Fraction
 
+from ppdsl.commands.budget import activation_budget, add_budget_arguments
 from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
 from ppdsl.compiler import compile_source
 from ppdsl.costs_file import evaluate_costs, load_costs_file
@@ -55,8 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BUDGET",
         help="peak activation per device, in M_B: 8, 2p, 1.5p, 0.5x1f1b (required); with "
-        "--frontier an optional range LO:HI (4:2p, 2:, :16)",
+        "--frontier an optional range LO:HI (4:2p, 2:, :16); with a byte unit (80GiB) the "
+        "whole device (needs --params and --unit-bytes)",
     )
+    add_budget_arguments(parser)
     parser.add_argument(
         "--placement",
         default="parallel",
@@ -334,6 +337,9 @@ def _exact_lines(outcome: Outcome) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if (whole := activation_budget(args)) is not None:
+        args.memory, how = whole
+        print(how, file=sys.stderr)
     _check_arguments(args)
     if args.frontier:
         from ppdsl.commands.search_frontier import run_frontier

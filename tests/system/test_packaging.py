@@ -103,3 +103,37 @@ def test_installed_wheel_checks_an_example(wheel: Path, tmp_path: Path) -> None:
     assert "ok" in done.stdout
     script = target / "bin" / "ppdsl"
     assert script.is_file(), "the wheel installs no ppdsl console script"
+
+
+@pytest.mark.slow
+def test_installed_wheel_plans_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    """The wheel installed into a fresh venv (system site packages for torch and
+    transformers) plans a config-only model outside the checkout: its candidate
+    schedules ship in the package (`ppdsl._schedules`), not beside it."""
+    pytest.importorskip("transformers")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    target = tmp_path / "site"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ppdsl/_schedules/1f1b.pp" in names
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        (ROOT / "examples" / "models" / "tiny_llama" / "config.json").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)  # the suite's own site packages come from the venv's base
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    done = subprocess.run(
+        [str(python), "-m", "ppdsl", "plan", "--model", f"hf:{model}", "--devices", "2",
+         "--microbatches", "4", "--seq-len", "32", "--microbatch-size", "1", "--memory",
+         "1GiB", "--gpu", "a100", "--schedules", "1f1b,zb_h1", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"schedule"' in done.stdout and '"peak_bytes"' in done.stdout
+    where = subprocess.run([str(python), "-c", "import ppdsl; print(ppdsl.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True).stdout
+    assert str(target) in where
