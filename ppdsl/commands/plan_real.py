@@ -108,9 +108,9 @@ def run_real(args: argparse.Namespace, sources: dict[str, str], budget: int,
              pin: Callable[[str, int, int], str]) -> ExitCode:
     """`ppdsl plan --gpu`: `sources` are the candidate schedules' texts by name,
     `pin` sets a schedule text's d and m."""
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp
     from ppdsl.runtime.measure.cut import balanced_cut, describe, stage_profile
     from ppdsl.runtime.measure.fake import device_spec, model_size
-    from ppdsl.runtime.measure.costs_pp import to_costs_pp
     from ppdsl.runtime.models.hf import equal_cut
     from ppdsl.runtime.models.model import ModelError
 

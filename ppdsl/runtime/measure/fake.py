@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ppdsl.runtime.errors import ModelError
 from ppdsl.runtime.measure.cut import LayerProfile
-from ppdsl.runtime.measure.profile import StageTiming
+from ppdsl.runtime.measure.records import StageTiming
 from ppdsl.runtime.models.hf import HFStage, _transformers, anatomy_of, read_config
 
 __all__ = ["DEVICES", "DeviceSpec", "LayerSize", "ModelSize", "device_spec", "fake_layer_bytes",
