@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 RUNTIME = ROOT / "ppdsl" / "runtime"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
@@ -18,21 +19,6 @@ _ALLOWED = {
     "execution/split.py",
     "execution/split.py:_analyse",
 }
-
-# Rooms whose restructuring other helpers of issue 34 are still landing
-# (measure/profile.py, training/train.py): known today, to be emptied by the
-# integrator as they land. Nothing in execution/ or worker/ may join it.
-_NOT_YET = {
-    "measure/profile.py",
-    "measure/profile.py:measure_stage",
-    "measure/profile.py:profile_model",
-    "training/train.py",
-    "training/train.py:main",
-    "training/train.py:_start",
-    "training/train.py:_loop",
-    "training/train.py:_summary",
-}
-
 
 def oversized(root: Path) -> list[str]:
     """The modules under `root` over MAX_FILE_LINES (`path`) and the functions
@@ -57,11 +43,10 @@ def test_runtime_modules_and_functions_are_short():
     exceptions; and each exception is still needed (an exception that no longer
     applies is taken off the list)."""
     found = {entry.rsplit(" (", 1)[0]: entry for entry in oversized(RUNTIME)}
-    unexpected = sorted(v for k, v in found.items() if k not in _ALLOWED | _NOT_YET)
+    unexpected = sorted(v for k, v in found.items() if k not in _ALLOWED)
     assert not unexpected, unexpected
-    stale = sorted((_ALLOWED | _NOT_YET) - set(found))
+    stale = sorted(_ALLOWED - set(found))
     assert not stale, f"no longer over the limits, take them off the list: {stale}"
-    assert not {e for e in _NOT_YET if e.startswith(("execution/", "worker/"))}
 
 
 def test_size_check_finds_a_long_function(tmp_path: Path):
