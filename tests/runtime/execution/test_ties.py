@@ -1,8 +1,8 @@
 """Parameters held more than once (`ppdsl.runtime.execution.ties`): ties made one
 Parameter on one rank, checked, and across ranks kept equal through the
 transport; a DualPipe placement's stage copies alike. The exchanges across
-real ranks are tests/runtime/test_pipeline_training.py's (`test_tied_*`) and
-tests/runtime/test_pipeline_dist.py's (DualPipe)."""
+real ranks are tests/system/test_pipeline_training.py's (`test_tied_*`) and
+tests/system/test_pipeline_dist.py's (DualPipe)."""
 
 from __future__ import annotations
 
