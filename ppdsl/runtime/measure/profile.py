@@ -29,7 +29,13 @@ import torch
 from ppdsl.runtime.execution.split import NORMS, uncovered_parameters
 from ppdsl.runtime.measure.engine_profile import measure_engine, measure_pipeline, pipeline_devices
 from ppdsl.runtime.measure.records import Profile, StageProfile, StageTiming, StepCosts
-from ppdsl.runtime.measure.stages import measure_chain, stage_stopwatch, tf32_settings
+from ppdsl.runtime.measure.stages import (
+    ChainLink,
+    measure_chain,
+    precision_context,
+    stage_stopwatch,
+    tf32_settings,
+)
 from ppdsl.runtime.measure.transfers import (
     measure_collectives,
     measure_norm_reduce,
@@ -150,10 +156,18 @@ def _stage_runs(spec: str, num_stages: int, microbatch_size: int, device: torch.
                           inputs, loss, device, where=f"--model {spec!r}", warmup=warmup,
                           repeats=repeats, clock=clock, norms=norms, precision=precision,
                           progress=progress)
-    return [_Stage(link.timing, link.boundary_bytes,
-                   tuple(uncovered_parameters(link.module, link.input)),
+    return [_Stage(link.timing, link.boundary_bytes, _uncovered(link, device, precision),
                    sum(p.numel() * p.element_size() for p in link.module.parameters()))
             for link in links]
+
+
+def _uncovered(link: ChainLink, device: torch.device, precision: str) -> tuple[str, ...]:
+    """The stage's parameters whose gradient B computes, read from the graph of
+    a forward run as its F runs: under the precision's autocast, which a stage
+    after the first needs, its input being the previous stage's low-precision
+    output (a Linear outside autocast refuses a bf16 input with fp32 weights)."""
+    with precision_context(device, precision):
+        return tuple(uncovered_parameters(link.module, link.input))
 
 
 def _transfers(sizes: list[int], device: torch.device, transfer: bool,

@@ -85,6 +85,59 @@ def test_precision_option_profiles_under_autocast(capsys: pytest.CaptureFixture[
         assert 0 < bf16["activation_bytes"] < fp32["activation_bytes"], (fp32, bf16)
 
 
+_MIXED = """
+import torch
+from torch import nn
+from ppdsl.runtime import PipelineModel
+
+class Residual(nn.Module):  # a stage whose first layer is a Linear on float input
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+class Conv(nn.Module):  # a stage whose first layer is a convolution
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)
+
+def _stage(index):  # stage 0 starts with an embedding of the token ids
+    return [nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8)), Residual(), Conv(),
+            nn.Linear(8, 16)][index]
+
+def stages(n):
+    return PipelineModel(
+        n, _stage, lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten()),
+        lambda step, b: (torch.randint(0, 16, (b, 4)), torch.randint(0, 16, (b, 4))))
+"""
+
+
+def test_low_precision_profiles_stages_starting_with_linear_conv_and_embedding(
+        tmp_path: Path) -> None:
+    """`--precision bf16|fp16` profiles every model `ppdsl run --precision` trains
+    (docs/runtime.md, "Profiling a model"): stages that start with an embedding,
+    a Linear and a convolution on the previous stage's low-precision output are
+    measured, and what the split leaves to B is read under autocast, the same
+    parameters as in fp32."""
+    from ppdsl.runtime.measure.profile import profile_model
+
+    (tmp_path / "mixed.py").write_text(_MIXED)
+    spec = f"{tmp_path / 'mixed.py'}:stages"
+    found = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        profile = profile_model(spec, 4, 2, torch.device("cpu"), warmup=0, repeats=1,
+                                transfer=False, optimizer=None, precision=precision)
+        assert profile.precision == precision
+        assert all(s.timing.activation_bytes > 0 for s in profile.stages), precision
+        found[precision] = [s.uncovered for s in profile.stages]
+    assert found["bf16"] == found["fp16"] == found["fp32"]
+
+
 @pytest.mark.slow
 def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
