@@ -2,8 +2,8 @@
 (`tests/mutations.py`): errors land near the edit, one-edit mistakes get a fix that
 `ppdsl check` accepts, no offered fix gives an invalid file, and no error is
 repeated per device. The full corpus (518 mutants) is `python -m tests.mutations`;
-this test measures every fourth (130 mutants, 122 rejected; 96 s on a
-machine loaded 7-fold, under a minute unloaded)."""
+this test measures every fourth (130 mutants, 122 rejected; 96 s on two
+cores shared with a load of about 14)."""
 
 from __future__ import annotations
 
