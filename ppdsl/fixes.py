@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
+from ppdsl.costs_file import CostsFile
 from ppdsl.diagnostics import (
     CompileError,
     Diagnostic,
@@ -350,7 +351,7 @@ def _holds(outer: Span, inner: Span) -> bool:
 
 
 def _screened(
-    module: ast.Module, candidate: _Candidate, overrides: dict[str, str], costs: object | None
+    module: ast.Module, candidate: _Candidate, overrides: dict[str, str], options: dict[str, Any]
 ) -> bool:
     """Whether the candidate's edit, made on the AST, compiles (no parse: the
     cheap test before the proof on the text)."""
@@ -359,18 +360,18 @@ def _screened(
     try:
         for target, what, text in candidate.nodes:
             module = _rebuilt(module, target, what, text)
-        compile_module(module, overrides, costs=costs)  # type: ignore[arg-type]
+        compile_module(module, overrides, **options)
     except CompileError:
         return False
     return True
 
 
-def _valid(text: str, file: str, overrides: dict[str, str], costs: object | None) -> bool:
+def _valid(text: str, file: str, overrides: dict[str, str], options: dict[str, Any]) -> bool:
     """Whether the edited text compiles (every check and expectation)."""
     from ppdsl.compiler import compile_source
 
     try:
-        compile_source(text, file, overrides, costs=costs)  # type: ignore[arg-type]
+        compile_source(text, file, overrides, **options)
     except CompileError:
         return False
     return True
@@ -382,19 +383,25 @@ def find_fixes(
     file: str,
     overrides: dict[str, str] | None = None,
     *,
-    costs: object | None = None,
+    costs: CostsFile | None = None,
+    early_receives: bool = True,
+    comm_model: str = "rendezvous",
     budget_seconds: float = BUDGET_SECONDS,
     max_candidates: int = MAX_CANDIDATES,
     compile_seconds: float = 0.0,
 ) -> list[Diagnostic]:
     """`diagnostics` with the proven fixes attached: each to the first error whose
     lines it edits (or to the first error), smallest edit first. Every fix is
-    proven by compiling the edited text under the same overrides and costs.
+    proven by compiling the edited text under the same overrides, costs, early
+    receives and communication model as the file was checked under.
     `compile_seconds`, what compiling the file took, is the first guess of what a
     candidate takes: no candidate starts that could end past the budget."""
     errors = [d for d in diagnostics if d.severity == "error"]
     if not errors:
         return list(diagnostics)
+    options: dict[str, Any] = {
+        "costs": costs, "early_receives": early_receives, "comm_model": comm_model
+    }
     started = time.perf_counter()
     proven: list[_Candidate] = []
     original = source_text(file)
@@ -416,14 +423,14 @@ def find_fixes(
             if left() < slowest_screen:
                 break
             begun = time.perf_counter()
-            screened = _screened(module, candidate, overrides or {}, costs)
+            screened = _screened(module, candidate, overrides or {}, options)
             slowest_screen = max(slowest_screen, time.perf_counter() - begun)
             if not screened:
                 continue
             if left() < proof:
                 break
             begun = time.perf_counter()
-            if _valid(apply_fix(text, candidate.fix), file, overrides or {}, costs):
+            if _valid(apply_fix(text, candidate.fix), file, overrides or {}, options):
                 proven.append(candidate)
             proof = max(proof, time.perf_counter() - begun)
     finally:

@@ -55,6 +55,8 @@ def compile_with_fixes(args: argparse.Namespace) -> Compiled:
         found = find_fixes(
             err.diagnostics, text, args.file, parse_defines(args.defines),
             costs=costs_from_args(args), compile_seconds=time.perf_counter() - started,
+            early_receives=not getattr(args, "no_early_receives", False),
+            comm_model=getattr(args, "comm_model", "rendezvous"),
         )
         raise CompileError(found) from None
 

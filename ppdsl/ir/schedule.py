@@ -197,7 +197,7 @@ class Placement:
     num_devices: int
     stage_device: tuple[int, ...]
     lanes: int = 1
-    span: Span | None = field(default=None, compare=False)
+    span: Span | None = field(default=None, compare=False, repr=False)
     """The `place` line (None for a default placement or one built in code)."""
 
     @property

@@ -2,7 +2,8 @@
 (`tests/mutations.py`): errors land near the edit, one-edit mistakes get a fix that
 `ppdsl check` accepts, no offered fix gives an invalid file, and no error is
 repeated per device. The full corpus (518 mutants) is `python -m tests.mutations`;
-this test measures every third mutant, to keep its time down."""
+this test measures every fourth (130 mutants, 122 rejected; 96 s on two
+cores shared with a load of about 14)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.mutations import corpus, measure
 
 pytestmark = pytest.mark.slow
 
-_EVERY = 3
+_EVERY = 4
 
 
 def test_the_corpus_is_large():
@@ -24,7 +25,7 @@ def test_the_corpus_is_large():
 
 
 def test_errors_point_at_the_edit_and_fixes_are_proven():
-    """Over a third of the corpus: >= 90% of rejected files have an error or note
+    """Over a quarter of the corpus: >= 90% of rejected files have an error or note
     within 2 lines of an edited line; >= 60% of rejected one-edit files get a
     first fix that compiles; no offered fix fails; no error repeats per device."""
     result = measure(corpus()[::_EVERY])
