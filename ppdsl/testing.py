@@ -95,7 +95,8 @@ def with_spans(orders: list[list[tuple]]) -> tuple[tuple[Pass, ...], ...]:
     """Pass objects of (kind, mb, stage) tuples, or (kind, mb, stage, overlapped)
     where a backward runs overlapped with the forward before it."""
     return tuple(
-        tuple(Pass(*t[:3], pass_span(dev, i), *t[3:]) for i, t in enumerate(order))
+        tuple(Pass(t[0], t[1], t[2], pass_span(dev, i), len(t) > 3 and bool(t[3]))
+              for i, t in enumerate(order))
         for dev, order in enumerate(orders)
     )
 
