@@ -2,7 +2,7 @@
 PY ?= python3
 STAMP := .setup.stamp
 
-.PHONY: setup demo test lint bench gpu-check gpu-wheels clean
+.PHONY: setup demo test test-fast lint bench gpu-check gpu-wheels clean
 
 # torch==2.13.0 only when no torch is importable: a user's own torch is left alone.
 $(STAMP): pyproject.toml
@@ -17,6 +17,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The edit-test loop: the unit tests, without the ones that start processes
+# (distributed), take seconds each (slow) or need CUDA (gpu).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not distributed and not gpu" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check ppdsl tests bench setup.py

@@ -30,6 +30,7 @@ from ppdsl.ir.rank import RankArrays, RankProgram
 from ppdsl.ir.schedule import PassOrder, Schedule
 from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
+from ppdsl.lowering.send_order import receives_in_send_order
 from ppdsl.semantics import PassKind
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def compile_schedule(
     early_receives: bool = True,
     warn_unbounded: bool = True,
     phase: Callable[[str], None] = lambda name: None,
+    comm_model: str = "rendezvous",
 ) -> Compiled:
     """The passes after elaboration, shared by `.pp` files and imported orders.
 
@@ -87,7 +89,8 @@ def compile_schedule(
     deadlocks are reported as cycles of waits. `warn_unbounded=False` drops the
     warning for a schedule with no `expect peak_memory` (for callers that write
     the bound themselves). `phase` is told each pass's name as it starts (the
-    progress of a long compile)."""
+    progress of a long compile). `comm_model` names the rules the deadlock check
+    runs the programs under (`ppdsl.analysis.comm_rules`)."""
     phase("check")
     found = _raise_errors(checks.check_schedule(schedule, with_memory=False))
     # a broken memory bound is reported with every other broken expectation
@@ -97,8 +100,10 @@ def compile_schedule(
     if early_receives:
         phase("early receives")
         programs = pull_receives_forward(programs)
+    if comm_model == "nccl":  # NCCL matches by order: receives as their peers send
+        programs = receives_in_send_order(programs)
     phase("check deadlock")
-    waits = deadlock.check(schedule, programs)
+    waits = deadlock.check(schedule, programs, comm_model=comm_model)
     if any(d.severity == "error" for d in waits):
         raise CompileError(found + bounds + waits)
     found += waits
@@ -132,6 +137,7 @@ def compile_source(
     *,
     early_receives: bool = True,
     costs: CostsFile | None = None,
+    comm_model: str = "rendezvous",
 ) -> Compiled:
     """Compile `.pp` text. `overrides` are the command line's `-D name=value`;
     `costs` (`--costs-from`) replaces the file's cost and memory statements.
@@ -146,11 +152,13 @@ def compile_source(
         phase("elaborate")
         if costs is None:
             schedule = elaborate(module, overrides or {})
-            return compile_schedule(schedule, early_receives=early_receives, phase=phase)
+            return compile_schedule(schedule, early_receives=early_receives, phase=phase,
+                                    comm_model=comm_model)
         schedule, expects = schedule_with_costs(module, overrides or {}, costs)
         bounded = any(e.metric == "peak_memory" for e in expects)
         compiled = compile_schedule(
-            schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase
+            schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase,
+            comm_model=comm_model,
         )
         late = expectation_warnings(compiled.schedule, compiled.timeline, expects, costs)
         return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
@@ -162,6 +170,7 @@ def compile_file(
     *,
     early_receives: bool = True,
     costs: CostsFile | None = None,
+    comm_model: str = "rendezvous",
 ) -> Compiled:
     """Compile a `.pp` file; a missing, unreadable, oversized or empty file is a
     located error."""
@@ -182,7 +191,8 @@ def compile_file(
         raise CompileError(
             [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
         )
-    return compile_source(text, file, overrides, early_receives=early_receives, costs=costs)
+    return compile_source(text, file, overrides, early_receives=early_receives, costs=costs,
+                          comm_model=comm_model)
 
 
 def generate(compiled: Compiled, dp: int = 1, dp_mode: str = "replicate") -> GeneratedFiles:

@@ -9,6 +9,7 @@ all and raises one `CompileError`; the CLI renders them as
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from typing import Literal, TextIO
 
 __all__ = [
     "Span",
+    "Edit",
+    "Fix",
     "Diagnostic",
     "CompileError",
     "Severity",
@@ -24,6 +27,8 @@ __all__ = [
     "render",
     "render_all",
     "sorted_diagnostics",
+    "group_repeats",
+    "apply_edits",
 ]
 
 Severity = Literal["error", "warning", "note"]
@@ -47,15 +52,41 @@ class Span:
         return (self.file, self.line, self.column)
 
 
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace the text from (line, column) up to, not including, (end_line,
+    end_column) with `text`; 1-based, as an LSP text edit (an insertion has
+    end == start)."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    """An edit of the file that the compiler has proven makes it valid (rustc's
+    machine-applicable suggestion): its edits do not overlap, and their
+    positions refer to the file before the fix."""
+
+    description: str
+    edits: tuple[Edit, ...]
+
+
 @dataclass(frozen=True)
 class Diagnostic:
-    """One finding. `notes` are follow-up lines (each optionally located), used for
-    deadlock cycles and "did you mean" hints."""
+    """One finding. `notes` are follow-up lines (each optionally located): every
+    other line that takes part (the other pass of a collision, each wait of a
+    cycle, the loop that should have made a missing pass) and "did you mean"
+    hints. `fixes` are proven edits, smallest first (`ppdsl.fixes`)."""
 
     severity: Severity
     message: str
     span: Span | None = None
     notes: tuple[tuple[Span | None, str], ...] = field(default_factory=tuple)
+    fixes: tuple[Fix, ...] = field(default_factory=tuple)
 
     def sort_key(self) -> tuple[int, str, int, int, str]:
         if self.span is None:
@@ -64,16 +95,87 @@ class Diagnostic:
 
 
 class CompileError(Exception):
-    """Raised by a compiler pass that found errors in the user's input."""
+    """Raised by a compiler pass that found errors in the user's input; one cause
+    found on several devices is one diagnostic (`group_repeats`)."""
 
     def __init__(self, diagnostics: Iterable[Diagnostic]):
-        self.diagnostics: list[Diagnostic] = sorted_diagnostics(diagnostics)
+        self.diagnostics: list[Diagnostic] = sorted_diagnostics(group_repeats(diagnostics))
         super().__init__("\n".join(d.message for d in self.diagnostics))
 
 
 def sorted_diagnostics(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
     """Diagnostics ordered by location, unlocated ones last."""
     return sorted(diagnostics, key=Diagnostic.sort_key)
+
+
+_NUMBER = re.compile(r"\d+")
+_DEVICE = re.compile(r"\bdevice (\d+)")
+_SHOWN_INSTANCES = 3
+"""How many instances of a grouped diagnostic its notes show."""
+
+
+def _cause(d: Diagnostic) -> tuple:
+    """What makes two diagnostics one cause: the same severity and line, and the
+    same message but for its numbers (a device, a stage, a microbatch, a time)."""
+    return (d.severity, d.span, _NUMBER.sub("#", d.message))
+
+
+def _ranges(numbers: list[int]) -> str:
+    """`0-3, 5`: sorted numbers with consecutive runs joined."""
+    parts: list[tuple[int, int]] = []
+    for n in sorted(set(numbers)):
+        if parts and n == parts[-1][1] + 1:
+            parts[-1] = (parts[-1][0], n)
+        else:
+            parts.append((n, n))
+    return ", ".join(f"{a}" if a == b else f"{a}\u2013{b}" for a, b in parts)
+
+
+def _grouped(group: list[Diagnostic]) -> Diagnostic:
+    first = group[0]
+    devices = [int(m.group(1)) for d in group for m in [_DEVICE.search(d.message)] if m]
+    if len(devices) == len(group) and len(set(devices)) == len(group):
+        where = f"devices {_ranges(devices)}"
+        if first.message.startswith(f"on device {devices[0]},"):
+            message = first.message.replace(
+                f"on device {devices[0]},", f"on {where} (device {devices[0]} shown),", 1
+            )
+        else:
+            message = f"on {where}: {first.message}"
+    else:
+        message = f"{first.message} (and {len(group) - 1} more like it)"
+    notes: list[tuple[Span | None, str]] = []
+    for d in group[:_SHOWN_INSTANCES]:
+        if d is not first:
+            notes.append((d.span, f"also: {d.message}"))
+        notes += [n for n in d.notes if n not in notes]
+    return Diagnostic(first.severity, message, first.span, tuple(notes), first.fixes)
+
+
+def group_repeats(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per cause: those that differ only in their numbers at one
+    line (one wrong offset seen on every device) become one, "on devices 0-3
+    (device 0 shown), ...", its notes showing the first instances."""
+    groups: dict[tuple, list[Diagnostic]] = {}
+    for d in diagnostics:
+        groups.setdefault(_cause(d), []).append(d)
+    return [group[0] if len(group) == 1 else _grouped(group) for group in groups.values()]
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """`text` with non-overlapping `edits` (positions in `text`) made."""
+    starts = [0]
+    for line in text.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
+
+    def offset(line: int, column: int) -> int:
+        return min(starts[line - 1] + column - 1, len(text)) if line <= len(starts) - 1 else len(text)
+
+    out = text
+    for edit in sorted(edits, key=lambda e: (e.line, e.column), reverse=True):
+        lo, hi = offset(edit.line, edit.column), offset(edit.end_line, edit.end_column)
+        out = out[:lo] + edit.text + out[hi:]
+    return out
 
 
 _SOURCES: dict[str, str] = {}
@@ -137,7 +239,28 @@ def render(diagnostic: Diagnostic, color: bool = False) -> str:
         out += _quote(diagnostic.span)
     for span, note in diagnostic.notes:
         out.append(f"  {span.file}:{span.line}: {note}" if span else f"  {note}")
+    for fix in diagnostic.fixes:
+        out += _help(diagnostic, fix)
     return "\n".join(out)
+
+
+def _help(diagnostic: Diagnostic, fix: Fix) -> list[str]:
+    """`help: DESCRIPTION`, then each edited line as it reads after the fix."""
+    file = diagnostic.span.file if diagnostic.span else None
+    text = _SOURCES.get(file) if file else None
+    out = [f"  help: {fix.description}"]
+    if text is None:
+        return out
+    fixed = apply_edits(text, fix.edits).split("\n")
+    shift = 0
+    for edit in sorted(fix.edits, key=lambda e: (e.line, e.column)):
+        first = edit.line + shift
+        count = edit.text.count("\n") + 1
+        for n in range(first, first + count):
+            if 1 <= n <= len(fixed):
+                out.append(f"    {file}:{n}: {fixed[n - 1].strip()}")
+        shift += count - (edit.end_line - edit.line + 1)
+    return out
 
 
 def render_all(diagnostics: Iterable[Diagnostic], stream: TextIO | None = None) -> str:

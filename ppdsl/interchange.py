@@ -9,8 +9,11 @@ two overlapped actions as one cell `(0F3;7B1)OVERLAP_F_B`; we read it as an
 overlapped pair (`F(..) & B(..)`) and write pairs that way. A schedule that mixes full backwards with I/W
 (DualPipeV again) is read as a split one: each full backward becomes I then W.
 torch's compute_comms form (what `_PipelineScheduleRuntime._dump_csv` writes by
-default) is read too: its SEND/RECV and FSDP actions (UNSHARD, RESHARD,
-REDUCE_GRAD) are skipped, since ppdsl lowers its own transfers. Rows may differ in length; torch writes them with
+default) is read too: `from_torch_csv` keeps its compute order (ppdsl lowers its
+own transfers), and `torch_comm_items` reads its SEND_F, RECV_F, SEND_B, RECV_B
+and FSDP actions (UNSHARD, RESHARD, REDUCE_GRAD), and groups of transfers posted
+together written `(a;b;...)BATCH_P2P`, as the program torch runs, for the
+deadlock check under a backend's rules (`ppdsl.analysis.comm_rules`). Rows may differ in length; torch writes them with
 Python's csv module (CRLF line ends), and so do we.
 
 `from_torch_csv` rebuilds a Schedule: ranks = rows, the stage -> rank map from
@@ -31,6 +34,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ppdsl import limits
+from ppdsl.analysis import comm_rules
 from ppdsl.analysis.memory import peak_memory
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
@@ -47,6 +51,7 @@ from ppdsl.ir.schedule import (
 from ppdsl.semantics import DEFAULT_KEPT_INPUT, parse_torch_action, read_placement
 
 __all__ = [
+    "torch_comm_items",
     "to_torch_actions",
     "to_torch_csv",
     "from_torch_csv",
@@ -56,6 +61,9 @@ __all__ = [
 ]
 
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
+_BATCH = re.compile(r"\((.*)\)BATCH_P2P")
+_TORCH_COMM = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
+_TORCH_FSDP = re.compile(r"(\d+)(UNSHARD|RESHARD|REDUCE_GRAD)")
 _TORCH_NON_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 
 
@@ -123,6 +131,14 @@ def _cells(line: str) -> list[tuple[int, str]]:
 
 
 def _parse_cell(text: str, span: Span, found: list[Diagnostic]) -> list[tuple[PassKind, int, int]]:
+    batch = _BATCH.fullmatch(text)
+    if batch:  # a group of transfers posted together: no compute
+        for part in (p.strip() for p in batch.group(1).split(";")):
+            if not _TORCH_COMM.fullmatch(part):
+                found.append(Diagnostic(
+                    "error", f"bad part {part!r} of a BATCH_P2P cell: expected SEND_F, RECV_F, "
+                    "SEND_B or RECV_B actions such as 0SEND_F1, separated by ';'", span))
+        return []
     overlap = _OVERLAP.fullmatch(text)
     parts = [p.strip() for p in overlap.group(1).split(";")] if overlap else [text]
     actions = []
@@ -322,6 +338,100 @@ def from_torch_csv(
         orders=orders,
         span=whole,
     )
+
+
+_COMM_TRANSFER = {  # action -> (sending, tensor, stage offset of the peer)
+    "SEND_F": (True, "act", 1),
+    "RECV_F": (False, "act", -1),
+    "SEND_B": (True, "grad", -1),
+    "RECV_B": (False, "grad", 1),
+}
+
+
+def torch_comm_items(text: str, schedule: Schedule) -> list[list[comm_rules.Item]] | None:
+    """The compute+comm CSV's programs as `comm_rules` items (None when the CSV
+    has no SEND/RECV action: a compute-only CSV): each cell one item, located
+    at its row and column; a lone SEND/RECV one op, a `(a;b;...)BATCH_P2P`
+    cell one group, UNSHARD/RESHARD/REDUCE_GRAD computations of their own
+    (collectives of another process group); F takes the activation, I and B
+    the gradient, each where it crosses ranks. `schedule` is the CSV read by
+    `from_torch_csv` (its stage -> rank map). Raises CompileError, located, for
+    a transfer between stages on one rank or a computation whose tensor the
+    rank never receives."""
+    file = schedule.file
+    rank_of = schedule.placement.stage_device
+    S = len(rank_of)
+    found: list[Diagnostic] = []
+    programs: list[list[comm_rules.Item]] = []
+    any_comm = False
+    lines = text.splitlines()
+    for line_no, line in enumerate(lines[: schedule.num_devices], start=1):
+        r = line_no - 1
+        items: list[comm_rules.Item] = []
+        for column, cell in _cells(line):
+            if not cell:
+                continue
+            span = Span(file, line_no, column, line_no, column + len(cell) - 1)
+            batch = _BATCH.fullmatch(cell)
+            comm = [cell] if _TORCH_COMM.fullmatch(cell) else (
+                [p.strip() for p in batch.group(1).split(";")] if batch else [])
+            if comm:
+                any_comm = True
+                parts = []
+                for action in comm:
+                    parsed_comm = _TORCH_COMM.fullmatch(action)
+                    if parsed_comm is None:
+                        continue  # reported by from_torch_csv
+                    stage_text, what, mb_text = parsed_comm.groups()
+                    stage, mb = int(stage_text), int(mb_text)
+                    sending, tensor, offset = _COMM_TRANSFER[what]
+                    other = stage + offset
+                    if not (0 <= stage < S and 0 <= other < S) or rank_of[other] == rank_of[stage]:
+                        where = (f"stage {other} does not exist" if not 0 <= other < S
+                                 else f"stage {other} is on the same rank")
+                        found.append(Diagnostic(
+                            "error", f"{action}: {where}, so there is nothing to "
+                            f"{'send' if sending else 'receive'}", span))
+                        continue
+                    src, dst = (stage, other) if sending else (other, stage)
+                    key = (tensor, mb, src, dst)
+                    parts.append(comm_rules.Part(
+                        sending, rank_of[other], key, f"{tensor}(mb {mb}, stage {src}->{dst})"))
+                items.append(comm_rules.Item(cell, span, tuple(parts), group=bool(batch)))
+                continue
+            takes = []
+            overlap = _OVERLAP.fullmatch(cell)
+            for action in ([p.strip() for p in overlap.group(1).split(";")] if overlap else [cell]):
+                try:
+                    parsed = parse_torch_action(action)
+                except ValueError:
+                    parsed = None
+                if parsed is None:
+                    continue  # FSDP steps: a computation of another process group
+                kind, mb, stage = parsed
+                if kind is PassKind.F and stage > 0 and rank_of[stage - 1] != r:
+                    takes.append(("act", mb, stage - 1, stage))
+                if kind in (PassKind.B, PassKind.BW) and stage + 1 < S and rank_of[stage + 1] != r:
+                    takes.append(("grad", mb, stage + 1, stage))
+            items.append(comm_rules.Item(cell, span, takes=tuple(takes)))
+        programs.append(items)
+    if not any_comm:
+        return None
+    programs += [[] for _ in range(schedule.num_devices - len(programs))]
+    for r, items in enumerate(programs):
+        received = {p.transfer for item in items for p in item.parts if not p.sending}
+        for item in items:
+            for taken in item.takes:
+                if taken not in received:
+                    tensor, mb, src, dst = taken  # type: ignore[misc]
+                    found.append(Diagnostic(
+                        "error", f"{item.label} on rank {r} takes the {tensor} of microbatch {mb} "
+                        f"from stage {src} on rank {rank_of[src]}, but rank {r} never receives "
+                        f"it: add {dst}RECV_{'F' if tensor == 'act' else 'B'}{mb} before it",
+                        item.span))
+    if found:
+        raise CompileError(found)
+    return programs
 
 
 def _kind_of(placement: Placement) -> str:

@@ -12,7 +12,7 @@ from ppdsl.analysis.collectives import MODES, comm_lanes, state_bytes
 from ppdsl.analysis.lifespans import BlockMemory, block_memory
 from ppdsl.analysis.simulate import memory_over_time_by_device
 from ppdsl.compiler import Compiled
-from ppdsl.diagnostics import Diagnostic
+from ppdsl.diagnostics import Diagnostic, Span
 from ppdsl.ir.schedule import torch_actions
 from ppdsl.json_text import Deferred
 from ppdsl.semantics import JITTER_DRAWS, format_decimal, format_exact
@@ -386,14 +386,32 @@ def _block_json(found: BlockMemory) -> dict[str, Any]:
     }
 
 
+def _location(span: Span | None) -> dict[str, Any] | None:
+    if span is None:
+        return None
+    return {"file": span.file, "line": span.line, "column": span.column}
+
+
 def diagnostic_json(d: Diagnostic) -> dict[str, Any]:
-    """A diagnostic as JSON: severity, message, location, notes."""
-    where = None
-    if d.span is not None:
-        where = {"file": d.span.file, "line": d.span.line, "column": d.span.column}
+    """A diagnostic as JSON: severity, message, location, notes (each with its
+    own location) and fixes (each a description and LSP-style edits: 1-based,
+    end exclusive, positions in the file before the fix)."""
     return {
         "severity": d.severity,
         "message": d.message,
-        "location": where,
-        "notes": [n for _, n in d.notes],
+        "location": _location(d.span),
+        "notes": [{"message": note, "location": _location(span)} for span, note in d.notes],
+        "fixes": [
+            {
+                "description": fix.description,
+                "edits": [
+                    {
+                        "line": e.line, "column": e.column, "end_line": e.end_line,
+                        "end_column": e.end_column, "text": e.text,
+                    }
+                    for e in fix.edits
+                ],
+            }
+            for fix in d.fixes
+        ],
     }

@@ -36,3 +36,14 @@ def golden(request: pytest.FixtureRequest):
         assert text == path.read_text(), f"output differs from {path} (refresh with --update-golden if intended)"
 
     return check
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory):
+    """A one-rank gloo group in this process, for one test module."""
+    import torch.distributed as dist  # the compiler's tests run without torch
+
+    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from ppdsl import json_text
+from ppdsl.analysis.comm_rules import COMM_MODELS
 from ppdsl.commands import check_family
 from ppdsl.commands.common import ExitCode, add_schedule_arguments, compile_from_args
 from ppdsl.diagnostics import CompileError, render_all
@@ -26,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the plain lowering, each receive posted just before its pass (as a "
         "runtime without ppdsl's early receives would run it): its deadlocks are reported "
         "as cycles of waits",
+    )
+    parser.add_argument(
+        "--comm-model", choices=COMM_MODELS, default="rendezvous",
+        help="the rules the lowered programs are proven deadlock-free under: rendezvous "
+        "(blocking exchanges, the default), nccl (NCCL's streams and in-order matching, as "
+        "the runtime's NCCL transport posts them) or gloo (tagged, non-blocking posts)",
     )
     parser.add_argument(
         "--ir", action="store_true",

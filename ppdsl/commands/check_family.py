@@ -103,7 +103,7 @@ def _family(args: argparse.Namespace) -> FamilyFile:
     try:
         return FamilyFile(args.file, parse_defines(args.defines),
                           early_receives=not args.no_early_receives,
-                          costs=costs_from_args(args))
+                          costs=costs_from_args(args), comm_model=args.comm_model)
     except FileNotFoundError:
         raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
     except IsADirectoryError:

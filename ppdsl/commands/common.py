@@ -216,8 +216,9 @@ def costs_from_args(args: argparse.Namespace) -> CostsFile | None:
 
 def compile_from_args(args: argparse.Namespace) -> Compiled:
     """Compile FILE with the -D overrides of the command line (and, where the
-    command has them, `--no-early-receives` and `--costs-from`)."""
+    command has them, `--no-early-receives`, `--costs-from` and `--comm-model`)."""
     early = not getattr(args, "no_early_receives", False)
     return compile_file(
-        args.file, parse_defines(args.defines), early_receives=early, costs=costs_from_args(args)
+        args.file, parse_defines(args.defines), early_receives=early, costs=costs_from_args(args),
+        comm_model=getattr(args, "comm_model", "rendezvous"),
     )

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ppdsl import limits
+from ppdsl.analysis.comm_rules import COMM_MODELS
 from ppdsl.commands.common import (
     ExitCode,
     UsageError,
@@ -32,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", metavar="DIR", default=None,
         help="output directory (default: build/<file name without .pp>)",
+    )
+    parser.add_argument(
+        "--comm-model", choices=COMM_MODELS, default="rendezvous",
+        help="the rules the programs are proven under; nccl posts each rank's receives in "
+        "its peers' send order (NCCL matches transfers by order) for the NCCL transport",
     )
 
 

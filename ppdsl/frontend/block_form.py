@@ -68,6 +68,7 @@ def elaborate_block(
                     f"chunk {line.chunk} out of range: devices hold {max_chunks} chunk(s), "
                     f"so 0..{max_chunks}",
                     line.span,
+                    involves="place",
                 )
             table: dict = numbered.setdefault(line.chunk, {})
             scope = base

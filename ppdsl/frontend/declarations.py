@@ -11,7 +11,7 @@ M_B = 1, M_W = M_B / 2), kept current after every statement so `T_F`, `M_W`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from ppdsl import limits, semantics
@@ -273,7 +273,7 @@ def declare_placement(stmt: ast.Place, state: Declarations) -> None:
         raise ElaborationError(
             "'place' must come before the costs and memory that depend on it", stmt.span
         )
-    _set_placement(state, _placement(stmt, state))
+    _set_placement(state, replace(_placement(stmt, state), span=stmt.span))
 
 
 def _set_placement(state: Declarations, placement: Placement) -> None:
@@ -488,9 +488,13 @@ def pass_kind(
                 + " and ".join(k.value for k in semantics.backward_kinds(True))
                 + " (or `backward fused`)",
                 span,
+                involves="backward",
             )
         fused = " and ".join(k.value for k in semantics.backward_kinds(False))
-        raise ElaborationError(f"this schedule's backward is fused: write {fused}, not {name}", span)
+        raise ElaborationError(
+            f"this schedule's backward is fused: write {fused}, not {name}", span,
+            involves="backward",
+        )
     return kind
 
 

@@ -8,6 +8,8 @@ caused it (`expressions.ElaborationError` becomes one CompileError).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ppdsl import limits
 from ppdsl.diagnostics import CompileError, Diagnostic, Span
 from ppdsl.frontend import ast
@@ -36,13 +38,32 @@ def elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:
     try:
         return _elaborate(module, overrides)
     except ElaborationError as exc:
-        raise CompileError([exc.diagnostic]) from None
+        raise CompileError([_with_declaration(exc, module)]) from None
     except RecursionError:
         message = (
             "the file nests expressions or blocks too deeply for ppdsl; split long "
             "expressions with `let`"
         )
         raise CompileError([Diagnostic("error", message, module.span)]) from None
+
+
+_DECLARATION_NOTES = {
+    "place": (ast.Place, "the placement is declared here"),
+    "backward": (ast.Backward, "the backward form is declared here"),
+}
+
+
+def _with_declaration(exc: ElaborationError, module: ast.Module) -> Diagnostic:
+    """The error with a note at the declaration it involves (none when the file
+    leaves it to its default)."""
+    if exc.involves not in _DECLARATION_NOTES:
+        return exc.diagnostic
+    kind, note = _DECLARATION_NOTES[exc.involves]
+    stmt = next((s for s in module.stmts if isinstance(s, kind)), None)
+    if stmt is None:
+        return exc.diagnostic
+    d = exc.diagnostic
+    return replace(d, notes=(*d.notes, (stmt.span, note)))
 
 
 def _elaborate(module: ast.Module, overrides: dict[str, str]) -> Schedule:

@@ -64,11 +64,20 @@ _WHERE_BOUND = {
 
 
 class ElaborationError(Exception):
-    """One located finding; `elaborate` turns it into a CompileError."""
+    """One located finding; `elaborate` turns it into a CompileError. `involves`
+    names what else takes part: "place" or "backward" (`elaborate`, which knows
+    where they are, adds a note at their line) or "loop" (each enclosing loop adds
+    a note with its variable's value)."""
 
-    def __init__(self, message: str, span: Span | None, notes=()):
+    def __init__(self, message: str, span: Span | None, notes=(), involves: str | None = None):
         super().__init__(message)
         self.diagnostic = Diagnostic("error", message, span, tuple(notes))
+        self.involves = involves
+
+    def add_located_note(self, span: Span | None, note: str) -> None:
+        """Add a note at another line that takes part."""
+        d = self.diagnostic
+        self.diagnostic = Diagnostic(d.severity, d.message, d.span, (*d.notes, (span, note)))
 
 
 def did_you_mean(word: str, candidates) -> str:

@@ -156,7 +156,12 @@ def _compile_stmt(stmt: ast.OrderStmt, scope: Scope, rules: _Rules) -> _Run:
                 return
             for x in values:
                 env[var] = x
-                body(env, order)
+                try:
+                    body(env, order)
+                except ElaborationError as exc:
+                    if exc.involves == "loop":  # the loops that made the index take part
+                        exc.add_located_note(span, f"where {var} = {x}, in this loop")
+                    raise
                 order.check_size(span)
 
         return for_
@@ -361,6 +366,7 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
             raise ElaborationError(
                 f"microbatch {j} out of range: m = {num_microbatches}, so 0..{num_microbatches}",
                 mspan,
+                involves="loop",
             )
         return j
 
@@ -382,6 +388,7 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
                 f"chunk {c} out of range: device {order.device} holds {len(stages)} chunk(s), "
                 f"so 0..{len(stages)}",
                 cspan,
+                involves="place",
             )
         order.passes.append(Pass(kind, j, stages[c], span))
 

@@ -12,7 +12,7 @@ each: `pass_texts` for passes (`format_pass`, `format_order`),
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from itertools import repeat
 from operator import attrgetter
@@ -197,6 +197,8 @@ class Placement:
     num_devices: int
     stage_device: tuple[int, ...]
     lanes: int = 1
+    span: Span | None = field(default=None, compare=False)
+    """The `place` line (None for a default placement or one built in code)."""
 
     @property
     def num_stages(self) -> int:

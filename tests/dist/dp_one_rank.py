@@ -1,7 +1,7 @@
 """One process, the ("dp", "pp") mesh of size 1 x 1 on DEVICE (cpu/gloo or
 cuda/nccl): ZB-H1 at d=1 trained 3 SGD steps plainly and in each data-parallel
 mode; prints one JSON line with each mode's largest relative difference from the
-plain run's parameters (tests/runtime/test_gpu.py runs it on one GPU: FSDP2's
+plain run's parameters (tests/system/test_gpu.py runs it on one GPU: FSDP2's
 gathers and reduce-scatters on NCCL and CUDA streams).
 
     torchrun --nproc-per-node 1 tests/dist/dp_one_rank.py cuda

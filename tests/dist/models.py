@@ -1,5 +1,5 @@
 """Models for the training-feature tests (tests/dist/train_worker.py and the
-launches in tests/runtime/test_pipeline_training.py)."""
+launches in tests/system/test_pipeline_training.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Runs every training-feature case of one world size in ONE process group and
-writes, per case and rank, what it found as JSON (tests/runtime/test_pipeline_training.py asserts
+writes, per case and rank, what it found as JSON (tests/system/test_pipeline_training.py asserts
 on it). Each case trains through the library (`PipelineRunner`, `OptimizerStep`)
 or through torch.distributed.pipelining's runtime (`torch_schedule`), and
 compares with a single-process run of the same model on the same batches:

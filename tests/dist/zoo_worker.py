@@ -1,5 +1,5 @@
 """Runs every zoo case (tests/dist/zoo.py) in ONE process group of 4 ranks and
-writes, per case and rank, what it found as JSON (tests/runtime/test_model_zoo.py
+writes, per case and rank, what it found as JSON (tests/system/test_model_zoo.py
 asserts on it). A case trains a zoo model 3 SGD-momentum steps through
 `PipelineRunner` (d=4, or d=2 x `--dp 2` in either mode) and compares this
 rank's parameters AND buffers with a non-pipelined run on one process that

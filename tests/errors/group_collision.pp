@@ -1,4 +1,4 @@
-# expect: tests/errors/group_collision.pp:10:9: error: on device 0, BW of stage 0 for microbatch 0 [11, 13) collides with F of stage 0 for microbatch 0 [0, 1) modulo the period 12 (at 11 and 0 mod 12, overlapping 1); move one of them or raise the period
+# expect: tests/errors/group_collision.pp:10:9: error: on device 0, BW of stage 0 for microbatch 0 [11, 13) collides with F of stage 0 for microbatch 0 [0, 1) modulo the period 12 (at 11 and 0 mod 12, overlapping 1); move one of them or raise the period (and 4 more like it)
 schedule s {
     param d = 2
     param m = 4

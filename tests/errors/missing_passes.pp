@@ -1,4 +1,4 @@
-# expect: tests/errors/missing_passes.pp:2:10: error: device 0 never runs 1 pass that its stages need: BW7; add it to its order
+# expect: tests/errors/missing_passes.pp:8:29: error: on devices 0–3: device 0 never runs 1 pass that its stages need: BW7; add it to its order
 schedule s {
     param d = 4
     param m = 8

@@ -2,7 +2,7 @@
 a row that names the skip, and the table shows every row with the device it ran
 on (README, On a GPU). The whole command's CPU run takes minutes and is not part
 of the suite; its parts' machinery (the shared-GPU transfers, the profile) is
-tested in tests/runtime/test_pipeline_training.py and tests/runtime/measure/test_profile.py."""
+tested in tests/system/test_pipeline_training.py and tests/runtime/measure/test_profile.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from bisect import bisect_left
 from fractions import Fraction
 from typing import NamedTuple
 
-from ppdsl.diagnostics import Diagnostic
+from ppdsl.diagnostics import Diagnostic, Span
 from ppdsl.ir.schedule import Block, BlockSlot, Schedule
 from ppdsl.semantics import format_number
 
@@ -77,6 +77,21 @@ def _meeting_pairs(copies: list[_Copy], period: Fraction) -> list[tuple[_Copy, _
     return sorted(pairs, key=lambda p: (p[0].order, p[0].position, p[1].order, p[1].position))
 
 
+def _placed_together(
+    schedule: Schedule, device: int, first: int, second: int
+) -> tuple[tuple[Span | None, str], ...]:
+    """A note at the `place` line when two stages meet on one device because the
+    placement put them there."""
+    placement = schedule.placement
+    if first == second or placement.span is None:
+        return ()
+    return ((
+        placement.span,
+        f"the placement ({placement.kind}) puts stages {min(first, second)} and "
+        f"{max(first, second)} on device {device}",
+    ),)
+
+
 def check(schedule: Schedule) -> list[Diagnostic]:
     """Every pair of colliding slots on a device (error at the later slot, a note
     at the other), and every slot longer than the period."""
@@ -120,7 +135,8 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                     f"{format_number(a.start % period)} mod {format_number(period)}, overlapping "
                     f"{format_number(overlap)}); move one of them or raise the period",
                     b.slot.span or block.span,
-                    ((a.slot.span, f"{a.name(grouped)} starts at {format_number(a.start)} here"),),
+                    ((a.slot.span, f"{a.name(grouped)} starts at {format_number(a.start)} here"),
+                     *_placed_together(schedule, device, a.slot.stage, b.slot.stage)),
                 )
             )
     return found

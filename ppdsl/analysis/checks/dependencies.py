@@ -110,6 +110,13 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                         f"after {_name(blocker)}",
                     )
                 )
+        placement = schedule.placement
+        if len(cycle) > 1 and placement.span is not None:
+            notes.append((
+                placement.span,
+                f"the placement ({placement.kind}) puts the waiting passes' stages on devices "
+                f"{', '.join(str(dev) for dev, _, _ in cycle)}",
+            ))
         dev0, head0, _ = cycle[0]
         devices = ", ".join(str(dev) for dev, _, _ in cycle)
         what = (

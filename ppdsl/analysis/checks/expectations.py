@@ -14,8 +14,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ppdsl.analysis.simulate import Timeline
-from ppdsl.diagnostics import Diagnostic
-from ppdsl.ir.schedule import Expect, Schedule
+from ppdsl.diagnostics import Diagnostic, Span
+from ppdsl.ir.schedule import Expect, Schedule, format_pass
 from ppdsl.semantics import format_decimal, format_exact
 
 __all__ = ["check", "TOLERANCE"]
@@ -110,6 +110,7 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
         subject = "the makespan"
     if _holds(value, e.op, e.bound):
         return None
+    notes += _behind(schedule, timeline, e, value)
     advice = (
         "the simulation under the declared costs differs from what the file expects: "
         "check the costs and the order (`ppdsl show` draws the timeline)"
@@ -122,6 +123,35 @@ def _check_one(schedule: Schedule, timeline: Timeline, e: Expect) -> Diagnostic 
         e.span,
         tuple(notes),
     )
+
+
+def _behind(
+    schedule: Schedule, timeline: Timeline, e: Expect, value: float
+) -> list[tuple[Span | None, str]]:
+    """The line behind a broken expectation: for a bubble or idle figure, the pass
+    that waits longest on the device that sets it; for the makespan, the pass
+    that ends last."""
+    if e.metric == "makespan" or (e.metric == "idle" and e.device is None):
+        device = max(
+            range(schedule.num_devices),
+            key=lambda d: (timeline.end[d][-1] if timeline.end[d] else 0.0, -d),
+        )
+        if not timeline.end[device]:
+            return []
+        last = schedule.orders[device][len(timeline.end[device]) - 1]
+        return [(last.span, f"the last pass to end, {format_pass(last, True)} on device {device}, "
+                 f"ends at {format_decimal(timeline.end[device][-1])}")]
+    device = e.device if e.device is not None else _longest(timeline)
+    starts, ends = timeline.start[device], timeline.end[device]
+    if len(starts) < 2:
+        return []
+    gaps = [starts[k] - ends[k - 1] for k in range(1, len(starts))]
+    k = max(range(len(gaps)), key=lambda n: (gaps[n], -n)) + 1
+    if gaps[k - 1] <= 0:
+        return []
+    p = schedule.orders[device][k]
+    return [(p.span, f"device {device} waits longest, {format_decimal(gaps[k - 1])}, before "
+             f"{format_pass(p, True)} (pass {k} of its order)")]
 
 
 def check(schedule: Schedule, timeline: Timeline) -> list[Diagnostic]:

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from ppdsl import semantics
-from ppdsl.diagnostics import Diagnostic
-from ppdsl.ir.flat import flatten
+from ppdsl.diagnostics import Diagnostic, Span
+from ppdsl.ir.flat import FlatSchedule, flatten
 from ppdsl.ir.schedule import Pass, PassKind, Schedule, format_pass
 from ppdsl.semantics import KINDS, NUM_KINDS
 
@@ -250,12 +250,75 @@ def check(schedule: Schedule) -> list[Diagnostic]:
                 format_runs(KINDS[code], stage, mbs, show_stage)
                 for (code, stage), mbs in sorted(groups.items(), key=lambda x: (x[0][1], x[0][0]))
             )
+            notes = _makers(flat, device, groups) + _unplaced(s, flat, device, groups)
             found.append(
                 Diagnostic(
                     "error",
                     f"device {device} never runs {count} pass{'es' if count != 1 else ''} that "
                     f"its stages need: {listed}; add {'them' if count != 1 else 'it'} to its order",
-                    s.span,
+                    notes[0][0] if notes else s.span,
+                    tuple(notes),
                 )
             )
     return found
+
+
+def _unplaced(
+    s: Schedule, flat: FlatSchedule, device: int, groups: dict[tuple[int, int], list[int]]
+) -> list[tuple[Span | None, str]]:
+    """A note at the `place` line for the stages of missing passes that the
+    device's order never runs at all: the placement gave them to it."""
+    lo, hi = int(flat.offsets[device]), int(flat.offsets[device + 1])
+    run = set(np.unique(flat.stage[lo:hi]).tolist())
+    unrun = sorted({stage for _, stage in groups} - run)
+    if not unrun or s.placement.span is None:
+        return []
+    listed = ", ".join(str(stage) for stage in unrun)
+    return [(
+        s.placement.span,
+        f"the placement ({s.placement.kind}) gives device {device} stage"
+        f"{'s' if len(unrun) != 1 else ''} {listed}, which its order never runs",
+    )]
+
+
+_SHOWN_MAKERS = 3
+"""How many (kind, stage) groups of missing passes get a note at their nearest pass."""
+
+
+def _makers(
+    flat: FlatSchedule, device: int, groups: dict[tuple[int, int], list[int]]
+) -> list[tuple[Span | None, str]]:
+    """For each (kind, stage) of missing passes, the line that makes the pass of
+    that kind on that stage (or, failing that, of that kind on the device) nearest
+    the first missing microbatch: the loop or block line that should have made
+    it. Where no such pass exists, the nearest pass of that stage."""
+    lo, hi = int(flat.offsets[device]), int(flat.offsets[device + 1])
+    kinds, stages, microbatches = (
+        flat.kind[lo:hi], flat.stage[lo:hi], flat.microbatch[lo:hi]
+    )
+    notes: list[tuple[Span | None, str]] = []
+    for (code, stage), mbs in sorted(groups.items(), key=lambda x: (x[0][1], x[0][0])):
+        if len(notes) == _SHOWN_MAKERS:
+            break
+        for select, what in (
+            ((kinds == code) & (stages == stage), f"{KINDS[code].value} of stage {stage}"),
+            (kinds == code, f"{KINDS[code].value}"),
+            (stages == stage, f"pass of stage {stage}"),
+        ):
+            candidates = np.flatnonzero(select)
+            if candidates.size:
+                k = int(candidates[np.argmin(np.abs(microbatches[candidates] - mbs[0]))])
+                p = flat.passes[lo + k]
+                notes.append((
+                    p.span,
+                    f"{format_runs(KINDS[code], stage, mbs, True)} missing: the nearest {what} on "
+                    f"device {device}, {_name(p)}, is made here",
+                ))
+                # the missing passes' place in the order: right after their
+                # nearest pass (a dropped line leaves its gap there)
+                if lo + k + 1 < hi:
+                    q = flat.passes[lo + k + 1]
+                    if q.span is not None and p.span is not None and q.span.line != p.span.line:
+                        notes.append((q.span, f"the order goes on with {_name(q)} here"))
+                break
+    return notes

@@ -1,4 +1,7 @@
-"""The private parts of torch's autograd that the B/W split reads, in one place.
+"""The private parts of torch the runtime reads, in one place: most of them are
+autograd's, which the B/W split reads; the rest are the ``_foreach_*`` kernels the
+optimizer step and loss scale use, a tensor's version counter (post-validation's
+test that no gradient changed under it) and a module's own buffers.
 
 The split (`split.py`) works on the graph a plain forward leaves. Most of what it
 needs is public (``grad_fn``, ``next_functions``, an accumulator's ``variable``);
@@ -23,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.autograd.graph import GradientEdge
 
 __all__ = [
@@ -31,7 +35,8 @@ __all__ = [
     "embedding_is_sparse", "linear_input", "addmm_scalars",
     "AddmmSaved", "LayerNormSaved", "EmbeddingSaved", "ConvolutionSaved", "read_saved",
     "layer_norm_backward", "embedding_backward", "convolution_backward",
-    "gradient_edge", "engine_grad", "foreach_add_",
+    "gradient_edge", "engine_grad", "foreach_add_", "foreach_mul_", "foreach_norm",
+    "version", "own_buffers",
 ]
 
 # --- node classes ----------------------------------------------------------------------
@@ -272,5 +277,24 @@ def engine_grad(outputs: list[torch.Tensor], grads: list[torch.Tensor | None],
     )
 
 
+# --- beyond autograd ---------------------------------------------------------------
+
 foreach_add_ = torch._foreach_add_
 """``torch._foreach_add_``: adds a list of tensors into another, one call."""
+
+foreach_mul_ = torch._foreach_mul_
+"""``torch._foreach_mul_``: scales a list of tensors in place, one call."""
+
+foreach_norm = torch._foreach_norm
+"""``torch._foreach_norm(tensors, ord)``: each tensor's norm, one call."""
+
+
+def version(tensor: torch.Tensor) -> int:
+    """``tensor._version``: the counter every in-place write bumps (reads do not)."""
+    return int(tensor._version)
+
+
+def own_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``module._buffers``: the buffers `module` itself registered (not its
+    children's), by name; a buffer set to None is left out."""
+    return [(name, buf) for name, buf in module._buffers.items() if buf is not None]

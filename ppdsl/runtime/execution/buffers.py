@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch.distributed as dist
 from torch import nn
 
+from ppdsl.runtime.execution.autograd_access import own_buffers
 from ppdsl.runtime.execution.group import global_rank
 
 __all__ = ["kept_buffers", "broadcast_buffers"]
@@ -36,7 +37,7 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
     the tensor itself where the block replaced a buffer)."""
     saved = [(owner, name, buf, buf.detach().clone())
              for owner in module.modules()
-             for name, buf in owner._buffers.items() if buf is not None]
+             for name, buf in own_buffers(owner)]
     try:
         yield
     finally:
@@ -44,7 +45,7 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
         # a buffer (R's, which B runs on; a mask multiplied in) stays valid
         for owner, name, buf, value in saved:
             buf.data.copy_(value)
-            owner._buffers[name] = buf
+            setattr(owner, name, buf)  # a registered buffer: Module.__setattr__ keeps it one
 
 
 def broadcast_buffers(modules: list[nn.Module], group: dist.ProcessGroup) -> None:

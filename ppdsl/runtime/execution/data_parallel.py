@@ -45,9 +45,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ppdsl.runtime.execution.buffers import broadcast_buffers
+from ppdsl.runtime.execution.dtensor import is_sharded, local_tensor, sharded_like
 from ppdsl.runtime.execution.transport import backend_for
 
-__all__ = ["MODES", "DataParallel", "dp_pp_mesh", "local_tensor", "shard_stages"]
+__all__ = ["MODES", "DataParallel", "dp_pp_mesh", "shard_stages"]
 
 MODES = ("replicate", "shard")
 """The data-parallel modes `--dp-mode` names."""
@@ -61,20 +62,6 @@ def _fsdp() -> Any:
     except ImportError:  # pragma: no cover - torch < 2.6
         from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]
     return fully_shard
-
-
-def _dtensor() -> Any:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch < 2.5
-        from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
-    return DTensor
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard; any other tensor as it is."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def _reduce_scatter(output: torch.Tensor, source: torch.Tensor, **kwargs: Any) -> Any:
@@ -255,7 +242,7 @@ class DataParallel:
         `.grad` None, as a non-pipelined run on the whole batch would."""
         params = [(n, p) for n, p in self._params.get(stage, []) if p.requires_grad]
         # replicate: every parameter; shard: those FSDP keeps whole (0-dim ones)
-        whole = [p for _, p in params if self.mode == "replicate" or not _is_sharded(p)]
+        whole = [p for _, p in params if self.mode == "replicate" or not is_sharded(p)]
         if whole:
             flags = torch.tensor([p.grad is not None for p in whole], dtype=whole[0].dtype,
                                  device=whole[0].device)
@@ -263,7 +250,7 @@ class DataParallel:
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
             self._pending.append(_Reduction(stage, work, buffer, [(p, None) for p in whole]))
         if self.mode == "shard":
-            self._reduce_scatter(stage, [(n, p) for n, p in params if _is_sharded(p)])
+            self._reduce_scatter(stage, [(n, p) for n, p in params if is_sharded(p)])
 
     def _reduce_scatter(self, stage: int, params: Sequence[tuple[str, nn.Parameter]]) -> None:
         """shard: reduce-scatter the gathered gradients of `stage`'s sharded
@@ -339,9 +326,7 @@ class DataParallel:
         broadcast_buffers([m for _, m in sorted(self.stages.items())], self.group)
 
     def _set_shard_grad(self, sharded: torch.Tensor, local: torch.Tensor) -> None:
-        DTensor = _dtensor()
-        grad = DTensor.from_local(local, sharded.device_mesh, sharded.placements,  # type: ignore[attr-defined]
-                                  run_check=False, shape=sharded.shape, stride=sharded.stride())
+        grad = sharded_like(local, sharded)
         if sharded.grad is None:
             sharded.grad = grad
         else:
@@ -351,11 +336,6 @@ class DataParallel:
 def _grad_or_zeros(param: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`param`'s gradient, or zeros shaped like `like` where it has none."""
     return param.grad if param.grad is not None else torch.zeros_like(like)
-
-
-def _is_sharded(p: torch.Tensor) -> bool:
-    """Whether FSDP holds `p` as a DTensor shard (it keeps ignored parameters whole)."""
-    return callable(getattr(p, "to_local", None))
 
 
 def _width(shape: Sequence[int]) -> int:

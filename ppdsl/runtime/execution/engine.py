@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
-from ppdsl.runtime.errors import LossError
+from ppdsl.runtime.errors import LossError, PeerError, first_line, peer_failure
 from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
@@ -69,10 +69,6 @@ from ppdsl.runtime.worker import faults, progress
 from ppdsl.semantics import reduction_points
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
-
-
-class PeerError(RuntimeError):
-    """A transfer with another rank failed or timed out."""
 
 
 @dataclass
@@ -595,15 +591,14 @@ class Engine:
             return value
         except RuntimeError as exc:
             what = "receiving" if t.dst_rank == self.rank else "sending"
-            text = str(exc)
-            if "reset by peer" in text or "closed" in text.lower() or "EOF" in text:
+            cause = peer_failure(exc)
+            if cause == "lost":
                 why = f"the connection to rank {peer} was lost (rank {peer} died)"
-            elif "timed out" in text.lower() or "timeout" in text.lower():
+            elif cause == "silent":
                 why = (f"rank {peer} did not answer within "
                        f"{self.timeout.total_seconds():g} s (hung or deadlocked)")
             else:
-                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-                why = f"rank {peer} failed ({first[:200]})"
+                why = f"rank {peer} failed ({first_line(exc, 200)})"
             raise PeerError(f"{what} {t}: {why}") from exc
 
     # -- results ---------------------------------------------------------------

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ppdsl.ir.schedule import MemoryModel, PassKind
-from ppdsl.runtime.execution.data_parallel import local_tensor
+from ppdsl.runtime.execution.dtensor import local_tensor
 from ppdsl.semantics import memory_delta
 
 __all__ = ["DevicePeak", "MemoryMeter", "predicted_device_peak", "storage_bytes"]
@@ -132,8 +132,7 @@ class MemoryMeter:
                 return False
             variable = getattr(node, "variable", None)
             if variable is not None:
-                to_local = getattr(variable, "to_local", None)
-                local = to_local() if callable(to_local) else variable
+                local = local_tensor(variable)
                 return bool(local.dtype != t.dtype
                             and local.untyped_storage().data_ptr() in self._param_ptrs)
             nexts = node.next_functions

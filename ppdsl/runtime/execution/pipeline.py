@@ -46,6 +46,7 @@ from ppdsl.ir.schedule import MemoryModel, torch_actions
 from ppdsl.runtime.errors import ModelError
 from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.data_parallel import MODES, DataParallel, shard_stages
+from ppdsl.runtime.execution.dtensor import is_sharded
 from ppdsl.runtime.execution.engine import Engine, Hooks, StepResult
 from ppdsl.runtime.execution.group import LaneEnds, agree, copy_tag, differing, global_rank, tie_tag
 from ppdsl.runtime.execution.memory import MemoryMeter
@@ -357,7 +358,7 @@ class PipelineRunner:
         skip: set[int] = set()
         dp = self.data_parallel
         if dp is not None and dp.mode == "shard" and dist.get_rank(dp.group) != 0:
-            skip.update(id(p) for p in self.engine.params if not callable(getattr(p, "to_local", None)))
+            skip.update(id(p) for p in self.engine.params if not is_sharded(p))
         for group in self.tied:
             owner = min(group)
             if self.plan.stage_device[owner] != self.rank:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ppdsl.runtime.execution import autograd_access as access
+
 __all__ = ["PRECISIONS", "autocast_dtype", "LossScaler"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -51,7 +53,7 @@ class LossScaler:
     def unscale_(self, grads: list[torch.Tensor]) -> None:
         """Divide `grads` by the scale, in place."""
         if grads:
-            torch._foreach_mul_(grads, 1.0 / float(self.scale))
+            access.foreach_mul_(grads, 1.0 / float(self.scale))
 
     def update(self, found_inf: bool) -> None:
         """After a step: halve the scale if any rank found inf/NaN, else count a

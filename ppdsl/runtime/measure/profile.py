@@ -54,6 +54,7 @@ import torch
 from ppdsl import __version__
 from ppdsl.costs_file import PROFILED_STAGES
 from ppdsl.ir.schedule import PassKind
+from ppdsl.runtime.execution import autograd_access as access
 from ppdsl.runtime.execution.memory import MemoryMeter
 from ppdsl.runtime.execution.precision import autocast_dtype
 from ppdsl.runtime.execution.split import NORMS, WStash, backward_input, uncovered_parameters
@@ -884,7 +885,7 @@ def _engine_steps(
             t0 = time.perf_counter()
             with torch.no_grad():
                 if params:
-                    torch._foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
+                    access.foreach_norm([p.grad for p in params], 2.0)  # type: ignore[misc]
                 opt.step()
             _sync(device)
             if rep >= warmup:

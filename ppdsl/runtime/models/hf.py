@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
 from ppdsl.runtime.models.model import ModelError, PipelineModel
 
@@ -175,7 +176,7 @@ def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
     except ValueError as exc:
         raise ModelError(
             f"{where}: model type {getattr(config, 'model_type', '?')!r} is not a causal LM "
-            f"transformers can build: {str(exc).splitlines()[0]}"
+            f"transformers can build: {first_line(exc)}"
         ) from exc
     except Exception as exc:
         raise ModelError(f"{where}: building the model failed: {type(exc).__name__}: {exc}") from exc
@@ -415,7 +416,7 @@ def preflight(directory: str | Path, num_stages: int,
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as exc:
         raise ModelError(f"{where}: transformers cannot read its config.json: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+                         f"{first_line(exc)}") from exc
     model_type = getattr(config, "model_type", "?")
     if model_type != "gpt2" and not getattr(config, "base_model_pp_plan", None):
         raise ModelError(

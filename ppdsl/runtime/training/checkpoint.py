@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.execution.group import gather
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_path",
@@ -212,8 +213,7 @@ def load_checkpoint(
     try:
         dcp.load(state, checkpoint_id=str(path), process_group=process_group)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot load the checkpoint {str(path)!r}: {first[:300]}") from exc
+        raise CheckpointError(f"cannot load the checkpoint {str(path)!r}: {first_line(exc, 300)}") from exc
     record = pickle.loads(state[key])
     if record["layout"] != _layout(runner):
         raise CheckpointError(

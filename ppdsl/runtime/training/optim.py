@@ -36,7 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppdsl.runtime.execution.data_parallel import local_tensor
+from ppdsl.runtime.execution import autograd_access as access
+from ppdsl.runtime.execution.dtensor import local_tensor
 
 __all__ = [
     "OPTIMIZERS",
@@ -177,7 +178,7 @@ class OptimizerStep:
         if not grads:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
         grads = [local_tensor(g) for g in grads]  # a sharded gradient: this rank's shard
-        norms = torch.stack([n.double() for n in torch._foreach_norm(grads, 2.0)])
+        norms = torch.stack([n.double() for n in access.foreach_norm(grads, 2.0)])
         return torch.stack([(norms * norms).sum(), (~torch.isfinite(norms)).sum().double()])
 
     def _clip_coef(self, norm: float) -> float | None:
@@ -208,7 +209,7 @@ class OptimizerStep:
         pending.work = dist.all_reduce(local, group=self.norm_groups[0], async_op=True)
         pending.params = params
         pending.grads = [p.grad for p in params]  # type: ignore[misc]
-        pending.versions = [g._version for g in pending.grads]
+        pending.versions = [access.version(g) for g in pending.grads]
         if locally_finite:  # step now, keeping what undoes it
             with torch.no_grad():
                 pending.values = [p.detach().clone() for p in params]
@@ -250,7 +251,7 @@ class OptimizerStep:
         if pending is None:  # sync
             if not invalid:
                 if coef is not None:
-                    torch._foreach_mul_([p.grad for p in params], coef)  # type: ignore[misc]
+                    access.foreach_mul_([p.grad for p in params], coef)  # type: ignore[misc]
                 self.optimizer.step()
         elif invalid or coef is not None:
             if pending.stepped:
@@ -287,7 +288,7 @@ class OptimizerStep:
 
     def _redo(self, pending: _Pending, coef: float) -> None:
         changed = [i for i, (g, v) in enumerate(zip(pending.grads, pending.versions, strict=True))
-                   if g._version != v]
+                   if access.version(g) != v]
         if changed:
             raise RuntimeError(
                 "post-validation: the gradients of the step being redone were changed in place "
@@ -299,7 +300,7 @@ class OptimizerStep:
         for group, hyper in zip(self.optimizer.param_groups, pending.hyper, strict=True):
             group.update(hyper)
         try:
-            torch._foreach_mul_(pending.grads, coef)
+            access.foreach_mul_(pending.grads, coef)
             for p, g in zip(pending.params, pending.grads, strict=True):
                 p.grad = g
             self.optimizer.step()

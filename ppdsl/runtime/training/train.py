@@ -47,8 +47,9 @@ import torch.distributed as dist
 from ppdsl.backend.plan import PassKeys, Plan
 from ppdsl.ir.rank import Op
 from ppdsl.ir.schedule import Costs, MemoryModel
-from ppdsl.runtime.execution.data_parallel import dp_pp_mesh, local_tensor
-from ppdsl.runtime.execution.engine import PeerError
+from ppdsl.runtime.errors import PeerError, first_line, peer_failure
+from ppdsl.runtime.execution.data_parallel import dp_pp_mesh
+from ppdsl.runtime.execution.dtensor import local_tensor
 from ppdsl.runtime.execution.group import agree, differing, gather, placement_of
 from ppdsl.runtime.execution.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner
@@ -209,7 +210,7 @@ def main(
             dist.init_process_group("gloo", timeout=timedelta(seconds=group_timeout(opts.timeout)),
                                     store=store, rank=rank, world_size=world)
     except Exception as exc:  # a rank that never arrives, an unreachable MASTER_ADDR
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         print(
             f"ppdsl: rank {rank}: could not form the group of {world} ranks within "
             f"{opts.timeout:g} s (is every rank started, and MASTER_ADDR:MASTER_PORT "
@@ -224,13 +225,9 @@ def main(
     except PeerError as exc:
         fail(watchdog, rank, str(exc))
     except Exception as exc:  # a bug or a model failing mid-training: stop everyone
-        text = str(exc)
-        if isinstance(exc, RuntimeError) and any(
-            k in text for k in ("gloo", "Connection", "onnection reset", "imed out", "NCCL", "c10d")
-        ):  # a collective with a peer that died or hung; the watchdog names it
+        if peer_failure(exc):  # a collective with a peer that died or hung; the watchdog names it
             time.sleep(min(2 * watchdog.interval, 2.0))  # let the watchdog name the peer
-            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-            fail(watchdog, rank, f"a collective with the other ranks failed: {first[:200]}")
+            fail(watchdog, rank, f"a collective with the other ranks failed: {first_line(exc, 200)}")
         import traceback
 
         traceback.print_exc()

@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.worker import progress
 from ppdsl.runtime.worker.attempt import attempt_prefix
 
@@ -148,7 +149,7 @@ class Watchdog:
                     return
                 self._report(
                     "lost the rendezvous store (hosted by torchrun or rank 0): the launcher or "
-                    f"rank 0 died ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                    f"rank 0 died ({type(exc).__name__}: {first_line(exc)})"
                 )
                 return
 

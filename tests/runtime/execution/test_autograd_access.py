@@ -227,3 +227,40 @@ def test_foreach_add_adds_in_place() -> None:
     into = [torch.ones(2), torch.zeros(3)]
     access.foreach_add_(into, [torch.full((2,), 2.0), torch.ones(3)])
     assert into[0].tolist() == [3.0, 3.0] and into[1].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_version_counts_in_place_writes_only() -> None:
+    """`version` (Tensor._version, what post-validation compares) rises with each
+    in-place write, including a gradient's accumulation, and not with a read."""
+    g = torch.ones(3)
+    before = access.version(g)
+    _ = g.sum() + g * 2
+    assert access.version(g) == before
+    g.add_(1.0)
+    assert access.version(g) == before + 1
+    w = torch.ones(2, requires_grad=True)
+    (w * 2).sum().backward()
+    first = access.version(w.grad)
+    (w * 3).sum().backward()
+    assert access.version(w.grad) > first
+
+
+def test_foreach_mul_and_norm() -> None:
+    """`foreach_mul_` scales in place; `foreach_norm` gives each tensor's 2-norm."""
+    xs = [torch.full((2,), 3.0), torch.full((1,), 4.0)]
+    access.foreach_mul_(xs, 0.5)
+    assert torch.equal(xs[0], torch.full((2,), 1.5)) and torch.equal(xs[1], torch.full((1,), 2.0))
+    norms = access.foreach_norm([torch.tensor([3.0, 4.0]), torch.tensor([1.0])], 2.0)
+    assert [float(n) for n in norms] == [5.0, 1.0]
+
+
+def test_own_buffers_are_the_modules_own() -> None:
+    """`own_buffers` lists the module's registered buffers, not its children's,
+    and leaves out a buffer set to None."""
+    norm = nn.BatchNorm1d(2)
+    outer = nn.Sequential(norm)
+    outer.register_buffer("step", torch.zeros(()))
+    outer.register_buffer("unset", None)
+    assert [name for name, _ in access.own_buffers(outer)] == ["step"]
+    assert {name for name, _ in access.own_buffers(norm)} == {
+        "running_mean", "running_var", "num_batches_tracked"}

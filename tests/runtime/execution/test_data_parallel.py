@@ -68,7 +68,7 @@ def test_dp_pp_equals_single_process(results: dict, mode: str, name: str) -> Non
     for r in per_rank:
         assert r["param_rel_err"] <= TOL, r
         # in the file's units, M_W set to the model's measured M_W/M_B (as
-        # tests/runtime/test_pipeline_dist.py); a fused backward frees all at once
+        # tests/system/test_pipeline_dist.py); a fused backward frees all at once
         measured = Fraction(r["measured_peak"])
         assert measured == Fraction(r["predicted_peak_real_mw"]), r
         if name in ("1f1b", "interleaved_1f1b", "looped_bfs"):
@@ -112,7 +112,7 @@ def test_readme_shows_both_modes() -> None:
 
 # The README's replicate line is not run again here: the group above proves
 # replicate's training and memory on the same model and schedule, and
-# tests/runtime/test_model_zoo.py trains `ppdsl run --dp 2 --dp-mode replicate`
+# tests/system/test_model_zoo.py trains `ppdsl run --dp 2 --dp-mode replicate`
 # (parameters equal, losses equal a plain run's).
 @pytest.mark.parametrize("mode", ["shard"])
 def test_ppdsl_run_dp(tmp_path: Path, mode: str) -> None:

@@ -1,7 +1,7 @@
 """A rank's passes (ppdsl/runtime/execution/engine.py, docs/runtime.md): the engine run
 directly on compiled rank programs in one process (a one-rank gloo group, every
 stage on rank 0, so stages hand over without transfers), against plain autograd
-on the same model; transfers between ranks are tests/runtime/test_pipeline_dist.py's."""
+on the same model; transfers between ranks are tests/system/test_pipeline_dist.py's."""
 
 from __future__ import annotations
 

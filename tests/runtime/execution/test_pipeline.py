@@ -111,7 +111,7 @@ def test_post_validation_rolls_back_adam(one_rank) -> None:
             p.grad = None
         outcome = stepper.resolve()
         # a NaN on this rank: it never stepped (the rollback of a rank whose own
-        # gradients were finite is tests/runtime/test_pipeline_training.py's); clipping: rolled back
+        # gradients were finite is tests/system/test_pipeline_training.py's); clipping: rolled back
         assert outcome is not None and outcome.rolled_back == (not nan)
         assert outcome.skipped == nan
         optimizer.param_groups[0]["lr"] = 0.1

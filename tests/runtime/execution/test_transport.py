@@ -2,7 +2,7 @@
 backend is read from the tensors' device, never from the group's reported name;
 a CUDA device without NCCL is refused unless the GPU is shared or there is one rank. The multi-rank
 runs of each mode (ordered and staged forced on CPU tensors) are in
-tests/runtime/test_pipeline_training.py."""
+tests/system/test_pipeline_training.py."""
 
 from __future__ import annotations
 

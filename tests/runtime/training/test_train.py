@@ -54,7 +54,7 @@ def test_training_options_usage_errors(
 # A run stopped and resumed ends bit for bit where the uninterrupted run ends:
 # tests/runtime/worker/test_faults.py (dropout RNG, AdamW with weight decay, warm-up +
 # cosine, post-validated clipping, the data position; resumed after kills at five
-# points) and tests/runtime/test_model_zoo.py::test_resume_restores_buffers
+# points) and tests/system/test_model_zoo.py::test_resume_restores_buffers
 # (`--stop-after` then `--resume`, BatchNorm buffers, the validation loss).
 
 

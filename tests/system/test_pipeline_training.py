@@ -5,7 +5,7 @@ compiled orders under torch.distributed.pipelining's runtime.
 
 Every case at d=2 runs in ONE process group (tests/dist/train_worker.py, started
 once by a module fixture) and is compared with a single-process run of the same
-model on the same batches (1e-5 relative in fp32, as tests/runtime/test_pipeline_dist.py).
+model on the same batches (1e-5 relative in fp32, as tests/system/test_pipeline_dist.py).
 """
 
 from __future__ import annotations

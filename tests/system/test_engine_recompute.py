@@ -4,7 +4,7 @@ R re-runs its forward with F's RNG state, and the step's loss and gradients are
 those of the same order without recomputation, dropout included; the meter's
 measured peak is the memory model's with the measured M_I. The multi-rank runs
 (every example at d = 2 and 4, examples/1f1b_recompute.pp among them) are
-tests/runtime/test_pipeline_dist.py's."""
+tests/system/test_pipeline_dist.py's."""
 
 from __future__ import annotations
 
