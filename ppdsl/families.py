@@ -377,6 +377,7 @@ class FamilyFile:
         *,
         early_receives: bool = True,
         costs: CostsFile | None = None,
+        comm_model: str = "rendezvous",
     ):
         self.file = str(path)
         text = Path(path).read_text(encoding="utf-8")
@@ -387,6 +388,7 @@ class FamilyFile:
         self.fixed = dict(fixed or {})
         self.early_receives = early_receives
         self.costs = costs
+        self.comm_model = comm_model
         self._requires = {s.span for s in self.module.stmts if isinstance(s, ast.Require)}
 
     def parallel(self, jobs: int) -> Callable[[Iterable[Params]], Iterator[Outcome]]:
@@ -414,11 +416,12 @@ class FamilyFile:
             with limits.using(limits.active()):
                 if self.costs is None:
                     schedule = elaborate(self.module, overrides)
-                    compile_schedule(schedule, early_receives=self.early_receives)
+                    compile_schedule(schedule, early_receives=self.early_receives,
+                                     comm_model=self.comm_model)
                 else:
                     schedule, expects = schedule_with_costs(self.module, overrides, self.costs)
                     compile_schedule(schedule, early_receives=self.early_receives,
-                                     warn_unbounded=False)
+                                     warn_unbounded=False, comm_model=self.comm_model)
         except CompileError as err:
             errors = tuple(d for d in err.diagnostics if d.severity == "error")
             outside = len(errors) == 1 and errors[0].span in self._requires

@@ -22,10 +22,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ppdsl.analysis import comm_rules
+from ppdsl.analysis.checks.deadlock import verdict_diagnostics
 from ppdsl.compiler import compile_file, compile_schedule
 from ppdsl.diagnostics import CompileError, Diagnostic, Span, register_source, render_all
 from ppdsl.families import parse_ranges
-from ppdsl.interchange import from_torch_csv
+from ppdsl.interchange import from_torch_csv, torch_comm_items
 from ppdsl.ir.schedule import (
     Block,
     Costs,
@@ -95,7 +97,8 @@ def with_spans(orders: list[list[tuple]]) -> tuple[tuple[Pass, ...], ...]:
     """Pass objects of (kind, mb, stage) tuples, or (kind, mb, stage, overlapped)
     where a backward runs overlapped with the forward before it."""
     return tuple(
-        tuple(Pass(*t[:3], pass_span(dev, i), *t[3:]) for i, t in enumerate(order))
+        tuple(Pass(t[0], t[1], t[2], pass_span(dev, i), len(t) > 3 and bool(t[3]))
+              for i, t in enumerate(order))
         for dev, order in enumerate(orders)
     )
 
@@ -468,14 +471,18 @@ def check_orders(
     max_peak_memory: int | Fraction | None = None,
     name: str = "orders",
     early_receives: bool = True,
+    comm_model: str = "rendezvous",
 ) -> OrdersCheck:
     """Per-rank action lists in torch's notation (`0F1` forward, `0I1` input
-    gradient, `0W1` weight gradient, `0B1` full backward, `(0F3;7B1)OVERLAP_F_B`;
-    torch's compute+comm actions SEND_F, RECV_B, UNSHARD, ... are read and left
-    to ppdsl's own lowering) checked as `ppdsl check` checks a file: every pass
-    exactly once, dependencies, deadlock-freedom under blocking send/recv (with
+    gradient, `0W1` weight gradient, `0B1` full backward, `(0F3;7B1)OVERLAP_F_B`)
+    checked as `ppdsl check` checks a file: every pass
+    exactly once, dependencies, deadlock-freedom of ppdsl's lowering under
+    `comm_model` (rendezvous: blocking send/recv, the default; nccl; gloo; with
     ppdsl's early receives unless `early_receives=False`), and, with
-    `max_peak_memory`, each rank's activation peak in units of M_B. `orders` is a
+    `max_peak_memory`, each rank's activation peak in units of M_B. Orders in
+    torch's compute+comm form (`0SEND_F1`, `1RECV_F1`, ...) have their own
+    transfers run first under `comm_model`'s rules (as `ppdsl import` does); a
+    deadlock among them is reported as its cycle of waits. `orders` is a
     list of rows or torch's `pipeline_order` dict. Diagnostics are located in
     the orders' CSV form, file `name`, line = rank + 1, column = the action's."""
     rows = _actions(orders)
@@ -488,17 +495,25 @@ def check_orders(
         )
     except CompileError as err:
         return OrdersCheck(tuple(err.diagnostics), None)
+    items = torch_comm_items(text, schedule)
+    if items is not None:  # compute+comm actions: their own transfers, run under comm_model
+        found = verdict_diagnostics(
+            comm_rules.run(items, comm_model), items, comm_model,
+            "post one of these operations earlier, or the pair as one BATCH_P2P group")
+        if found:
+            return OrdersCheck(tuple(found), schedule)
     if max_peak_memory is not None:
         bound = Fraction(max_peak_memory)
         span = Span(name, 1, 1, 1, 1)
         schedule = replace(schedule, expects=(
             Expect("peak_memory", "<=", bound, None, span, f"{bound} * M_B"),))
-    return _compiled(schedule, early_receives=early_receives)
+    return _compiled(schedule, early_receives=early_receives, comm_model=comm_model)
 
 
-def _compiled(schedule: Schedule, *, early_receives: bool = True) -> OrdersCheck:
+def _compiled(schedule: Schedule, *, early_receives: bool, comm_model: str) -> OrdersCheck:
     try:
-        compiled = compile_schedule(schedule, early_receives=early_receives, warn_unbounded=False)
+        compiled = compile_schedule(schedule, early_receives=early_receives, warn_unbounded=False,
+                                    comm_model=comm_model)
     except CompileError as err:
         return OrdersCheck(tuple(err.diagnostics), schedule)
     t = compiled.timeline

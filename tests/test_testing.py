@@ -142,3 +142,13 @@ def test_assert_valid_under_hypothesis_shrinks_the_counterexample():
 def test_placement_builder_names():
     """`placement("vshape", 3)` is the V: stage s on s for s < 3, else 5 - s."""
     assert placement("vshape", 3).stage_device == (0, 1, 2, 2, 1, 0)
+
+
+def test_compute_comm_orders_run_their_own_transfers():
+    """torch's compute+comm form: matched sends and receives pass; a receive
+    posted before the send it waits on, on both ranks, deadlocks under rendezvous."""
+    good = [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    assert check_orders(good).valid, check_orders(good).report()
+    stuck = [["0F0", "0RECV_B0", "0SEND_F0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    found = check_orders(stuck)
+    assert not found.valid and found.errors, found.report()

@@ -152,9 +152,9 @@ def _slots(module: ast.Module, schedule: Schedule) -> tuple[list[_Slot], Fractio
         if name not in ("d", "m") and name not in lets and isinstance(value, (int, Fraction)):
             constants[name] = _const(Fraction(value))
     durations: dict[PassKind, Fraction] = {}
-    for slot in (schedule.block.slots if schedule.block else ()):
-        if durations.setdefault(slot.kind, slot.duration) != slot.duration:
-            raise _Outside(f"{slot.kind.value} lasts differently on different stages")
+    for placed in (schedule.block.slots if schedule.block else ()):
+        if durations.setdefault(placed.kind, placed.duration) != placed.duration:
+            raise _Outside(f"{placed.kind.value} lasts differently on different stages")
     for kind, value in durations.items():
         constants[f"T_{kind.value}"] = _const(value)
     chunks = 2 if place == "vshape" else 1
@@ -217,9 +217,9 @@ class _Model:
 
         self.cp = cp_model
         self.model = cp_model.CpModel()
-        self.d = self.model.NewIntVar(low, high, "d")
-        self.i = self.model.NewIntVar(0, high - 1, "i")
-        self.model.Add(self.i <= self.d - 1)
+        self.d = self.model.new_int_var(low, high, "d")
+        self.i = self.model.new_int_var(0, high - 1, "i")
+        self.model.add(self.i <= self.d - 1)
         self.scale = scale
 
     def expr(self, a: Affine, i_shift: int = 0):
@@ -236,10 +236,10 @@ class _Model:
         solver = self.cp.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.max_time_in_seconds = 30.0
-        status = solver.Solve(self.model)
+        status = solver.solve(self.model)
         if status in (self.cp.OPTIMAL, self.cp.FEASIBLE):
-            found = {"d": solver.Value(self.d), "i": solver.Value(self.i)}
-            return found | {k: solver.Value(v) for k, v in (extra or {}).items()}
+            found = {"d": solver.value(self.d), "i": solver.value(self.i)}
+            return found | {k: solver.value(v) for k, v in (extra or {}).items()}
         if status != self.cp.INFEASIBLE:
             raise _Outside("CP-SAT could not decide a question within 30 s")
         return None
@@ -260,13 +260,13 @@ def _collision(slots, period, low, high, scale) -> tuple[dict, str] | None:
             m = _Model(low, high, scale)
             spread = sum(abs(v) for v in _add(a.start, b.start, -1).values()) * (high + 1)
             reach = int(spread / period) + 2 + int((a.duration + b.duration) / period)
-            q = m.model.NewIntVar(-reach, reach, "q")
+            q = m.model.new_int_var(-reach, reach, "q")
             if a is b:
-                m.model.Add(q != 0)
+                m.model.add(q != 0)
             t = int(period * scale)
             xa, xb = m.expr(a.start), m.expr(b.start)
-            m.model.Add(xa + t * q < xb + int(b.duration * scale))
-            m.model.Add(xb < xa + t * q + int(a.duration * scale))
+            m.model.add(xa + t * q < xb + int(b.duration * scale))
+            m.model.add(xb < xa + t * q + int(a.duration * scale))
             hit = m.solve(extra={"q": q})
             if hit is not None:
                 hit["m"] = abs(hit.pop("q")) + 1
@@ -305,11 +305,11 @@ def _dependencies(slots, placement, low, high, scale) -> tuple[dict, str] | None
                     raise _Outside(f"no slot for {need.kind.value} of chunk {need_chunk}")
                 m = _Model(low, high, scale)
                 if how == "turn":
-                    m.model.Add(m.i == m.d - 1)
+                    m.model.add(m.i == m.d - 1)
                 elif how == "range":
-                    m.model.Add(m.i + shift >= 0)
-                    m.model.Add(m.i + shift <= m.d - 1)
-                m.model.Add(m.expr(other.start, shift) >= m.expr(slot.start))
+                    m.model.add(m.i + shift >= 0)
+                    m.model.add(m.i + shift <= m.d - 1)
+                m.model.add(m.expr(other.start, shift) >= m.expr(slot.start))
                 hit = m.solve()
                 if hit is not None:
                     return hit, (f"{kind.value} of chunk {chunk} does not start after the "
@@ -327,18 +327,18 @@ def _memory(slots, bounds, period, low, high, scale) -> tuple[dict, str] | None:
         held = []
         for chunk, chunk_slots in by_chunk.items():
             forward = next(s for s in chunk_slots if s.kind is PassKind.F)
-            life = m.model.NewIntVar(-10**12, 10**12, f"life{chunk}")
+            life = m.model.new_int_var(-10**12, 10**12, f"life{chunk}")
             ends = []
             for s in chunk_slots:
                 if s.kind in (PassKind.W, PassKind.BW, PassKind.B):
                     ends.append(m.expr(s.start) + int(s.duration * scale) - m.expr(forward.start))
-            m.model.AddMaxEquality(life, ends)
-            n = m.model.NewIntVar(0, 10**9, f"held{chunk}")
-            m.model.Add(n * t >= life)
-            m.model.Add(n * t <= life + t - 1)
+            m.model.add_max_equality(life, ends)
+            n = m.model.new_int_var(0, 10**9, f"held{chunk}")
+            m.model.add(n * t >= life)
+            m.model.add(n * t <= life + t - 1)
             held.append(n)
         # sum held > bound  (bound in units of M_B, scaled)
-        m.model.Add(scale * sum(held) > m.expr(bound))
+        m.model.add(scale * sum(held) > m.expr(bound))
         hit = m.solve()
         if hit is not None:
             return hit, (f"{text}: the lifespans' bound (ceil(lifespan / T) per stage, "

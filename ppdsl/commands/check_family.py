@@ -103,7 +103,7 @@ def _family(args: argparse.Namespace) -> FamilyFile:
     try:
         return FamilyFile(args.file, parse_defines(args.defines),
                           early_receives=not args.no_early_receives,
-                          costs=costs_from_args(args))
+                          costs=costs_from_args(args), comm_model=args.comm_model)
     except FileNotFoundError:
         raise CompileError([Diagnostic("error", f"no such file: '{args.file}'")]) from None
     except IsADirectoryError:
@@ -161,7 +161,9 @@ def _symbolic(
     if "d" not in by_name or ranges[0].name != "d" or not by_name["d"].inclusive_range:
         raise UsageError("--symbolic needs the first range to be d: --for d=LOW..HIGH")
     d_values = by_name["d"].values({})
-    low, high = d_values.start, d_values.stop - 1  # type: ignore[union-attr]
+    if not d_values:
+        raise UsageError(f"--for d={by_name['d'].text} is empty")
+    low, high = min(d_values), max(d_values)
     first = next(instances(ranges))
     schedule = elaborate(family.module, {**family.fixed, **{k: str(v) for k, v in first.items()}})
     proof = prove_block(family.module, schedule, low, high)
