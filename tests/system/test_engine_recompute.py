@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppdsl.runtime.execution import engine as engine_module
 from ppdsl.runtime.execution.pipeline import PipelineRunner, load_schedule
+from ppdsl.runtime.execution.step_state import RngState
 from ppdsl.runtime.models.model import build_model
 from ppdsl.runtime.training.summary import with_real_mw
 
@@ -82,7 +82,7 @@ def test_recompute_needs_the_rng_of_its_forward(one_rank, tmp_path: Path, monkey
     gradients differ: the equality above depends on it."""
     _, _, _, grads = _step(tmp_path, "plain", "", "", "")
     monkeypatch.setattr(
-        engine_module._RngState, "restored", lambda self: contextlib.nullcontext()
+        RngState, "restored", lambda self: contextlib.nullcontext()
     )
     _, _, _, regrads = _step(tmp_path, "all", "recompute", "R(j, 0);", "R(j, 1);")
     assert not _same(regrads, grads)
