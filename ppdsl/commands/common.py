@@ -13,6 +13,7 @@ from ppdsl import limits
 from ppdsl.analysis.device_bytes import DeviceOptions
 from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
+from ppdsl.runtime.choices import OPTIMIZERS, PRECISIONS
 from ppdsl.semantics import DP_MODES
 
 __all__ = [
@@ -187,10 +188,10 @@ def add_bytes_arguments(parser: argparse.ArgumentParser, *, dp: bool = False) ->
     how the whole-device byte model holds the model state (`device_options`)."""
     parser.add_argument("--param-dtype", choices=["fp32", "bf16"], default="fp32",
                         help="parameter (and gradient) dtype (default fp32)")
-    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam",
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
                         help="optimizer whose state is counted (default adam: 2 fp32 moments; "
                         "sgd: none; over bf16 parameters an fp32 master copy too)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="autocast precision (default fp32: none); over fp32 parameters "
                         "it keeps a low-precision weight copy per stage")
     if dp:

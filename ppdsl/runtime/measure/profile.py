@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ppdsl.runtime.choices import PRECISIONS
 from ppdsl.runtime.execution.split import NORMS, uncovered_parameters
 from ppdsl.runtime.measure.engine_profile import measure_engine, measure_pipeline, pipeline_devices
 from ppdsl.runtime.measure.records import Profile, StageProfile, StageTiming, StepCosts
@@ -94,7 +95,7 @@ def profile_model(
     may use (`pipeline_devices`), on CUDA 1."""
     if norms not in NORMS:
         raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
-    if precision not in ("fp32", "bf16", "fp16"):
+    if precision not in PRECISIONS:
         raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
     watch = stage_stopwatch(device)
     stages = _stage_runs(spec, num_stages, microbatch_size, device, watch.host_clock,
