@@ -139,6 +139,18 @@ def _describe_failures(failed: list[tuple[int, int | None]]) -> str:
     return ", ".join(parts)
 
 
+def programs_for_transport(compiled: Compiled, args: argparse.Namespace) -> Compiled:
+    """The programs the ranks will run, proven under the rules of the transport
+    they will run on: ranks on their own GPUs talk NCCL, which matches the n-th
+    send between two ranks to the n-th receive (no tags), so their receives must
+    be posted in their peers' send order (`--comm-model nccl`); gloo (CPU, and a
+    shared GPU's staging) matches by tag and runs the programs as compiled."""
+    if args.device != "cuda" or args.share_gpu or getattr(args, "comm_model", None) == "nccl":
+        return compiled
+    args.comm_model = "nccl"
+    return compile_from_args(args)
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     problem = check_training_options(args)
     if problem is not None:
@@ -164,6 +176,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(choice.note, file=sys.stderr)
     assert choice.kind is not None
     args.device = choice.kind
+    compiled = programs_for_transport(compiled, args)
     if args.trace:
         args.trace = os.path.abspath(args.trace)
     rank_args = training_argv(args)
