@@ -172,7 +172,7 @@ def test_stats_and_show_report_the_lane(capsys: pytest.CaptureFixture[str]) -> N
     data = json.loads(capsys.readouterr().out)["data_parallel"]
     assert data["mode"] == "replicate" and data["devices"][0]["bytes"]["replicate"]["params"] == 2e6
     assert data["devices"][0]["bytes"]["shard"]["params"] == 1e6
-    assert main(["show", pp, "-D", "d=2", "--dp", "2", "--color", "never"]) == 0
+    assert main(["show", pp, "-D", "d=2", "--dp", "2", "--color", "never", "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n  dp ") == 2 and "R0" in out
     assert main(["stats", pp, "--dp", "0"]) == 2

@@ -65,7 +65,9 @@ def test_each_corruption_is_a_located_error_of_its_check(c):
     own = MODULES[c.check].check(c.schedule)
     assert own, f"{c.check} did not report: {c.what}"
     assert all(d in found for d in own)
-    if c.span is not None:
+    # a dropped pass no longer exists: its error points at the loop or neighbour
+    # that should have made it (issue 40's rule, tests/frontend/test_order_form.py)
+    if c.span is not None and not c.what.startswith("drop "):
         assert any(d.span == c.span for d in own), (c.what, [str(d.span) for d in own])
     if c.check != "passes":
         assert passes.check(c.schedule) == []  # exactly one guarantee broken
