@@ -21,7 +21,7 @@ from ppdsl.semantics import pass_cost
 if TYPE_CHECKING:
     from ppdsl.analysis.simulate import Timeline
 
-__all__ = ["GapSource", "gap_sources", "mean_costs", "simulated_makespan", "simulated_timeline"]
+__all__ = ["GapSource", "gap_sources", "mean_costs", "simulated_timeline"]
 
 
 def mean_costs(
@@ -44,21 +44,6 @@ def mean_costs(
         fallback.comm,
     ).with_step_costs(fallback.overhead, fallback.optimizer, fallback.norm, fallback.jitter
                       ).with_receive_cost(fallback.recv)
-
-
-def simulated_makespan(
-    orders: Sequence[Sequence[tuple[PassKind, int, int]]],
-    stage_device: tuple[int, ...],
-    num_microbatches: int,
-    split_backward: bool,
-    costs: Costs,
-    memory: MemoryModel,
-    lanes: int = 1,
-) -> float:
-    """The simulator's makespan of these per-rank orders under `costs` (`lanes`:
-    the placement's pipelines, 2 under DualPipe)."""
-    return float(simulated_timeline(orders, stage_device, num_microbatches, split_backward,
-                                    costs, memory, lanes).makespan)
 
 
 def simulated_timeline(

@@ -3,7 +3,7 @@ the mean costs, the re-simulated step, and where the measured step's time went."
 
 from __future__ import annotations
 
-from ppdsl.analysis.run_gap import gap_sources, mean_costs, simulated_makespan, simulated_timeline
+from ppdsl.analysis.run_gap import gap_sources, mean_costs, simulated_timeline
 from ppdsl.compiler import compile_file
 from ppdsl.ir.schedule import Costs, MemoryModel, PassKind
 from tests.paths import ROOT
@@ -24,7 +24,8 @@ def test_simulated_makespan_of_measured_pass_times() -> None:
     costs = mean_costs(durations, 2, Costs.of((1, 1), (1, 1), (1, 1), (2, 2), 0.0))
     assert costs.forward == (2.0, 2.0) and costs.fused_backward == (3.0, 3.0)
     orders = _orders_1f1b()
-    assert simulated_makespan(orders, (0, 1), 2, False, costs, MemoryModel((1, 1), (0, 0))) == 15.0
+    timeline = simulated_timeline(orders, (0, 1), 2, False, costs, MemoryModel((1, 1), (0, 0)))
+    assert float(timeline.makespan) == 15.0
     assert PassKind.BW.value == "BW"
 
 
