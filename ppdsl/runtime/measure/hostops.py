@@ -22,6 +22,7 @@ stage on this rank.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +129,9 @@ def count_host_ops(engine: Engine, batch: Batch,
     tracer = _CountingTracer(engine.device)
     previous, engine.tracer = engine.tracer, tracer
     found: list[dict[str, list[int]]] = []
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()  # a collection's finalizers and callbacks are not the pass's calls
     try:
         for python in (True, False):
             tracer.python = python
@@ -139,6 +143,8 @@ def count_host_ops(engine: Engine, batch: Batch,
     finally:
         sys.setprofile(None)
         engine.tracer = previous
+        if collecting:
+            gc.enable()
     calls, ops = found
     return {kind: HostOps(kind, n, total / n, ops[kind][1] / ops[kind][0])
             for kind, (n, total) in sorted(calls.items())}
