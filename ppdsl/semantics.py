@@ -99,6 +99,7 @@ __all__ = [
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
     "DEFAULT_RECV",
+    "DEFAULT_TOKENS",
     "COLLECTIVES",
     "DP_MODES",
     "DEFAULT_COLLECTIVE",
@@ -718,6 +719,10 @@ DEFAULT_ACTIVATION = 1
 """M_B: one unit of activation per microbatch and stage."""
 DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)
 """M_W = M_B / 2 unless given: the part of an F's activation W still needs."""
+DEFAULT_TOKENS = 1024
+"""A microbatch's length where a cost or memory amount follows `tokens` and
+neither the file (`param tokens = N`) nor the command line (`--lengths`) says:
+the length of every microbatch in the compile-time simulation and checks."""
 DEFAULT_KEPT_INPUT = 0
 """M_I = 0 unless given: what a recomputed stage's F keeps (its input; for a
 transformer layer s·b·h against M_B = s·b·(34h + 5a·s), small)."""

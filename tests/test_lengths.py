@@ -7,6 +7,8 @@ import pytest
 
 from ppdsl.lengths import (
     DocumentError,
+    document_file,
+    long_tailed_lengths,
     numbered,
     open_documents,
     step_lengths,
@@ -86,3 +88,40 @@ def test_a_missing_file_is_named(tmp_path):
     """A path that is no file says so."""
     with pytest.raises(DocumentError, match="no such file"):
         open_documents(tmp_path / "none.npz")
+
+
+def test_step_k_takes_documents_in_turn_and_packs_in_order():
+    """Step k's microbatch j is document (k*m + j) mod N cut to L; packed numbers
+    k*m .. k*m + m - 1 mod their count, a longer document cut to T."""
+    docs = [10, 300, 50, 700, 20]
+    assert step_lengths(docs, 0, 3, max_seq_len=100) == [10, 100, 50]
+    assert step_lengths(docs, 1, 3, max_seq_len=100) == [100, 20, 10]
+    docs = [60, 30, 20, 250, 40, 40, 40]
+    packed = step_microbatches(numbered(docs, pack=100), 0, 4)
+    assert packed == [((0, 60), (1, 30)), ((2, 20),), ((3, 100),), ((4, 40), (5, 40))]
+    assert [targets_of(mb) for mb in packed] == [88, 19, 99, 78]
+    assert step_lengths(docs, 1, 4, pack=100) == [40, 90, 20, 100]
+    with pytest.raises(DocumentError, match="no documents"):
+        numbered([])
+
+
+def test_document_file_round_trips(tmp_path):
+    """document_file writes what open_documents reads back, naming the option
+    that gave the file in its errors."""
+    path = tmp_path / "docs.npz"
+    document_file(path, [3, 5, 2], vocab_size=50, seed=1)
+    docs = open_documents(path, vocab_size=50)
+    assert docs.offsets.tolist() == [0, 3, 8] and docs.lengths.tolist() == [3, 5, 2]
+    with pytest.raises(DocumentError, match="--lengths-from"):
+        open_documents(tmp_path / "none.npz", flag="--lengths-from")
+
+
+def test_long_tailed_lengths_follow_the_stated_tail():
+    """Between 128 and 4,096; P(length >= x) = 128 / x: median near 256, one
+    in eight at or above 1,024, one in 32 at 4,096; the same draws per seed."""
+    drawn = np.array(long_tailed_lengths(200_000, seed=3))
+    assert drawn.min() == 128 and drawn.max() == 4096
+    assert abs(np.median(drawn) - 256) <= 2
+    assert abs((drawn >= 1024).mean() - 1 / 8) < 0.005
+    assert abs((drawn == 4096).mean() - 1 / 32) < 0.002
+    assert long_tailed_lengths(5, seed=3) == drawn[:5].tolist()

@@ -13,6 +13,7 @@ lengths; different lengths give a different (exact) peak.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ import numpy as np
 
 from ppdsl import semantics
 from ppdsl.ir.flat import flatten
-from ppdsl.ir.schedule import Schedule
+from ppdsl.ir.schedule import MemoryModel, Schedule
 from ppdsl.semantics import memory_peak
 
 __all__ = ["peak_positions", "peak_memory", "peak_memory_at", "check_lengths"]
@@ -58,6 +59,20 @@ def check_lengths(schedule: Schedule, lengths: Sequence[int]) -> None:
         raise ValueError(f"a microbatch's length is a whole number of tokens >= 1, got {bad[0]!r}")
 
 
+@functools.lru_cache(maxsize=16)
+def _token_deltas(mem: MemoryModel) -> tuple[list[list[list[int]]], int]:
+    """Per power of tokens (1, t, t^2), the exact delta per (kind code,
+    stage) over one common scale (a step reuses its plan's model)."""
+    tables = []
+    for power in range(3):
+        b, w, i = ([p[power] for p in row] for row in mem.tokens)
+        kept = [None if k is None else x for k, x in zip(mem.kept_input, i, strict=False)]
+        tables.append(semantics.delta_table(b, w, (), 0, kept))
+    scale = math.lcm(*(sc for _, sc in tables))
+    return [[[int(x) * (scale // sc) for x in row] for row in np.asarray(table).tolist()]
+            for table, sc in tables], scale
+
+
 def peak_memory_at(schedule: Schedule, lengths: Sequence[int]) -> tuple[Fraction, ...]:
     """Per device, the exact peak activation memory when microbatch j holds
     `lengths[j]` tokens (the memory model's amounts at each microbatch's
@@ -71,19 +86,13 @@ def peak_memory_at(schedule: Schedule, lengths: Sequence[int]) -> tuple[Fraction
         return peak_memory(schedule)
     flat = flatten(schedule)
     longest = max((len(o) for o in schedule.orders), default=0)
-    tables = []
-    for power in range(3):
-        b, w, i = ([p[power] for p in row] for row in mem.tokens)
-        kept = [None if k is None else x for k, x in zip(mem.kept_input, i, strict=False)]
-        tables.append(semantics.delta_table(b, w, (), 0, kept))
-    scale = math.lcm(*(sc for _, sc in tables))
-    coef = [np.asarray(table, dtype=object) * (scale // sc) for table, sc in tables]
+    rows, scale = _token_deltas(mem)
     t = np.asarray([int(x) for x in lengths], dtype=object)[flat.microbatch]
-    big = max(int(np.max(np.abs(c))) if c.size else 0 for c in coef)
+    big = max(max((abs(x) for x in row), default=0) for c in rows for row in c)
     top = max(int(x) for x in lengths)
     exact_int64 = big * (1 + top + top * top) * max(1, longest) < 2**62
+    coef = [np.array(c, dtype=np.int64 if exact_int64 else object) for c in rows]
     if exact_int64:
-        coef = [c.astype(np.int64) for c in coef]
         t = t.astype(np.int64)
     steps = (coef[0][flat.kind, flat.stage] + coef[1][flat.kind, flat.stage] * t
              + coef[2][flat.kind, flat.stage] * t * t)

@@ -294,6 +294,8 @@ class _Search:
         self._paired = paired
         self._memory = np.ascontiguousarray(self._memory_terms(schedule, flat))
         self._offsets = offsets
+        # compiled now (numba's cache: once per machine), not on some later step
+        self._timed_step = _timed_step.eager()
 
     @staticmethod
     def _memory_terms(schedule: Schedule, flat: FlatSchedule) -> np.ndarray:
@@ -322,7 +324,7 @@ class _Search:
         with a little room: the permutation returned is checked exactly."""
         costs = self.schedule.costs
         a, b, c, o = self._time
-        last, fits = _timed_step(
+        last, fits = self._timed_step(
             self._topo, self._prev, self._needs, self._device, self._microbatch, slots,
             a, b, c, o, self._factor, self._paired, costs.comm, costs.recv, self._optimizer,
             self._memory, self._offsets, limits,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -410,7 +411,10 @@ class _DeviceLoops:
             device = np.repeat(np.arange(num_devices, dtype=np.int64), counts)
             bound = max(max(abs(r.start), abs(r.stop)) for r in per_device)
             arrays["i"] = device
-            found = loop.columns(envs[-1], x, bound, lambda c, d=device: table[d, c], num_chunks,
+            def stage_of(c: Any, d: np.ndarray = device) -> Any:
+                return table[d, c]
+
+            found = loop.columns(envs[-1], x, bound, stage_of, num_chunks,
                                  num_microbatches, arrays)
             if found is None:
                 return None
