@@ -419,14 +419,30 @@ class PipelineRunner:
 
     # -- one step ----------------------------------------------------------------
 
-    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False) -> torch.Tensor | None:
+    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False,
+             lengths: Sequence[int] | None = None,
+             weights: Sequence[float] | None = None) -> torch.Tensor | None:
         """One training step's passes. `inputs` (the rank holding stage 0) and
         `targets` (the rank holding the last stage) are the whole batch: a tensor or
         a tuple/list/dict of tensors, cut along dim 0 into the schedule's
         microbatches; other ranks pass None (what they pass is not used).
         Gradients accumulate into `.grad` (zero them between steps). Returns the
         batch's mean loss (detached, unscaled) on the last stage's rank, else None.
-        `measure_memory` runs the memory meter for this step (`engine.meter`)."""
+        `measure_memory` runs the memory meter for this step (`engine.meter`).
+
+        Microbatches of varying lengths (documents, docs/runtime.md): `lengths`
+        gives each microbatch's tokens, on every rank alike; `inputs` and
+        `targets` are then the m microbatches themselves (a list), dim 1 of
+        each tensor its tokens, and every transfer moves at its true shape.
+        `weights`: each microbatch's share of the step's loss (its targets over
+        the step's, so the loss is the mean over the step's target tokens;
+        default 1/m each)."""
+        if lengths is not None:
+            input_mbs, target_mbs = self._given_microbatches(inputs, targets, lengths)
+            result = self.engine.step(input_mbs, target_mbs, measure=measure_memory,
+                                      loss_scale=self.scaler.scale if self.scaler else None,
+                                      lengths=lengths, weights=weights)
+            return self._finish_step(result)
         input_mbs, target_mbs = self._microbatches(inputs, targets, "step()")
         if input_mbs is not None and self._input_spec is not None:
             spec = flatten(input_mbs[0], "the inputs")[1]
@@ -436,11 +452,44 @@ class PipelineRunner:
                     f"{self._input_spec} at its first step; shapes between stages are fixed"
                 )
         scale = self.scaler.scale if self.scaler is not None else None
-        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
+        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale,
+                                  weights=weights)
+        return self._finish_step(result)
+
+    def _finish_step(self, result: StepResult) -> torch.Tensor | None:
         result.loss = self._batch_loss(result.loss)
         self.steps_run += 1
         self.last_result = result
         return result.loss
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank's stages have sent to the other ranks' stages so far
+        (activations and gradients, each tensor at its true size; the ties'
+        and data parallelism's transfers are not counted)."""
+        return self.engine.sent_bytes
+
+    def _given_microbatches(self, inputs: Any, targets: Any,
+                            lengths: Sequence[int]) -> tuple[list[Any] | None, list[Any] | None]:
+        """A varying-length step's microbatches as given (one per length), on this
+        device; the first call probes the stages with microbatch 0."""
+        m = self.plan.num_microbatches
+        if len(lengths) != m:
+            raise ValueError(f"step() was given {len(lengths)} lengths for {m} microbatches")
+        found: list[list[Any] | None] = []
+        for value, held, what in ((inputs, self.is_first, "inputs"),
+                                  (targets, self.is_last, "targets")):
+            if not held:
+                found.append(None)
+                continue
+            if not isinstance(value, (list, tuple)) or len(value) != m:
+                raise ValueError(f"rank {self.rank}: with lengths, step() takes the {what} as a "
+                                 f"list of the {m} microbatches")
+            found.append(self._to_device(list(value)))
+        input_mbs, target_mbs = found
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None, probe_tokens=int(lengths[0]))
+        return input_mbs, target_mbs
 
     def evaluate(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
         """A forward-only step (a validation loss): `inputs` and `targets` as for
@@ -530,7 +579,7 @@ class PipelineRunner:
             out.append(unflatten(spec, [t.to(self.device, non_blocking=True) for t in leaves]))
         return out
 
-    def _probe(self, first_input: Any) -> None:
+    def _probe(self, first_input: Any, probe_tokens: int | None = None) -> None:
         """Run microbatch 0 through every stage once, stage by stage, on the rank
         holding it, each later stage on zeros of the previous one's output; every
         rank learns each stage's output structure (or the first error, the same on
@@ -589,7 +638,7 @@ class PipelineRunner:
             if s in self.stages:
                 self.uncovered[s] = list(uncovered)
         self.specs = specs
-        engine.set_specs(specs)
+        engine.set_specs(specs, probe_tokens)
         unsplit = [f"stage {s}: {', '.join(n)}" for s, n in sorted(self.uncovered.items()) if n]
         if unsplit:
             self.note(

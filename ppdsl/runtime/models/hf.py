@@ -40,8 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppdsl.lengths import DocumentError, open_documents
 from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
+from ppdsl.runtime.models.documents import IGNORED, DocumentBatches
 from ppdsl.runtime.models.model import ModelError, PipelineModel
 
 __all__ = [
@@ -91,6 +93,12 @@ class HFOptions:
     """Element type of a raw `.bin` token file (`--data-dtype`)."""
     cut: str | Sequence[int] = "equal"
     """`equal`, or the first decoder layer of each stage (`--cut 0,5,11`)."""
+    max_seq_len: int | None = None
+    """With a document file (`--data FILE.npz`): each document cut to its first L
+    tokens (`--max-seq-len`; `ppdsl.lengths`)."""
+    pack: int | None = None
+    """With a document file: documents packed greedily into microbatches of at
+    most T tokens (`--pack`)."""
     eval_data: str | None = None
     """A token file of held-out data (`--eval-data`, same format and dtype as
     `data`): evaluation batch k takes its sequences by the training batches' rule;
@@ -331,19 +339,25 @@ class HFStage(nn.Module):
             masks.append(made[kind])
         return masks
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> Any:
+        """Hidden states (logits on the last stage) of token ids (first stage) or
+        hidden states. With `positions` (documents, `--data FILE.npz`: each
+        document's positions from 0) every stage takes and passes them on, and
+        transformers' mask builders read a restart as a new document (its packed
+        format): each document attends only within itself."""
+        documents = positions is not None
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         if self.first:
             ids = x
             if self.anatomy.gpt2:
                 wte, wpe, drop = self.embeddings
-                positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
                 x = drop(wte(ids) + wpe(positions))
             else:
                 for module in self.embeddings:
                     x = module(x)
         hidden = x
         if len(self.layers):
-            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
             extra: dict[str, Any] = {}
             if not self.anatomy.gpt2:
                 extra["position_ids"] = positions
@@ -354,12 +368,16 @@ class HFStage(nn.Module):
                 hidden = out[0] if isinstance(out, tuple) else out
         for module in self.finals:
             hidden = module(hidden)
-        return hidden
+        return (hidden, positions) if documents and not self.last else hidden
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The causal-LM cross-entropy (mean over tokens); targets are already shifted."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """The causal-LM cross-entropy, the mean over the targets (targets are already
+    shifted; those -100, a document's last token, are not targets; none: 0)."""
+    flat = targets.reshape(-1)
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat,
+                            ignore_index=IGNORED, reduction="sum")
+    return total / (flat != IGNORED).sum().clamp(min=1)
 
 
 def _tied_head(model: Any, anatomy: Anatomy) -> tuple[str, str] | None:
@@ -441,13 +459,40 @@ def preflight(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
+    if _is_documents(options.data):
+        _open_batches(options, _vocab_size(raw), max_positions)
     for path in (options.data, options.eval_data):
-        if path is not None:
+        if path is not None and not _is_documents(path):
             try:
                 open_tokens(path, options.seq_len, _vocab_size(raw), options.data_dtype)
             except DataError as exc:
                 raise ModelError(str(exc)) from exc
     return cut
+
+
+def _is_documents(path: str | None) -> bool:
+    """Whether `--data` names a document file (`.npz`: `ppdsl.lengths`)."""
+    return path is not None and Path(path).suffix == ".npz"
+
+
+def _open_batches(options: HFOptions, vocab: int | None,
+                  max_positions: int | None) -> DocumentBatches:
+    """The document file of `options.data` cut into microbatches, checked against
+    the model's vocabulary and positions; `ModelError` saying what is wrong."""
+    assert options.data is not None
+    if options.eval_data is not None:
+        raise ModelError("--eval-data with a document file (--data FILE.npz) is not supported "
+                         "yet; leave out --eval-every")
+    try:
+        batches = DocumentBatches.of(open_documents(options.data, vocab),
+                                     max_seq_len=options.max_seq_len, pack=options.pack)
+    except DocumentError as exc:
+        raise ModelError(str(exc)) from exc
+    if max_positions is not None and options.pack is None and batches.longest > max_positions:
+        raise ModelError(f"--data {options.data!r}: a document of {batches.longest} tokens is "
+                         f"longer than the model's {max_positions} positions; give "
+                         f"--max-seq-len {max_positions} (or less)")
+    return batches
 
 
 def pipeline_model(directory: str | Path, num_stages: int,
@@ -461,8 +506,12 @@ def pipeline_model(directory: str | Path, num_stages: int,
     raw = read_config(directory)
     vocab = _vocab_size(raw)
     data = held_out = None
+    documents = None
     try:
-        if options.data is not None:
+        if _is_documents(options.data):
+            config = raw.get("n_positions") or raw.get("max_position_embeddings")
+            documents = _open_batches(options, vocab, config if isinstance(config, int) else None)
+        elif options.data is not None:
             data = open_tokens(options.data, options.seq_len, vocab, options.data_dtype)
         if options.eval_data is not None:
             held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
@@ -492,6 +541,8 @@ def pipeline_model(directory: str | Path, num_stages: int,
     check_cut(model, [stage(s) for s in range(num_stages)], seq_len=min(8, options.seq_len))
 
     def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if documents is not None:
+            raise ModelError("a document file's microbatches come from model.documents")
         if data is not None:
             whole = torch.from_numpy(batch_tokens(data, step, batch_size, seq_len))
         else:
@@ -507,9 +558,9 @@ def pipeline_model(directory: str | Path, num_stages: int,
     tied = _tied_head(model, anatomy)
     ties = ({0: tied[0], num_stages - 1: tied[1]},) if tied and num_stages > 1 else ()
     return HFPipelineModel(num_stages=num_stages, stage=stage, loss=_loss, batch=batch,
-                           tokens_per_sample=seq_len, tied=ties,
+                           tokens_per_sample=None if documents else seq_len, tied=ties,
                            eval_batch=eval_batch if held_out is not None else None,
-                           cut=starts, hf_model=model)
+                           documents=documents, cut=starts, hf_model=model)
 
 
 def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,
