@@ -11,6 +11,7 @@ sent beside the sum of the true sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -35,6 +36,19 @@ from ppdsl.runtime.models.hf import (  # noqa: E402
     pipeline_model,
     stage_tensors,
 )
+from ppdsl.runtime.training.reorder import agreed_order  # noqa: E402
+from ppdsl.semantics import KINDS  # noqa: E402
+
+# per-token costs for --reorder's search (a + b*tokens + c*tokens^2 per pass):
+# attention's square term makes long microbatches dominate
+PER_TOKEN = (0.05, 0.01, 0.0004)
+
+
+def _per_token(plan):
+    """The plan's schedule with every pass costing PER_TOKEN (B and W as F)."""
+    schedule = plan.schedule()
+    rows = [[PER_TOKEN] * plan.num_stages for _ in KINDS]
+    return dataclasses.replace(schedule, costs=schedule.costs.with_tokens(rows))
 
 
 def _true_bytes(plan, batches, microbatches, hidden: int) -> int:
@@ -56,10 +70,15 @@ def run_case(case: dict, rank: int) -> dict:
     runner = PipelineRunner(schedule, model.stage, model.loss, tied=model.tied)
     optimizer = torch.optim.SGD(runner.parameters(), lr=case["lr"])
     batches, m = model.documents, schedule.num_microbatches
-    losses, steps, true_bytes = [], [], 0
+    losses, steps, true_bytes, orders = [], [], 0, []
+    order_program = _per_token(schedule.plan) if case.get("reorder") else None
     hidden = int(model.hf_model.config.hidden_size)
     for step in range(case["steps"]):
         microbatches = batches.step(step, m)
+        if order_program is not None:
+            choice = agreed_order(order_program, batches.lengths(microbatches), None)
+            microbatches = [microbatches[j] for j in choice.slots]
+            orders.append([list(choice.slots), choice.seconds])
         steps.append(microbatches)
         pairs = [batches.tensors(mb) for mb in microbatches]
         optimizer.zero_grad(set_to_none=True)
@@ -72,7 +91,7 @@ def run_case(case: dict, rank: int) -> dict:
         true_bytes += _true_bytes(schedule.plan, batches, microbatches, hidden)
     mine = stage_tensors(runner.stages)
     everyone = gather((mine, losses, runner.sent_bytes))
-    result: dict = {"rank": rank, "losses": losses}
+    result: dict = {"rank": rank, "losses": losses, "orders": orders}
     if rank == 0:
         trained: dict[str, torch.Tensor] = {}
         for part, _, _ in everyone:

@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 D, M, STEPS, LR, TOL = 4, 8, 3, 0.5, 1e-5
 SCHEDULES = ("1f1b", "zb_v")
 FAMILIES = ("llama", "gpt2")  # rotary positions; learned positions (a restart that fails shows)
-RULES = {"cut": {"max_seq_len": 48}, "pack": {"pack": 64}}
+RULES = {"cut": {"max_seq_len": 48}, "pack": {"pack": 64},
+         "reorder": {"max_seq_len": 48, "reorder": True},
+         "pack-reorder": {"pack": 64, "reorder": True}}
 
 
 def long_tailed_documents(path: Path, count: int = 48, seed: int = 0) -> np.ndarray:
@@ -69,6 +71,21 @@ def test_documents_train_as_the_unpipelined_model(results: dict, case: str) -> N
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith("reorder")])
+def test_reorder_permutes_every_step_within_its_budget(results: dict, case: str) -> None:
+    """Under --reorder every rank runs the same permutation of each step's
+    microbatches, some step's is not the order given, and choosing took at
+    most 50 ms on rank 0 (its budget; the time is measured, not asserted
+    tighter)."""
+    ranks = results[case]
+    orders = [[order for order, _ in r["orders"]] for r in ranks]
+    assert all(o == orders[0] for o in orders), orders
+    assert all(sorted(o) == list(range(M)) for o in orders[0])
+    assert any(o != list(range(M)) for o in orders[0]), orders[0]
+    took = [seconds for _, seconds in ranks[0]["orders"]]
+    assert max(took) <= 0.1, took  # 50 ms budget; the first call prepares the program
+
+
 def test_nothing_is_padded(results: dict, case: str) -> None:
     """The bytes every rank sent equal the sum of the microbatches' true sizes."""
     head = results[case][0]

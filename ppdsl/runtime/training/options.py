@@ -136,6 +136,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
         "help": "with --data FILE.npz: pack documents greedily in order into microbatches of at "
                 "most T tokens (a longer one cut to T); each document attends only within "
                 "itself, its positions from 0"}, None),
+    ("--reorder", "reorder", {
+        "action": "store_true",
+        "help": "with --data FILE.npz: each step runs its microbatches in the order of the "
+                "schedule's slots that the simulator finds shortest under the per-token costs "
+                "(ppdsl.analysis.reorder.choose_order, within 50 ms; any permutation keeps the "
+                "compiled proofs)"}, False),
     ("--seq-len", "seq_len", {
         "type": int, "metavar": "L", "help": "with --model hf:DIR: tokens per sample (default 64)"},
      64),
@@ -258,6 +264,8 @@ def check_training_options(args: argparse.Namespace) -> str | None:
                 return f"{flag} must be at least 1, not {given(dest)}"
             if not str(given("data") or "").endswith(".npz"):
                 return f"{flag} is for documents: --data FILE.npz (tokens and offsets)"
+    if given("reorder") and not str(given("data") or "").endswith(".npz"):
+        return "--reorder is for documents: --data FILE.npz (tokens and offsets)"
     if given("max_seq_len") is not None and given("pack") is not None:
         return "--max-seq-len and --pack exclude each other: --pack T cuts documents to T tokens"
     if given("seq_len") is not None and given("seq_len") < 1:

@@ -270,6 +270,9 @@ class Run:
     """The meter's largest activation peak, in bytes."""
     peak_units: Fraction = Fraction(0)
     """The same peak in the compiler's units (M_B)."""
+    reorders: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per step under `--reorder` (rank 0's): seconds choose_order took, the
+    predicted step in the order given and in the order chosen."""
     last_saved: int | None = None
     """The step of the last checkpoint saved (or resumed from), or None."""
     pending: tuple[Any, torch.Tensor, int] | None = None

@@ -45,6 +45,7 @@ from ppdsl.runtime.execution.pipeline import PipelineRunner
 from ppdsl.runtime.execution.structure import flatten, unflatten
 from ppdsl.runtime.models.model import LossError, ModelError
 from ppdsl.runtime.training.options import add_training_options, check_training_options
+from ppdsl.runtime.training.reorder import agreed_order
 from ppdsl.runtime.training.startup import Run, say, start, startup_error
 from ppdsl.runtime.training.summary import summary
 from ppdsl.runtime.worker import faults, progress
@@ -185,6 +186,8 @@ def _documents(run: Run, step: int) -> tuple[Any, Any, dict[str, Any]]:
     tracer.step = step
     tracer.timed = run.timed(step)
     microbatches = batches.step(step, runner.plan.num_microbatches)
+    if run.opts.reorder:
+        microbatches = _reordered(run, microbatches)
     shapes = {"lengths": batches.lengths(microbatches), "weights": batches.weights(microbatches)}
     if not (runner.is_first or runner.is_last):
         return None, None, shapes
@@ -192,6 +195,21 @@ def _documents(run: Run, step: int) -> tuple[Any, Any, dict[str, Any]]:
     pairs = [batches.tensors(mb) for mb in microbatches]
     tracer.end("data", "data", {}, None)
     return [p[0] for p in pairs], [p[1] for p in pairs], shapes
+
+
+def _reordered(run: Run, microbatches: list[Any]) -> list[Any]:
+    """The step's microbatches in the order of the schedule's slots chosen
+    under the plan's per-token costs (`ppdsl.runtime.training.reorder`, the
+    same on every rank); its time and predictions kept for the summary."""
+    runner = run.runner
+    if not run.reorders and runner.rank == 0 and not runner.plan.cost_model().follows_tokens:
+        say(run.rank, "ppdsl: note: --reorder: the schedule's costs do not follow the tokens "
+                      "(no per-token costs), so every order predicts the same step")
+    choice = agreed_order(runner.plan, run.model.documents.lengths(microbatches), runner.group)
+    if choice.seconds is not None:
+        assert choice.given is not None and choice.predicted is not None
+        run.reorders.append((choice.seconds, choice.given, choice.predicted))
+    return [microbatches[j] for j in choice.slots]
 
 
 def _batch_problem(inputs: Any, step: int, batch_size: int) -> str | None:
