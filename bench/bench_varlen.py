@@ -11,10 +11,11 @@ grows with its tokens (attention's square term dominates long documents).
 Documents: lengths 128 + 300 x Pareto(1.1), capped at 4096, seed 0 (most
 short, a few up to 4,096 tokens). Per-token costs: each rank times its stage's
 F and fused backward at 128 .. 4096 tokens (median of 3), fitted as
-a + b*t + c*t^2; transfers cost 0 in the prediction (1 MB on loopback, well
-under a pass). Measured: a step is barrier to barrier, the slowest rank's;
-each step runs twice and the noise is the largest relative difference between
-its two runs.
+a + b*t + c*t^2; a transfer costs what a ping-pong of the median document's
+hidden states between ranks 0 and 1 measures (half its round trip, median of
+20). Measured: a step is barrier to barrier, the slowest rank's; each step
+runs RUNS times (the first step once more: it probes the shapes) and the noise
+is the largest spread (max - min) / max over a step's runs.
 
     python -m bench varlen [--write]      # --write: bench/results/varlen.md
 """
@@ -31,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-D, M, STEPS, HIDDEN, HEADS, VOCAB = 4, 8, 4, 64, 4, 256
+D, M, STEPS, RUNS, HIDDEN, HEADS, VOCAB = 4, 8, 8, 3, 64, 4, 256
 QUICK = "--quick" in sys.argv or bool(os.environ.get("PPDSL_BENCH_QUICK"))
 """--quick: documents and profile 8 times shorter (a smoke run, not the table)."""
 SCALE = 8 if QUICK else 1
@@ -127,6 +128,28 @@ def _profile(stage, first: bool, last: bool) -> dict[str, list[float]]:
     return found
 
 
+def _ping(tokens: int) -> float:
+    """Half the round trip of `tokens` tokens' hidden states between ranks 0
+    and 1 (ms, median of 20; the other ranks idle)."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    x = torch.zeros(1, tokens, HIDDEN)
+    times = []
+    for _ in range(20):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        elif rank == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        times.append((time.perf_counter() - t0) * 1e3 / 2)
+    return sorted(times)[len(times) // 2]
+
+
 def _worker(work: Path) -> None:
     import numpy as np
     import torch
@@ -156,7 +179,9 @@ def _worker(work: Path) -> None:
             rows[[k.name for k in KINDS].index(kind)][s] = (float(a), float(b), float(c))
             fits.append((s, kind, float(a), float(b), float(c)))
     schedule = compiled.plan.schedule()
-    priced = replace(schedule, costs=schedule.costs.with_tokens(rows))
+    lengths_all = sorted(int(n) for n in batches.documents.lengths)
+    comm = gather(_ping(lengths_all[len(lengths_all) // 2]))[0]
+    priced = replace(schedule, costs=replace(schedule.costs.with_tokens(rows), comm=comm))
     optimizer = torch.optim.SGD(runner.parameters(), lr=1e-3)
     rows_out = []
     first = True
@@ -178,7 +203,7 @@ def _worker(work: Path) -> None:
                 lengths = [width] * M
             predicted = simulate(priced, lengths)
             runs = []
-            for _ in range(2 if not first else 3):
+            for _ in range(RUNS + 1 if first else RUNS):
                 optimizer.zero_grad(set_to_none=True)
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -194,7 +219,8 @@ def _worker(work: Path) -> None:
                              "choose_ms": None if chosen is None or chosen.seconds is None
                              else chosen.seconds * 1e3})
     if rank == 0:
-        (work / "result.json").write_text(json.dumps({"rows": rows_out, "fits": fits}))
+        (work / "result.json").write_text(json.dumps({"rows": rows_out, "fits": fits,
+                                                      "comm_ms": comm}))
     dist.destroy_process_group()
 
 
@@ -222,14 +248,14 @@ def table(result: dict, lengths: list[int]) -> str:
     """The markdown table of a run's result."""
     rows = result["rows"]
     lines = ["| config | steps | measured ms/step | predicted ms/step | measured/predicted "
-             "| noise (2 runs) | vs (a) |", "|---|---|---|---|---|---|---|"]
+             f"| noise ({RUNS} runs) | vs (a) |", "|---|---|---|---|---|---|---|"]
     means = {}
     for label, name in (("a", "(a) pad to max, fixed order"), ("b", "(b) true shapes, fixed order"),
                         ("c", "(c) true shapes, --reorder")):
         mine = [r for r in rows if r["config"] == label]
         measured = sum(sum(r["measured"]) / len(r["measured"]) for r in mine) / len(mine)
         predicted = sum(r["predicted"] for r in mine) / len(mine)
-        noise = max(abs(r["measured"][0] - r["measured"][-1]) / max(r["measured"]) for r in mine)
+        noise = max((max(r["measured"]) - min(r["measured"])) / max(r["measured"]) for r in mine)
         means[label] = measured
         lines.append(f"| {name} | {len(mine)} | {measured:.1f} | {predicted:.1f} | "
                      f"{measured / predicted:.3f} | {noise:.1%} | {measured / means['a']:.3f} |")
@@ -238,7 +264,10 @@ def table(result: dict, lengths: list[int]) -> str:
     lines.append(f"choose_order per step: {max(chose):.1f} ms max, "
                  f"{sum(chose) / len(chose):.1f} ms mean (budget 50 ms). Documents: "
                  f"{len(lengths)}, {min(lengths)}..{max(lengths)} tokens, median "
-                 f"{sorted(lengths)[len(lengths) // 2]}.")
+                 f"{sorted(lengths)[len(lengths) // 2]}. Transfer cost (ping-pong): "
+                 f"{result['comm_ms']:.3f} ms. Fitted per-token costs (ms; stage, pass, a, b, c): "
+                 + "; ".join(f"{s} {k} {a:.3g} {b:.3g} {c:.3g}" for s, k, a, b, c in result["fits"])
+                 + ".")
     return "\n".join(lines)
 
 
