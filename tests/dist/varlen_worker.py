@@ -90,7 +90,7 @@ def run_case(case: dict, rank: int) -> dict:
         losses.append(None if loss is None else float(loss))
         true_bytes += _true_bytes(schedule.plan, batches, microbatches, hidden)
     mine = stage_tensors(runner.stages)
-    everyone = gather((mine, losses, runner.sent_bytes))
+    everyone = gather((mine, losses, runner.engine.sent_bytes))
     result: dict = {"rank": rank, "losses": losses, "orders": orders}
     if rank == 0:
         trained: dict[str, torch.Tensor] = {}

@@ -3,13 +3,12 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over) value;
   on the last stage also the loss, scaled by 1/m (and by the loss scale under
   fp16) so that gradients summed over microbatches are those of the batch's mean
-  loss; with per-microbatch weights (variable-length microbatches: a
-  microbatch's targets over the step's) scaled by its weight instead, so the
-  step's loss is the mean over all its target tokens. Under bf16/fp16 the forward and the loss run under autocast, whose
-  weight casts are made once per step: the step runs inside one (disabled)
-  autocast region, so autocast's cast cache lives until the step ends and every
-  microbatch's graph shares one low-precision copy of each weight (not one per
-  microbatch in flight).
+  loss (by its weight instead where a step gives them: documents' targets over
+  the step's, the loss per token). Under bf16/fp16 the forward and the loss run
+  under autocast, whose weight casts are made once per step: the step runs
+  inside one (disabled) autocast region, so autocast's cast cache lives until
+  the step ends and every microbatch's graph shares one low-precision copy of
+  each weight (not one per microbatch in flight).
 - B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.execution.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
@@ -31,15 +30,9 @@
   for where its tensor is first used (the pass that takes it); sends finish in
   the background, their tensors kept alive, and are collected at later
   exchanges and at the step's end: no exchange stalls compute on its sends.
-  Two stages on one rank hand over without a transfer.
-- Shapes per microbatch (variable lengths, issue 38): a step given each
-  microbatch's tokens receives each transfer at the shape those tokens give
-  (`expected_shape`: the probe's leaf with its token dimension, dim 1, set to
-  the microbatch's count), agreed by every rank from the same lengths; nothing
-  is padded. The sender checks what it made against that shape before
-  sending, so a stage whose output does not follow the lengths stops with a
-  `ShapeError` naming the microbatch and both shapes, and no receiver waits
-  for a tensor of another size.
+  Two stages on one rank hand over without a transfer; a step given each
+  microbatch's tokens moves each transfer at the shape they give, checked by
+  its sender (`ppdsl.runtime.execution.shapes`).
 
 A value between stages is a tensor or a tuple/list/dict of tensors
 (`ppdsl.runtime.execution.structure`); each tensor moves on its own, floating-point ones
@@ -70,11 +63,12 @@ import torch.distributed as dist
 from ppdsl.ir.rank import Compute, Exchange, Op, Transfer, TransferKind
 from ppdsl.ir.schedule import MemoryModel, PassKind
 from ppdsl.runtime.choices import RELEASES
-from ppdsl.runtime.errors import LossError, PeerError, ShapeError, first_line, peer_failure
+from ppdsl.runtime.errors import LossError, PeerError, first_line, peer_failure
 from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.execution.instruments import PassInstruments
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
+from ppdsl.runtime.execution.shapes import TokenShapes
 from ppdsl.runtime.execution.split import WStash, backward_input
 from ppdsl.runtime.execution.step_state import Kept, Key, RngState, Saved, StepState
 from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatten
@@ -216,11 +210,9 @@ class Engine:
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
-        self.sent_bytes = 0
-        """Bytes of every value this rank has sent to another stage's rank (each
-        tensor at its true size: what proves that nothing is padded)."""
-        self._probe_tokens: int | None = None
-        """The tokens of the microbatch the probe ran (variable lengths), or None."""
+        self.sent_bytes = 0  # to other stages' ranks, at true sizes: proves no padding
+        self._shapes = TokenShapes(None)
+        """The shape rule when microbatches vary in tokens (`set_specs`)."""
         self._current = StepState(None, None, None, False)
         """The running step's state (`StepState`); an empty one between steps."""
 
@@ -237,10 +229,9 @@ class Engine:
 
     def set_specs(self, specs: dict[int, Spec], probe_tokens: int | None = None) -> None:
         """Every stage's output spec (the same on every rank); `probe_tokens`: the
-        tokens of the microbatch they were probed with, when microbatches vary
-        in length (a leaf whose dim 1 had that size scales with the tokens)."""
+        tokens of the microbatch probed, when they vary (`shapes.TokenShapes`)."""
         self.specs = dict(specs)
-        self._probe_tokens = probe_tokens
+        self._shapes = TokenShapes(probe_tokens)
         self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
 
     def _peer(self, rank: int) -> int:
@@ -263,12 +254,8 @@ class Engine:
         Gradients accumulate into the parameters' `.grad`. `measure` runs the memory
         meter (its saved-tensor hooks cost Python time on every saved tensor; the
         activations of a step with static shapes are the same every step, so
-        measuring one step is enough). `lengths`: each microbatch's tokens, when
-        they vary (every rank gives the same); `weights`: each microbatch's share
-        of the step's loss (default 1/m each)."""
-        if lengths is not None and self._probe_tokens is None:
-            raise ValueError("microbatches of varying lengths need the probe's token count "
-                             "(set_specs(..., probe_tokens=...))")
+        measuring one step is enough). `lengths`, `weights`: each microbatch's
+        tokens and share of the loss, when they vary (default 1/m)."""
         self._current = StepState(inputs, targets, loss_scale, measure, lengths, weights)
         if measure:
             self.meter.reset_peak()
@@ -428,12 +415,11 @@ class Engine:
                 if last:
                     loss = self._loss(mb, s, out)
             if last:
-                weights = self._current.weights
+                w, m = self._current.weights, self.num_microbatches
                 if send:
                     share = loss.detach().float()
-                    self._current.losses.append(share / self.num_microbatches if weights is None
-                                                else share * weights[mb])
-                scaled = loss / self.num_microbatches if weights is None else loss * weights[mb]
+                    self._current.losses.append(share / m if w is None else share * w[mb])
+                scaled = loss / m if w is None else loss * w[mb]
                 if self._current.loss_scale is not None:
                     scaled = scaled * self._current.loss_scale
                 self._current.saved[(mb, s)] = Saved(inputs, [0], [scaled])
@@ -487,38 +473,9 @@ class Engine:
             self._current.inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
             if self._current.lengths is not None:
-                self._check_shapes(kind, mb, src, dst, value)
+                self._shapes.check(kind, value, self.specs, mb, src, dst,
+                                   self._current.lengths[mb], self.stage_device[dst])
             self._current.outbox[(kind, mb, src)] = [v.contiguous() for v in value]
-
-    def expected_shape(self, leaf: Any, mb: int) -> torch.Size:
-        """The shape microbatch `mb`'s value of `leaf` (a probed `Leaf`) has in
-        this step: the probe's, with the token dimension (dim 1, where the probe
-        had its microbatch's token count) set to this microbatch's tokens."""
-        shape = tuple(leaf.shape)
-        lengths = self._current.lengths
-        if lengths is None or len(shape) < 2 or shape[1] != self._probe_tokens:
-            return torch.Size(shape)
-        return torch.Size((shape[0], lengths[mb], *shape[2:]))
-
-    def _check_shapes(self, kind: TransferKind, mb: int, src: int, dst: int,
-                      value: list[torch.Tensor]) -> None:
-        """`ShapeError` when a tensor about to be sent is not the shape its
-        receiver expects from the step's lengths (before anything is sent)."""
-        stage = src if kind is TransferKind.ACT else dst
-        leaves = self.specs[stage].leaves()
-        if kind is TransferKind.GRAD:
-            leaves = [x for x in leaves if x.differentiable]
-        what = "activation" if kind is TransferKind.ACT else "gradient"
-        for i, (tensor, leaf) in enumerate(zip(value, leaves, strict=True)):
-            expected = self.expected_shape(leaf, mb)
-            if tensor.shape != expected:
-                assert self._current.lengths is not None
-                raise ShapeError(
-                    f"microbatch {mb}: stage {src} made {what} tensor {i} of shape "
-                    f"{list(tensor.shape)} for stage {dst} (rank {self.stage_device[dst]}), "
-                    f"which expects {list(expected)} from the step's lengths "
-                    f"({self._current.lengths[mb]} tokens); a stage's output must keep its "
-                    "input's tokens (dim 1)")
 
     def _arriving_for(self, p: Any) -> Key | None:
         """The pending receive pass `p` takes, if any: F's activation, B's or BW's
@@ -553,7 +510,8 @@ class Engine:
 
     def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
         m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        return [(self.expected_shape(leaf, t.microbatch), leaf.dtype, self._peer(t.src_rank),
+        tokens = None if self._current.lengths is None else self._current.lengths[t.microbatch]
+        return [(self._shapes.expected(leaf.shape, tokens), leaf.dtype, self._peer(t.src_rank),
                  transfer_tag(t, i, m, n, k), t)
                 for i, leaf in enumerate(self._leaves_of(t))]
 

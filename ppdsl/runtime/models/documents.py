@@ -13,20 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ppdsl.lengths import (
+    DocumentError,
     Documents,
     Microbatch,
     numbered,
+    open_documents,
     step_microbatches,
     targets_of,
     tokens_of,
 )
+from ppdsl.runtime.errors import ModelError
 
-__all__ = ["IGNORED", "DocumentBatches"]
+__all__ = ["IGNORED", "DocumentBatches", "is_documents", "open_batches"]
 
 IGNORED = -100
 """The target of a document's last token (cross_entropy's ignore_index)."""
@@ -82,3 +87,31 @@ class DocumentBatches:
         def row(parts: list[np.ndarray]) -> torch.Tensor:
             return torch.from_numpy(np.concatenate(parts)).unsqueeze(0)
         return (row(ids), row(positions)), row(targets)
+
+
+def is_documents(path: str | None) -> bool:
+    """Whether `--data` names a document file (`.npz`: `ppdsl.lengths`)."""
+    return path is not None and Path(path).suffix == ".npz"
+
+
+def open_batches(options: Any, vocab: int | None, max_positions: Any) -> DocumentBatches | None:
+    """The document file of `options.data` (an `HFOptions`) cut into
+    microbatches by its `max_seq_len` or `pack`, checked against the model's
+    vocabulary and positions (a document's run from 0); None when `--data`
+    names no document file; `ModelError` saying what is wrong."""
+    if not is_documents(options.data):
+        return None
+    if options.eval_data is not None:
+        raise ModelError("--eval-data with a document file (--data FILE.npz) is not supported "
+                         "yet; leave out --eval-every")
+    try:
+        batches = DocumentBatches.of(open_documents(options.data, vocab),
+                                     max_seq_len=options.max_seq_len, pack=options.pack)
+    except DocumentError as exc:
+        raise ModelError(str(exc)) from exc
+    longest = max(size for mb in batches.numbered for _, size in mb)
+    if isinstance(max_positions, int) and longest > max_positions:
+        raise ModelError(f"--data {options.data!r}: a document of {longest} tokens is longer than "
+                         f"the model's {max_positions} positions; give --max-seq-len "
+                         f"{max_positions} (or --pack {max_positions}, or less)")
+    return batches

@@ -40,10 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppdsl.lengths import DocumentError, open_documents
 from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
-from ppdsl.runtime.models.documents import IGNORED, DocumentBatches
+from ppdsl.runtime.models.documents import IGNORED, is_documents, open_batches
 from ppdsl.runtime.models.model import ModelError, PipelineModel
 
 __all__ = [
@@ -94,11 +93,9 @@ class HFOptions:
     cut: str | Sequence[int] = "equal"
     """`equal`, or the first decoder layer of each stage (`--cut 0,5,11`)."""
     max_seq_len: int | None = None
-    """With a document file (`--data FILE.npz`): each document cut to its first L
-    tokens (`--max-seq-len`; `ppdsl.lengths`)."""
+    """Documents (`--data FILE.npz`) cut to L tokens (`--max-seq-len`, `ppdsl.lengths`)."""
     pack: int | None = None
-    """With a document file: documents packed greedily into microbatches of at
-    most T tokens (`--pack`)."""
+    """Documents packed into microbatches of at most T tokens (`--pack`)."""
     eval_data: str | None = None
     """A token file of held-out data (`--eval-data`, same format and dtype as
     `data`): evaluation batch k takes its sequences by the training batches' rule;
@@ -340,14 +337,10 @@ class HFStage(nn.Module):
         return masks
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> Any:
-        """Hidden states (logits on the last stage) of token ids (first stage) or
-        hidden states. With `positions` (documents, `--data FILE.npz`: each
-        document's positions from 0) every stage takes and passes them on, and
-        transformers' mask builders read a restart as a new document (its packed
-        format): each document attends only within itself."""
+        """Hidden states (logits last); `positions` (documents) restart per document."""
         documents = positions is not None
         if positions is None:
-            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            positions = torch.arange(x.shape[1], device=x.device)[None]
         if self.first:
             ids = x
             if self.anatomy.gpt2:
@@ -372,12 +365,10 @@ class HFStage(nn.Module):
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The causal-LM cross-entropy, the mean over the targets (targets are already
-    shifted; those -100, a document's last token, are not targets; none: 0)."""
+    """Causal-LM cross-entropy, the mean over the targets (-100 at a document's end)."""
     flat = targets.reshape(-1)
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat,
-                            ignore_index=IGNORED, reduction="sum")
-    return total / (flat != IGNORED).sum().clamp(min=1)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=IGNORED,
+                           reduction="sum") / (flat != IGNORED).sum().clamp(min=1)
 
 
 def _tied_head(model: Any, anatomy: Anatomy) -> tuple[str, str] | None:
@@ -459,40 +450,14 @@ def preflight(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
-    if _is_documents(options.data):
-        _open_batches(options, _vocab_size(raw), max_positions)
+    open_batches(options, _vocab_size(raw), max_positions)
     for path in (options.data, options.eval_data):
-        if path is not None and not _is_documents(path):
+        if path is not None and not is_documents(path):
             try:
                 open_tokens(path, options.seq_len, _vocab_size(raw), options.data_dtype)
             except DataError as exc:
                 raise ModelError(str(exc)) from exc
     return cut
-
-
-def _is_documents(path: str | None) -> bool:
-    """Whether `--data` names a document file (`.npz`: `ppdsl.lengths`)."""
-    return path is not None and Path(path).suffix == ".npz"
-
-
-def _open_batches(options: HFOptions, vocab: int | None,
-                  max_positions: int | None) -> DocumentBatches:
-    """The document file of `options.data` cut into microbatches, checked against
-    the model's vocabulary and positions; `ModelError` saying what is wrong."""
-    assert options.data is not None
-    if options.eval_data is not None:
-        raise ModelError("--eval-data with a document file (--data FILE.npz) is not supported "
-                         "yet; leave out --eval-every")
-    try:
-        batches = DocumentBatches.of(open_documents(options.data, vocab),
-                                     max_seq_len=options.max_seq_len, pack=options.pack)
-    except DocumentError as exc:
-        raise ModelError(str(exc)) from exc
-    if max_positions is not None and options.pack is None and batches.longest > max_positions:
-        raise ModelError(f"--data {options.data!r}: a document of {batches.longest} tokens is "
-                         f"longer than the model's {max_positions} positions; give "
-                         f"--max-seq-len {max_positions} (or less)")
-    return batches
 
 
 def pipeline_model(directory: str | Path, num_stages: int,
@@ -506,12 +471,8 @@ def pipeline_model(directory: str | Path, num_stages: int,
     raw = read_config(directory)
     vocab = _vocab_size(raw)
     data = held_out = None
-    documents = None
     try:
-        if _is_documents(options.data):
-            config = raw.get("n_positions") or raw.get("max_position_embeddings")
-            documents = _open_batches(options, vocab, config if isinstance(config, int) else None)
-        elif options.data is not None:
+        if options.data is not None and not is_documents(options.data):
             data = open_tokens(options.data, options.seq_len, vocab, options.data_dtype)
         if options.eval_data is not None:
             held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
@@ -530,6 +491,7 @@ def pipeline_model(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
+    documents = open_batches(options, vocab, max_positions)
     vocab_size = int(model.config.vocab_size)
     ends = starts[1:] + (num_layers,)
     seq_len, seed = options.seq_len, options.seed
@@ -541,8 +503,6 @@ def pipeline_model(directory: str | Path, num_stages: int,
     check_cut(model, [stage(s) for s in range(num_stages)], seq_len=min(8, options.seq_len))
 
     def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if documents is not None:
-            raise ModelError("a document file's microbatches come from model.documents")
         if data is not None:
             whole = torch.from_numpy(batch_tokens(data, step, batch_size, seq_len))
         else:
