@@ -137,7 +137,7 @@ def main() -> int:
     cases = json.loads(Path(sys.argv[1]).read_text())
     outdir = Path(sys.argv[2])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=900))  # a loaded machine
     rank = dist.get_rank()
     for case in cases:
         try:

@@ -92,8 +92,9 @@ def test_nothing_is_padded(results: dict, case: str) -> None:
 
 def test_an_unexpected_shape_stops_every_rank_naming_both(tmp_path: Path) -> None:
     """A stage whose output does not keep its microbatch's tokens stops the run:
-    one message names the microbatch and both shapes, every rank exits 1 within
-    the timeout (no rank waits for a tensor of another size), no traceback."""
+    one message names the microbatch and both shapes, every rank exits 1 by
+    itself (no rank waits for a tensor of another size: the harness's limit is
+    only for a loaded machine's start-up), no traceback."""
     env = {"PPDSL_TEST_DOCS": str(tmp_path / "docs.npz")}
     out = tmp_path / "build"
     subprocess.run([sys.executable, "-m", "ppdsl", "compile", "examples/1f1b.pp", "-D", "d=2",
@@ -101,7 +102,7 @@ def test_an_unexpected_shape_stops_every_rank_naming_both(tmp_path: Path) -> Non
                    capture_output=True)
     results = harness.run([str(out / "launch.py"), "--model",
                            f"{harness.ROOT / 'tests' / 'dist' / 'bad_models.py'}:varlen_drops_token",
-                           "--steps", "2", "--timeout", "20"], 2, timeout=90, env=env)
+                           "--steps", "2", "--timeout", "20"], 2, timeout=600, env=env)
     text = "\n".join(r.stdout + r.stderr for r in results)
     assert all(r.returncode == 1 for r in results), text
     assert "microbatch 2: stage 0 made activation tensor 0 of shape [1, 4, 8]" in text, text
