@@ -438,17 +438,24 @@ def delta_table(
     that keeps its activations (empty: none recomputes). int64 unless
     `longest_order` passes could overflow it (then Python ints)."""
     kept = list(kept_input) or [None] * len(activation)
-    values = [
-        Fraction(x) for x in (*activation, *weight_retained, *also, *kept) if x is not None
-    ]
-    scale = math.lcm(*(v.denominator for v in values)) if values else 1
-    rows = [
-        [
-            int(memory_delta(kind, a, w, i) * scale)
-            for a, w, i in zip(activation, weight_retained, kept, strict=True)
-        ]
-        for kind in KINDS
-    ]
+    # each distinct value object once: stages mostly share one (M_B, M_W, M_I), and
+    # hashing a Fraction costs more than the arithmetic (a family checks thousands)
+    distinct = {id(x): x for x in (*activation, *weight_retained, *also, *kept) if x is not None}
+    exact = {key: Fraction(x) for key, x in distinct.items()}
+    scale = math.lcm(*(v.denominator for v in exact.values())) if exact else 1
+    scaled = {key: v.numerator * (scale // v.denominator) for key, v in exact.items()}
+    stages = list(zip(activation, weight_retained, kept, strict=True))
+    columns: dict[tuple[int, int, int], list[int]] = {}
+    for a, w, i in stages:
+        if (id(a), id(w), id(i)) not in columns:
+            coefficients = MEMORY_COEFFICIENTS if i is None else RECOMPUTE_MEMORY_COEFFICIENTS
+            sa, sw, si = scaled[id(a)], scaled[id(w)], scaled[id(i)] if i is not None else 0
+            columns[id(a), id(w), id(i)] = [
+                ca * sa + cw * sw + ci * si for ca, cw, ci in map(coefficients.__getitem__, KINDS)
+            ]
+    rows = [list(r) for r in zip(*(columns[id(a), id(w), id(i)] for a, w, i in stages), strict=True)]
+    if not rows:
+        rows = [[] for _ in KINDS]
     biggest = max((abs(x) for r in rows for x in r), default=0)
     dtype = np.int64 if biggest * max(longest_order, 1) < 2**62 else object
     return np.array(rows, dtype=dtype).reshape(NUM_KINDS, len(activation)), scale

@@ -402,10 +402,13 @@ class VectorEval:
         self.expr = expr
         self.var = var
 
-    def __call__(self, env: Env, values: Any, bound: int) -> Any:
-        """`values`: int64 array of the loop variable, every |value| <= `bound`."""
+    def __call__(self, env: Env, values: Any, bound: int, arrays: Env | None = None) -> Any:
+        """`values`: int64 array of the loop variable, every |value| <= `bound`.
+        `arrays`, where given, is the environment evaluated: `env` with some
+        names bound to int64 arrays as long as `values`, each element at most
+        that name's int in `env` in absolute value (which bounds it)."""
         self._bound(self.expr, env, bound)
-        return self._eval(self.expr, env, values)
+        return self._eval(self.expr, env if arrays is None else arrays, values)
 
     def _bound(self, e: ast.Expr, env: Env, bound: int) -> int:
         if isinstance(e, ast.Number):
