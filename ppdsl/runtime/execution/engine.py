@@ -3,11 +3,12 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over) value;
   on the last stage also the loss, scaled by 1/m (and by the loss scale under
   fp16) so that gradients summed over microbatches are those of the batch's mean
-  loss. Under bf16/fp16 the forward and the loss run under autocast, whose
-  weight casts are made once per step: the step runs inside one (disabled)
-  autocast region, so autocast's cast cache lives until the step ends and every
-  microbatch's graph shares one low-precision copy of each weight (not one per
-  microbatch in flight).
+  loss (by its weight instead where a step gives them: documents' targets over
+  the step's, the loss per token). Under bf16/fp16 the forward and the loss run
+  under autocast, whose weight casts are made once per step: the step runs
+  inside one (disabled) autocast region, so autocast's cast cache lives until
+  the step ends and every microbatch's graph shares one low-precision copy of
+  each weight (not one per microbatch in flight).
 - B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.execution.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
@@ -29,7 +30,9 @@
   for where its tensor is first used (the pass that takes it); sends finish in
   the background, their tensors kept alive, and are collected at later
   exchanges and at the step's end: no exchange stalls compute on its sends.
-  Two stages on one rank hand over without a transfer.
+  Two stages on one rank hand over without a transfer; a step given each
+  microbatch's tokens moves each transfer at the shape they give, checked by
+  its sender (`ppdsl.runtime.execution.shapes`).
 
 A value between stages is a tensor or a tuple/list/dict of tensors
 (`ppdsl.runtime.execution.structure`); each tensor moves on its own, floating-point ones
@@ -65,6 +68,7 @@ from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.execution.instruments import PassInstruments
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
+from ppdsl.runtime.execution.shapes import TokenShapes
 from ppdsl.runtime.execution.split import WStash, backward_input
 from ppdsl.runtime.execution.step_state import Kept, Key, RngState, Saved, StepState
 from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatten
@@ -206,6 +210,9 @@ class Engine:
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
+        self.sent_bytes = 0  # to other stages' ranks, at true sizes: proves no padding
+        self._shapes = TokenShapes(None)
+        """The shape rule when microbatches vary in tokens (`set_specs`)."""
         self._current = StepState(None, None, None, False)
         """The running step's state (`StepState`); an empty one between steps."""
 
@@ -220,9 +227,11 @@ class Engine:
         which its weight gradients are final (derived from the compiled order)."""
         return dict(self._grads_final)
 
-    def set_specs(self, specs: dict[int, Spec]) -> None:
-        """Every stage's output spec (the same on every rank)."""
+    def set_specs(self, specs: dict[int, Spec], probe_tokens: int | None = None) -> None:
+        """Every stage's output spec (the same on every rank); `probe_tokens`: the
+        tokens of the microbatch probed, when they vary (`shapes.TokenShapes`)."""
         self.specs = dict(specs)
+        self._shapes = TokenShapes(probe_tokens)
         self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
 
     def _peer(self, rank: int) -> int:
@@ -237,14 +246,17 @@ class Engine:
         *,
         measure: bool = False,
         loss_scale: torch.Tensor | float | None = None,
+        lengths: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
     ) -> StepResult:
         """One step's passes: `inputs` (on the rank holding stage 0) and `targets`
         (on the rank holding the last stage) are per-microbatch values, else None.
         Gradients accumulate into the parameters' `.grad`. `measure` runs the memory
         meter (its saved-tensor hooks cost Python time on every saved tensor; the
         activations of a step with static shapes are the same every step, so
-        measuring one step is enough)."""
-        self._current = StepState(inputs, targets, loss_scale, measure)
+        measuring one step is enough). `lengths`, `weights`: each microbatch's
+        tokens and share of the loss, when they vary (default 1/m)."""
+        self._current = StepState(inputs, targets, loss_scale, measure, lengths, weights)
         if measure:
             self.meter.reset_peak()
         start = time.perf_counter()
@@ -403,9 +415,11 @@ class Engine:
                 if last:
                     loss = self._loss(mb, s, out)
             if last:
+                w, m = self._current.weights, self.num_microbatches
                 if send:
-                    self._current.losses.append(loss.detach().float() / self.num_microbatches)
-                scaled = loss / self.num_microbatches
+                    share = loss.detach().float()
+                    self._current.losses.append(share / m if w is None else share * w[mb])
+                scaled = loss / m if w is None else loss * w[mb]
                 if self._current.loss_scale is not None:
                     scaled = scaled * self._current.loss_scale
                 self._current.saved[(mb, s)] = Saved(inputs, [0], [scaled])
@@ -458,6 +472,9 @@ class Engine:
         if self.stage_device[dst] == self.rank:
             self._current.inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
+            if self._current.lengths is not None:
+                self._shapes.check(kind, value, self.specs, mb, src, dst,
+                                   self._current.lengths[mb], self.stage_device[dst])
             self._current.outbox[(kind, mb, src)] = [v.contiguous() for v in value]
 
     def _arriving_for(self, p: Any) -> Key | None:
@@ -493,7 +510,9 @@ class Engine:
 
     def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
         m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), transfer_tag(t, i, m, n, k), t)
+        tokens = None if self._current.lengths is None else self._current.lengths[t.microbatch]
+        return [(self._shapes.expected(leaf.shape, tokens), leaf.dtype, self._peer(t.src_rank),
+                 transfer_tag(t, i, m, n, k), t)
                 for i, leaf in enumerate(self._leaves_of(t))]
 
     def _post(self, sends: list[tuple[list[torch.Tensor], Transfer]], recvs: Sequence[Transfer]) -> None:
@@ -503,6 +522,7 @@ class Engine:
         send_specs = [(v, self._peer(t.dst_rank), transfer_tag(t, i, m, n, k), t)
                       for values, t in sends for i, v in enumerate(values)]
         recv_specs = [spec for t in recvs for spec in self._recv_specs(t)]
+        self.sent_bytes += sum(v.numel() * v.element_size() for v, _, _, _ in send_specs)
         try:
             pending_sends, pending_recvs = self.transport.post(send_specs, recv_specs)
         except RuntimeError as exc:

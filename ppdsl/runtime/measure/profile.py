@@ -98,13 +98,7 @@ def profile_model(
     `seq_len` tokens only (the model's token inputs and targets cut along
     their second dimension: `ppdsl profile --lengths`; the step besides passes
     is then not measured)."""
-    if seq_len is not None and optimizer is not None:
-        raise ValueError("seq_len: the passes only (optimizer=None); the step's costs are "
-                         "measured at the model's own length")
-    if norms not in NORMS:
-        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
+    _check_choices(norms, precision, seq_len, optimizer)
     watch = stage_stopwatch(device)
     stages = _stage_runs(spec, num_stages, microbatch_size, device, watch.host_clock,
                          warmup=warmup, repeats=repeats, norms=norms, precision=precision,
@@ -147,6 +141,19 @@ def profile_model(
         devices=(devices or 1) if step is not None else 1,
         seq_len=seq_len,
     )
+
+
+def _check_choices(norms: str, precision: str, seq_len: int | None,
+                   optimizer: str | None) -> None:
+    """Raise ValueError for a choice `profile_model` does not know, or for a
+    `seq_len` with an optimizer (the step's costs are the model's own length's)."""
+    if seq_len is not None and optimizer is not None:
+        raise ValueError("seq_len: the passes only (optimizer=None); the step's costs are "
+                         "measured at the model's own length")
+    if norms not in NORMS:
+        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
 
 
 def _stage_runs(spec: str, num_stages: int, microbatch_size: int, device: torch.device,
