@@ -150,6 +150,12 @@ def choose_order(
         return step if fits else np.inf
 
     identity = list(range(m))
+    if not schedule.costs.follows_tokens and not schedule.memory.follows_tokens:
+        # every order times and peaks alike: nothing to choose
+        step = cost(identity)
+        if not np.isfinite(step):
+            raise ReorderError(_over_limit(schedule, given, limits))
+        return _proven(schedule, given, tuple(identity), step, step, 1, limits)
     longest = sorted(range(m), key=lambda j: (-given[j], j))
     shortest = sorted(range(m), key=lambda j: (given[j], j))
     seeds = [identity, _slots_of(longest), _slots_of(shortest)]

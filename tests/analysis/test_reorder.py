@@ -162,3 +162,12 @@ def test_constant_costs_are_the_plain_simulation() -> None:
     assert not compiled.schedule.costs.follows_tokens
     assert reorder.simulate(compiled, [1, 2, 3, 4, 5, 6, 7, 8]) == compiled.timeline.step_time
     assert Costs.unit(2).coefficients().shape == (4, len(KINDS), 2)
+
+
+def test_constant_costs_keep_the_order_given() -> None:
+    """Where nothing follows the tokens every order is alike: the order given
+    is returned after one simulation, still checked."""
+    compiled = compile_file(EXAMPLES / "zb_v.pp", {"d": "4", "m": "8"})
+    choice = reorder.choose_order(compiled, [4096, 1, 2, 3, 4, 5, 6, 7])
+    assert choice.permutation == tuple(range(8)) and choice.evaluated == 1
+    assert choice.predicted == compiled.timeline.step_time and len(choice.proof) == 2
