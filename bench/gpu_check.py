@@ -293,8 +293,9 @@ def data_parallel(cuda: bool, work: Path) -> list[Row]:
                      "-D", "d=2", "--dp", "2", "--dp-mode", mode, "--model", GPT, "--share-gpu",
                      "--steps", "3", "--json", str(out), "--timeout", "120", "--batch-size", "8"],
                     timeout=300, extra=sizes, label=f"e-dp-{mode}")
-        if done.returncode != 0:
-            rows.append(Row("e", f"--dp 2 {mode} d=2", _tail(done.stderr), "runs", "FAIL"))
+        if done.returncode != 0:  # a crash (shard mode's old SIGSEGV: exit -11) is named by its code
+            rows.append(Row("e", f"--dp 2 {mode} d=2", f"exit {done.returncode}: {_tail(done.stderr)}",
+                            "exits 0", "FAIL"))
             continue
         found = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
         digests = {}
@@ -302,7 +303,8 @@ def data_parallel(cuda: bool, work: Path) -> list[Row]:
             digests.setdefault(r["pp_rank"], set()).add(r["whole_parameters_sha256"])
         same = all(len(d) == 1 for d in digests.values())
         rows.append(Row("e", f"--dp 2 {mode} d=2 ({'cuda' if cuda else 'cpu'}, shared)",
-                        "replicas equal" if same else "replicas differ", "replicas equal",
+                        ("replicas equal" if same else "replicas differ") + ", exit 0",
+                        "replicas equal, exits 0",
                         "ok" if same else "FAIL"))
     return rows
 
