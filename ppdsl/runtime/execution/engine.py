@@ -40,8 +40,11 @@ Hooks (`Hooks`) let a layer above (post-validation, data parallelism, ties) act
 at the points a step defines: before this rank's first pass, before a stage's
 first forward, when a stage's gradients are final (its last W or BW of the
 step), and after the last pass. Each pass runs as hooks, wait, compute, hooks;
-what is recorded around it (trace, timing, memory windows) is one
-`PassInstruments`, and everything a step holds is one `StepState` made per step.
+which hooks are due and which receive a pass takes are decided once from the
+order (`_OpPlan`), not per pass (host work a GPU would wait on:
+`ppdsl.runtime.measure.hostops` counts it); what is recorded around a pass
+(trace, timing, memory windows) is one `PassInstruments`, and everything a step
+holds is one `StepState` made per step.
 """
 
 from __future__ import annotations
