@@ -14,8 +14,8 @@ from tests.paths import ROOT
 # Per pass kind: (Python calls, dispatcher ops) a pass may make on `small_engine`'s
 # stage, each about 10% over what it makes (bench/results/hostops.md).
 CEILINGS = {
-    "v_zb": {"F": (144, 17), "B": (243, 17), "W": (49, 15)},
-    "interleaved_1f1b": {"F": (144, 17), "BW": (68, 56)},
+    "v_zb": {"F": (136, 17), "B": (237, 17), "W": (43, 15)},
+    "interleaved_1f1b": {"F": (136, 17), "BW": (62, 56)},
 }
 
 
