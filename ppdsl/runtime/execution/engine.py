@@ -44,7 +44,7 @@ at the points a step defines: before this rank's first pass, before a stage's
 first forward, when a stage's gradients are final (its last W or BW of the
 step), and after the last pass. Each pass runs as hooks, wait, compute, hooks;
 which hooks are due and which receive a pass takes are decided once from the
-order (`_OpPlan`), not per pass (host work a GPU would wait on:
+order (`OpPlan`), not per pass (host work a GPU would wait on:
 `ppdsl.runtime.measure.hostops` counts it); what is recorded around a pass
 (trace, timing, memory windows) is one `PassInstruments`, and everything a step
 holds is one `StepState` made per step.
@@ -71,6 +71,7 @@ from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.execution.instruments import PassInstruments
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
+from ppdsl.runtime.execution.op_plan import op_plans, stage_points
 from ppdsl.runtime.execution.shapes import TokenShapes
 from ppdsl.runtime.execution.split import WStash, backward_input
 from ppdsl.runtime.execution.step_state import Kept, Key, RngState, Saved, StepState
@@ -78,7 +79,6 @@ from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatt
 from ppdsl.runtime.execution.trace import Tracer
 from ppdsl.runtime.execution.transport import Transport
 from ppdsl.runtime.worker import faults, progress
-from ppdsl.semantics import reduction_points
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
 
@@ -116,77 +116,6 @@ class Hooks:
     gradients are final (e.g. a data-parallel layer starts their all-reduce)."""
     after_passes: list[Callable[[], None]] = field(default_factory=list)
     """After the last pass and after every send has completed."""
-
-
-def _next_exchanges(ops: Sequence[Op]) -> dict[int, Exchange | None]:
-    """For each exchange's index in `ops`, the exchange after it (None for the last)."""
-    found: dict[int, Exchange | None] = {}
-    upcoming: Exchange | None = None
-    for index in range(len(ops) - 1, -1, -1):
-        op = ops[index]
-        if isinstance(op, Exchange):
-            found[index] = upcoming
-            upcoming = op
-    return found
-
-
-def _stage_points(ops: Sequence[Op]) -> tuple[dict[int, int], dict[int, int]]:
-    """Per stage, the index in `ops` of its first F, and of its last W/BW, after
-    which its gradients are final (`semantics.reduction_point`, the rule the
-    compiler's reductions check proves)."""
-    computes = [(i, op.pass_) for i, op in enumerate(ops) if isinstance(op, Compute)]
-    first_forward: dict[int, int] = {}
-    for i, p in computes:
-        if p.kind is PassKind.F:
-            first_forward.setdefault(p.stage, i)
-    grads_final = {stage: computes[at][0]
-                   for stage, at in reduction_points([p for _, p in computes]).items()}
-    return first_forward, grads_final
-
-
-@dataclass(frozen=True)
-class _OpPlan:
-    """One op of the rank's order and what the step does around it, decided once
-    from the order (not per pass)."""
-
-    op: Op
-    exchange: Exchange | None
-    """The op, when it is an exchange."""
-    compute: Compute | None
-    """The op, when it is a compute pass."""
-    next_exchange: Exchange | None = None
-    """An exchange's next exchange: its receives are posted a pass ahead."""
-    first_pass: bool = False
-    """The step's first pass: `Hooks.before_first_pass` runs before it."""
-    forward_of: int | None = None
-    """The stage whose first F this is: `Hooks.before_stage_forward` runs before it."""
-    final_of: int | None = None
-    """The stage whose gradients are final after this pass: `Hooks.stage_grads_ready`."""
-    arriving: Key | None = None
-    """The value this pass takes, which may be a pending receive: F's activation,
-    B's or BW's gradient."""
-
-
-def _op_plans(ops: Sequence[Op], first_compute: int | None, first_forward: dict[int, int],
-              grads_final: dict[int, int]) -> tuple[_OpPlan, ...]:
-    """Each op's `_OpPlan`."""
-    next_exchange = _next_exchanges(ops)
-    forward_at = {i: s for s, i in first_forward.items()}
-    final_at = {i: s for s, i in grads_final.items()}
-    plans = []
-    for index, op in enumerate(ops):
-        if isinstance(op, Exchange):
-            plans.append(_OpPlan(op, op, None, next_exchange[index]))
-            continue
-        p = op.pass_
-        arriving: Key | None = None
-        if p.kind is PassKind.F:
-            arriving = (TransferKind.ACT, p.microbatch, p.stage)
-        elif p.kind in (PassKind.B, PassKind.BW):
-            arriving = (TransferKind.GRAD, p.microbatch, p.stage)
-        plans.append(_OpPlan(op, None, op, None, index == first_compute, forward_at.get(index),
-                             final_at.get(index), arriving))
-    return tuple(plans)
 
 
 class Engine:
@@ -244,11 +173,11 @@ class Engine:
             for param in module.parameters():
                 params.setdefault(id(param), param)
         self.params = list(params.values())
-        self._first_forward, self._grads_final = _stage_points(self.ops)
+        self._first_forward, self._grads_final = stage_points(self.ops)
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
-        self._plans = _op_plans(self.ops, self._first_compute, self._first_forward,
+        self._plans = op_plans(self.ops, self._first_compute, self._first_forward,
                                 self._grads_final)
         """What each op does besides its pass, decided once (issue 39: no per-pass
         decisions the GPU would wait on)."""
@@ -344,7 +273,7 @@ class Engine:
     def _run_ops(self, instruments: PassInstruments) -> None:
         """The step's ops in order: an exchange is posted; a pass runs its hooks,
         waits for its receive, computes, and runs its hooks. What each op needs
-        beyond the step's state was decided once (`_OpPlan`)."""
+        beyond the step's state was decided once (`OpPlan`)."""
         hooks = self.hooks
         arriving = self._current.arriving
         for plan in self._plans:
