@@ -204,7 +204,10 @@ def main(argv: list[str]) -> int:
     found: dict[str, Any] = {"f": {}, "g": {}, "skipped": {}}
     timing = {"device": device, "warmup": args.warmup, "repeats": args.steps}
     with tempfile.TemporaryDirectory(prefix="step-compare-") as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(str(Path(tmp) / "store"), 1),
+        # CUDA tensors over gloo failed torch's stages on the H200 (2026-11-28: "Pair is
+        # not connected"); NCCL carries them there, gloo the CPU's (not yet rerun on a GPU)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.FileStore(str(Path(tmp) / "store"), 1),
                                 rank=0, world_size=1)
         try:
             for name in ROW_F:
