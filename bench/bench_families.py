@@ -11,6 +11,11 @@ enumerates d = 2..8 only.
 Measured (2 cores shared with four other jobs, load average 10-15 throughout,
 so wall times are 5-7x the CPU): ZB-V d=2..32 one process 98 s CPU, 700 s
 wall; `--jobs 2` 90 s CPU, 614 s wall (on two idle cores about 45-50 s).
+Branch zbv41 (order bodies for all devices at once, the body compiled once
+per family, delta_table in integers), one process under `nice -n 10`: 28.5 s
+CPU (262 s wall at load average 9-13) and 29.7 s CPU (165 s wall at load
+19-23); per instance at d = 8..32 (process_time) 88.6 ms on main, 28.6 ms
+here. On two idle cores that is about 30 s; under the load above, not 60.
 Symbolic: ZB-H1 4.7 s wall (1.4 s CPU), 1F1B 4.6 s (1.7 s CPU), most of it
 importing ortools."""
 

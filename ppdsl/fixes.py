@@ -20,12 +20,15 @@ to `ppdsl check`) and a count of candidates; it stops once `MAX_FIXES` are prove
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
+from ppdsl import jit
 from ppdsl.costs_file import CostsFile
 from ppdsl.diagnostics import (
     CompileError,
@@ -416,23 +419,29 @@ def find_fixes(
     def left() -> float:
         return budget_seconds - (time.perf_counter() - started)
 
+    # the candidates are the file's size: where its own compile ran the kernels as
+    # plain Python, so do theirs, or the kernels' running count (`jit.SMALL`) would
+    # start numba mid-search, which alone costs about the whole budget
+    small = jit.active() == "auto" and "numba" not in sys.modules
+    kernels = jit.mode("python") if small else contextlib.nullcontext()
     try:
-        for count, candidate in enumerate(candidate_fixes(module, text, errors)):
-            if count >= max_candidates or len(proven) >= MAX_FIXES:
-                break
-            if left() < slowest_screen:
-                break
-            begun = time.perf_counter()
-            screened = _screened(module, candidate, overrides or {}, options)
-            slowest_screen = max(slowest_screen, time.perf_counter() - begun)
-            if not screened:
-                continue
-            if left() < proof:
-                break
-            begun = time.perf_counter()
-            if _valid(apply_fix(text, candidate.fix), file, overrides or {}, options):
-                proven.append(candidate)
-            proof = max(proof, time.perf_counter() - begun)
+        with kernels:
+            for count, candidate in enumerate(candidate_fixes(module, text, errors)):
+                if count >= max_candidates or len(proven) >= MAX_FIXES:
+                    break
+                if left() < slowest_screen:
+                    break
+                begun = time.perf_counter()
+                screened = _screened(module, candidate, overrides or {}, options)
+                slowest_screen = max(slowest_screen, time.perf_counter() - begun)
+                if not screened:
+                    continue
+                if left() < proof:
+                    break
+                begun = time.perf_counter()
+                if _valid(apply_fix(text, candidate.fix), file, overrides or {}, options):
+                    proven.append(candidate)
+                proof = max(proof, time.perf_counter() - begun)
     finally:
         if original is not None:  # the candidates' compiles registered their text
             register_source(file, original)

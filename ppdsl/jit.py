@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Kernel", "kernel", "mode", "SMALL"]
+__all__ = ["Kernel", "kernel", "mode", "active", "SMALL"]
 
 SMALL = 30_000
 """Array elements, summed over a kernel's calls, up to which it runs as plain
@@ -79,6 +79,11 @@ class Kernel:
 def kernel(fn: Callable[..., Any]) -> Kernel:
     """Decorator: `fn` as a `Kernel`."""
     return Kernel(fn)
+
+
+def active() -> str:
+    """The mode kernels run in now: "auto", "numba" or "python"."""
+    return _mode
 
 
 @contextmanager

@@ -442,7 +442,7 @@ def delta_table(
     # each distinct value object once: stages mostly share one (M_B, M_W, M_I), and
     # hashing a Fraction costs more than the arithmetic (a family checks thousands)
     distinct = {id(x): x for x in (*activation, *weight_retained, *also, *kept) if x is not None}
-    exact = {key: Fraction(x) for key, x in distinct.items()}
+    exact = {key: x if type(x) is Fraction else Fraction(x) for key, x in distinct.items()}
     scale = math.lcm(*(v.denominator for v in exact.values())) if exact else 1
     scaled = {key: v.numerator * (scale // v.denominator) for key, v in exact.items()}
     stages = list(zip(activation, weight_retained, kept, strict=True))

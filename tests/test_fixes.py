@@ -3,6 +3,8 @@ offered only once the edited file compiles, smallest first."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ppdsl.compiler import compile_source
@@ -65,3 +67,34 @@ def test_no_fix_without_budget():
     found = find_fixes(_rejected(text), text, FILE, budget_seconds=0)
     assert not any(d.fixes for d in found)
 
+
+
+def test_a_search_of_small_files_never_starts_numba():
+    """A fresh `ppdsl check` whose file runs its kernels as plain Python searches
+    fixes the same way (docs/language.md, Fixes): DualPipeV with a loop bound
+    moved, whose 40 candidates' kernel calls would pass `jit.SMALL` and import
+    numba (about a second, the whole budget), gets its fix without it."""
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    script = (
+        "import sys\n"
+        "from ppdsl.compiler import compile_source\n"
+        "from ppdsl.diagnostics import CompileError\n"
+        "from ppdsl.fixes import find_fixes\n"
+        "from tests.mutations import corpus\n"
+        "mutant = next(m for m in corpus() if m.example == 'dualpipe_v'\n"
+        "              and m.description == \"loop bound 'd - 1 - i' -> 'd - 1 - i - 1'\")\n"
+        "try:\n"
+        "    compile_source(mutant.text, 'examples/dualpipe_v.pp')\n"
+        "except CompileError as err:\n"
+        "    found = find_fixes(err.diagnostics, mutant.text, 'examples/dualpipe_v.pp',\n"
+        "                       budget_seconds=120)\n"
+        "    print(any(d.fixes for d in found), 'numba' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PPDSL_JIT"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, env={**env, "PYTHONPATH": str(ROOT)}, check=True)
+    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr

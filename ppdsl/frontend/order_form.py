@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -411,10 +410,7 @@ class _DeviceLoops:
             device = np.repeat(np.arange(num_devices, dtype=np.int64), counts)
             bound = max(max(abs(r.start), abs(r.stop)) for r in per_device)
             arrays["i"] = device
-            def stage_of(c: Any, d: np.ndarray = device) -> Any:
-                return table[d, c]
-
-            found = loop.columns(envs[-1], x, bound, stage_of, num_chunks,
+            found = loop.columns(envs[-1], x, bound, _stage_of(table, device), num_chunks,
                                  num_microbatches, arrays)
             if found is None:
                 return None
@@ -442,6 +438,11 @@ class _DeviceLoops:
             PassOrder(kind[a:b], micro[a:b], stage[a:b], span_index[a:b], spans)
             for a, b in zip(ends, ends[1:], strict=False)
         )
+
+
+def _stage_of(table: np.ndarray, device: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Chunks -> stages on the devices `device` (`table[device, chunk]`)."""
+    return lambda chunk: table[device, chunk]
 
 
 def _device_loops(body: tuple[ast.OrderStmt, ...], scope: Scope, rules: _Rules) -> _DeviceLoops | None:
