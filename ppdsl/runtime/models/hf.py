@@ -29,6 +29,7 @@ imported only when a `hf:` model is used.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Callable, Sequence
@@ -43,6 +44,15 @@ from torch import nn
 from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
 from ppdsl.runtime.models.model import ModelError, PipelineModel
+from ppdsl.runtime.models.weights import (
+    INDEX,
+    WeightFiles,
+    materialise,
+    shard_name,
+    tensor_names,
+    write_index,
+    write_shard,
+)
 
 __all__ = [
     "HFOptions",
@@ -59,8 +69,10 @@ __all__ = [
     "preflight",
     "pipeline_model",
     "check_cut",
-    "stage_tensors",
-    "save_pretrained",
+    "check_family",
+    "meta_model",
+    "import_library",
+    "save_by_stage",
 ]
 
 PREFIX = "hf:"
@@ -145,39 +157,47 @@ def _transformers() -> Any:
     return transformers
 
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
+def import_library() -> None:
+    """Import transformers and its auto classes now: the library is part of a
+    rank's bare runtime, measured before any model is built (`ppdsl run`'s host
+    memory by component). Nothing when transformers is missing (the model's
+    build then says so)."""
+    try:
+        import transformers
+    except ImportError:
+        return
+    _quiet(transformers)
+    transformers.AutoModelForCausalLM  # noqa: B018 - the lazy module loads here
 
 
-def _has_weights(folder: Path) -> bool:
-    """Whether `save_pretrained` left weights in `folder` (a token file beside them
-    is no weight file)."""
-    return any((folder / name).is_file() for name in _WEIGHT_FILES)
-
-
-def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
-    """The whole model from DIR, in fp32: its weights when DIR has some, else
-    initialised from `seed` (the same on every process); `ModelError` when DIR
-    is no causal LM transformers can build."""
-    read_config(directory)
-    transformers = _transformers()
-    # progress bars and config warnings on every rank would bury the step lines
+def _quiet(transformers: Any) -> None:
+    """Progress bars and config warnings on every rank would bury the step lines."""
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    folder = Path(directory)
-    where = _where(directory)
+
+
+def _auto_config(directory: str | Path) -> Any:
+    """DIR's config as transformers reads it; `ModelError` when it cannot."""
+    read_config(directory)
+    transformers = _transformers()
+    _quiet(transformers)
     try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(Path(directory), local_files_only=True)
     except Exception as exc:
-        raise ModelError(f"{where}: transformers cannot read its config.json: {exc}") from exc
+        raise ModelError(f"{_where(directory)}: transformers cannot read its config.json: "
+                         f"{first_line(exc)}") from exc
+
+
+def meta_model(config: Any, where: str = "the model") -> Any:
+    """The whole model of `config` on the meta device, in fp32: its modules,
+    names and shapes, no storage and no initialisation (transformers skips
+    `init_weights` under the meta device); tied parameters are one meta
+    Parameter. `ModelError` when transformers cannot build it."""
+    transformers = _transformers()
+    _quiet(transformers)
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            if _has_weights(folder):
-                model = transformers.AutoModelForCausalLM.from_pretrained(
-                    folder, local_files_only=True, dtype=torch.float32)
-            else:
-                model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except ValueError as exc:
         raise ModelError(
             f"{where}: model type {getattr(config, 'model_type', '?')!r} is not a causal LM "
@@ -186,6 +206,19 @@ def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
     except Exception as exc:
         raise ModelError(f"{where}: building the model failed: {type(exc).__name__}: {exc}") from exc
     model.train()
+    return model
+
+
+def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
+    """The whole model from DIR, in fp32: its weights when DIR has some, else
+    initialised from `seed` by `ppdsl.runtime.models.weights.materialise`'s rule
+    (the same on every process, and the same tensors a pipelined run's stages
+    hold); `ModelError` when DIR is no causal LM transformers can build. For
+    tests and single-process tools: a run builds only its own stages."""
+    model = meta_model(_auto_config(directory), _where(directory))
+    with WeightFiles.open(directory) as weights:
+        materialise(model, _units(model, anatomy_of(model, _where(directory))) + [""],
+                    seed, weights)
     return model
 
 
@@ -375,6 +408,49 @@ def _tied_head(model: Any, anatomy: Anatomy) -> tuple[str, str] | None:
     return None
 
 
+def _stage_units(anatomy: Anatomy, layers: range, first: bool, last: bool) -> list[str]:
+    """The module paths a stage is made of: what `materialise` makes real for it."""
+    units = list(anatomy.embeddings) if first else []
+    units += [f"{anatomy.layers}.{i}" for i in layers]
+    units += list(anatomy.finals) if last else []
+    if anatomy.rotary is not None and len(layers):
+        units.append(anatomy.rotary)
+    return units
+
+
+def _units(model: Any, anatomy: Anatomy) -> list[str]:
+    """Every stage's modules at once: the whole model's units."""
+    num_layers = len(model.get_submodule(anatomy.layers))
+    return _stage_units(anatomy, range(num_layers), True, True)
+
+
+class _Parts:
+    """A meta-device model whose units are made real on demand, each once
+    (`ppdsl.runtime.models.weights.materialise`): read from DIR's weight files
+    when it has some, else initialised from the seed."""
+
+    def __init__(self, model: Any, directory: str | Path, seed: int) -> None:
+        self.model = model
+        self.directory = directory
+        self.seed = seed
+        self.names = tensor_names(model)
+        """{id of a meta tensor: its names}, taken before any is made real."""
+        self.first_names = {every[0] for every in self.names.values()}
+        """Each tensor's first name: a tied tensor is saved once, under it."""
+        self._made: dict[int, torch.Tensor] = {}
+        self._done: set[str] = set()
+
+    def make(self, units: Sequence[str]) -> None:
+        """Make `units` real (those not made yet); the weight files are open only
+        meanwhile."""
+        todo = [u for u in units if u not in self._done]
+        if not todo:
+            return
+        with WeightFiles.open(self.directory) as weights:
+            materialise(self.model, todo, self.seed, weights, names=self.names, made=self._made)
+        self._done.update(todo)
+
+
 @dataclass
 class HFPipelineModel(PipelineModel):
     """A transformers causal LM as ppdsl's model protocol, with its cut and a way
@@ -383,13 +459,25 @@ class HFPipelineModel(PipelineModel):
     cut: tuple[int, ...] = ()
     """The first decoder layer of each stage."""
     hf_model: Any = None
-    """The whole transformers model the stages are made of."""
+    """The whole transformers model the stages are made of, on the meta device
+    but for the stages built so far (`stage`), or every module after `whole()`."""
+    parts: Any = None
+    """What makes the model's modules real (`_Parts`)."""
 
-    def save(self, out: str | Path, stages: dict[int, nn.Module]) -> None:
-        """Collective over the default group: every process offers its `stages`
-        (`{stage: module}`, a runner's); process 0 writes the whole model to `out`
-        as a transformers checkpoint."""
-        _save_collective(self.hf_model, out, stages)
+    def whole(self) -> Any:
+        """The whole model, every module made real (a single-process tool's, e.g.
+        `--cut balanced`'s per-layer profile: a run builds only its stages)."""
+        anatomy = anatomy_of(self.hf_model)
+        self.parts.make(_units(self.hf_model, anatomy) + [""])
+        return self.hf_model
+
+    def save(self, out: str | Path, runner: Any) -> None:
+        """Collective over `runner`'s groups: each pipeline rank writes its own
+        stages' tensors (replica 0 of each, a lane-0 copy under a bidirectional
+        placement, a tied tensor once) to its own shard of `out`, and pipeline
+        rank 0 the index and config.json: a transformers checkpoint that
+        `from_pretrained` loads; no rank gathers the model."""
+        save_by_stage(self.hf_model, out, runner, self.parts.first_names)
 
 
 def _layer_count(config: Any) -> int | None:
@@ -454,8 +542,11 @@ def pipeline_model(directory: str | Path, num_stages: int,
                    options: HFOptions | None = None) -> HFPipelineModel:
     """`DIR` as ppdsl's model protocol (`ppdsl.runtime.PipelineModel`), cut into
     `num_stages` stages by `options.cut`; batches from `options.data` (or
-    synthetic tokens from the seed). Every process that calls it builds the whole
-    model once (then each stage it is asked for is the whole model's modules)."""
+    synthetic tokens from the seed). The model is built on the meta device; each
+    stage asked for is made real then, its tensors alone read from DIR's weight
+    files (or initialised from the seed), so a process holds only its own
+    stages. The cut is checked on a two-layer copy of the architecture
+    (`check_family`), not on the whole model."""
     options = options or HFOptions()
     where = _where(directory)
     raw = read_config(directory)
@@ -468,7 +559,8 @@ def pipeline_model(directory: str | Path, num_stages: int,
             held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
     except DataError as exc:
         raise ModelError(str(exc)) from exc
-    model = load_causal_lm(directory, options.seed)
+    config = _auto_config(directory)
+    model = meta_model(config, where)
     anatomy = anatomy_of(model, where)
     num_layers = len(model.get_submodule(anatomy.layers))
     if isinstance(options.cut, str) and options.cut == "balanced":
@@ -481,15 +573,16 @@ def pipeline_model(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
+    check_family(config, seq_len=min(8, options.seq_len), where=where)
     vocab_size = int(model.config.vocab_size)
     ends = starts[1:] + (num_layers,)
     seq_len, seed = options.seq_len, options.seed
+    parts = _Parts(model, directory, seed)
 
     def stage(index: int) -> HFStage:
-        return HFStage(model, anatomy, range(starts[index], ends[index]), index == 0,
-                       index == num_stages - 1)
-
-    check_cut(model, [stage(s) for s in range(num_stages)], seq_len=min(8, options.seq_len))
+        layers, first, last = range(starts[index], ends[index]), index == 0, index == num_stages - 1
+        parts.make(_stage_units(anatomy, layers, first, last))
+        return HFStage(model, anatomy, layers, first, last)
 
     def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if data is not None:
@@ -509,7 +602,38 @@ def pipeline_model(directory: str | Path, num_stages: int,
     return HFPipelineModel(num_stages=num_stages, stage=stage, loss=_loss, batch=batch,
                            tokens_per_sample=seq_len, tied=ties,
                            eval_batch=eval_batch if held_out is not None else None,
-                           cut=starts, hf_model=model)
+                           cut=starts, hf_model=model, parts=parts)
+
+
+_PROBE_VOCAB = 256
+"""The vocabulary of `check_family`'s copy: the embedding's size says nothing
+about what the base model computes around the layers."""
+
+
+def check_family(config: Any, seq_len: int = 8, where: str = "the model") -> None:
+    """`check_cut` on a small copy of `config`'s architecture (two decoder layers,
+    or one, cut one per stage; a small vocabulary), initialised from seed 0: a
+    family whose base model does more than its plan says is refused the same way
+    as on the whole model, at a fraction of its memory."""
+    probe = copy.deepcopy(config)
+    layers = min(_layer_count(config) or 1, 2)
+    for key in ("num_hidden_layers", "n_layer"):
+        if isinstance(getattr(probe, key, None), int):
+            setattr(probe, key, layers)
+    if isinstance(getattr(probe, "layer_types", None), list):
+        probe.layer_types = probe.layer_types[:layers]
+    vocab = min(int(getattr(config, "vocab_size", _PROBE_VOCAB)), _PROBE_VOCAB)
+    probe.vocab_size = vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(probe, key, None)
+        if isinstance(value, int) and value >= vocab:
+            setattr(probe, key, None)
+    model = meta_model(probe, where)
+    anatomy = anatomy_of(model, where)
+    materialise(model, _units(model, anatomy) + [""], 0, None)
+    stages = [HFStage(model, anatomy, range(i, i + 1), i == 0, i == layers - 1)
+              for i in range(layers)]
+    check_cut(model, stages, seq_len=seq_len)
 
 
 def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,
@@ -540,50 +664,61 @@ def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,
         )
 
 
-def stage_tensors(stages: dict[int, Any]) -> dict[str, torch.Tensor]:
-    """This process's stage parameters under the whole model's names, as CPU
-    copies (a sharded parameter gathered over its group: collective then)."""
-    found: dict[str, torch.Tensor] = {}
-    for _, module in sorted(stages.items()):
-        for name, p in module.named_parameters():
-            whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-            found[module.hf_name(name)] = whole.detach().to("cpu", copy=True)
-    return found
-
-
-def save_pretrained(model: Any, out: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write `tensors` (whole-model names, every parameter) as a transformers
-    checkpoint at `out`: a fresh model of `model`'s class and config (the
-    training one's modules may be sharded: FSDP2 turns their parameters into
-    DTensors) takes the values and `save_pretrained` writes it (a tied head is
-    one tensor there). The global RNG is left as it was. `ModelError` when a
-    parameter is missing."""
-    with torch.random.fork_rng(devices=[]):
-        fresh = type(model)(model.config)
-    expected = {name for name, _ in fresh.named_parameters()}
-    missing = sorted(expected - set(tensors))
-    if missing:
-        raise ModelError(f"--save-model: no trained values for {', '.join(missing[:5])}")
-    with torch.no_grad():
-        for name, value in tensors.items():
-            fresh.get_parameter(name).copy_(value)
-    fresh.save_pretrained(out)
-
-
-def _save_collective(model: Any, out: str | Path, stages: dict[int, nn.Module]) -> None:
-    """Every process offers its stages' parameters; process 0 writes `out`."""
+def save_by_stage(model: Any, out: str | Path, runner: Any,
+                  first_names: set[str] | None = None) -> None:
+    """Write `runner`'s stages (`PipelineRunner`: its `stages`, `plan`, `rank`,
+    `group`, `data_parallel`) as this pipeline rank's shard of a sharded
+    safetensors checkpoint at `out`, streamed tensor by tensor
+    (`ppdsl.runtime.models.weights.write_shard`); pipeline rank 0 writes the
+    index and `model`'s config.json. Only replica 0 writes (sharded parameters
+    are gathered one at a time over their DP group: every replica takes part);
+    a stage's copy on another lane and a tensor under a name other than its
+    first (`first_names`) are left to their first holder. Collective."""
     import torch.distributed as dist
 
     from ppdsl.runtime.execution.group import gather
 
-    mine = stage_tensors(stages)
-    if not dist.is_initialized():
-        save_pretrained(model, out, mine)
-        return
-    everyone = gather(mine)
-    if dist.get_rank() == 0:
-        merged: dict[str, torch.Tensor] = {}
-        for part in everyone:
-            merged.update(part)
-        save_pretrained(model, out, merged)
-    dist.barrier()
+    plan, group = runner.plan, runner.group
+    dp = runner.data_parallel
+    writes = dp is None or dist.get_rank(dp.group) == 0
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for s, module in sorted(runner.stages.items()):
+        if plan.model_stage(s) != s:
+            continue  # the lane-0 copy holds the same values
+        for name, t in module.state_dict(keep_vars=True).items():
+            hf = module.hf_name(name)
+            if first_names is None or hf in first_names:
+                tensors.append((hf, t))
+    folder = Path(out)
+    count = plan.num_devices
+    file = shard_name(runner.rank, count)
+    distributed = dist.is_initialized()
+    if not distributed or runner.rank == 0 and writes:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in list(folder.glob("model*.safetensors")) + [folder / INDEX]:
+            if old.is_file():
+                old.unlink()  # a former save's shards, perhaps of another count
+    if distributed:
+        dist.barrier()
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if hasattr(t, "full_tensor") else t  # type: ignore[no-any-return]
+
+    size = 0
+    if writes:
+        size = write_shard(folder / file, tensors, value=whole)
+    elif any(hasattr(t, "full_tensor") for _, t in tensors):
+        for _, t in tensors:  # replica 0's gathers need every replica
+            whole(t)
+    mine = ({name: file for name, _ in tensors}, size) if writes else ({}, 0)
+    everyone = gather(mine, group) if distributed else [mine]
+    if runner.rank == 0 and writes:
+        weight_map: dict[str, str] = {}
+        for names, _ in everyone:
+            weight_map.update(names)
+        write_index(folder, weight_map, sum(total for _, total in everyone))
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = torch.float32
+        model.config.save_pretrained(folder)
+    if distributed:
+        dist.barrier()
