@@ -68,8 +68,8 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
     opening lines: the run, or the exit code when it stops here."""
     rank = worker.rank
     if is_hf_spec(opts.model):
-        import_library()
-    bare = resident_bytes()  # the runtime and the model's library, before any model is built
+        import_library(opts.model[len(PREFIX):])
+    bare = resident_bytes()  # the runtime and the model's code, before any of its tensors
     if not _same_program(plan, fingerprint, rank):
         return EXIT_INVALID
     batch_size = opts.batch_size if opts.batch_size is not None else 2 * plan.num_microbatches * opts.dp

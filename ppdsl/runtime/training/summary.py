@@ -199,8 +199,10 @@ def host_memory(run: Run) -> dict[str, Any]:
     measured = {
         "parameters": _tensor_bytes(params),
         "gradients": _tensor_bytes(p.grad for p in params if p.grad is not None),
+        # per-parameter state; the step counters (a 0-dim tensor each) left out
         "optimizer": _tensor_bytes(t for state in run.optimizer.state.values()
-                                   for t in state.values() if isinstance(t, torch.Tensor)),
+                                   for t in state.values()
+                                   if isinstance(t, torch.Tensor) and t.dim() > 0),
         "activations": run.peak_bytes,
     }
     measured["rest"] = peak - bare - sum(measured.values())
