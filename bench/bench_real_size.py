@@ -3,9 +3,10 @@ Qwen2-shaped model (hidden 896, 24 layers, vocabulary 151936, tied head: 494M
 parameters) with random weights, written as 4 safetensors shards, under
 `ppdsl run examples/1f1b.pp --model hf:DIR -D d=4 --steps 2` on CPU (Adam,
 --save-model). Measured in one bench run: the start-up time (from `ppdsl run`'s
-start to its first step line) of this checkout and of a baseline checkout
-(`--baseline PATH`, default /work/main: the whole model built on every rank,
-stopped at its first step line), and this
+start to its line naming the cut, printed when every rank has built its model,
+runner and optimizer) of this checkout and of a baseline checkout (`--baseline
+PATH`, default /work/main: the whole model built on every rank, stopped
+there), and this
 checkout's per-rank host memory by component from its `--json`.
 
 `--write` puts the table in bench/results/real_size.md. Needs about 12 GB of
@@ -54,9 +55,10 @@ def _model(folder: Path) -> int:
 
 
 def _run(checkout: Path, folder: Path, out: Path, save: bool) -> tuple[float, float | None, str]:
-    """`ppdsl run` from `checkout`: seconds to its first step line, seconds in all
-    (None for the baseline, stopped at its first step line: its ranks' Adam state
-    beside four whole models would not fit beside other work), its output."""
+    """`ppdsl run` from `checkout`: seconds to the end of its start-up (its line
+    naming the cut, printed once model, runner and optimizer are built on every
+    rank), seconds in all (None for the baseline, stopped there: its ranks' Adam
+    state beside four whole models would not fit beside other work), its output."""
     argv = [sys.executable, "-m", "ppdsl", "run", "examples/1f1b.pp", "-D", f"d={D}", "-D",
             f"m={M}", "--model", f"hf:{folder}", "--steps", str(STEPS), "--seq-len", str(SEQ),
             "--batch-size", str(BATCH), "--optimizer", "adam", "--json", str(out / "json"),
@@ -72,7 +74,7 @@ def _run(checkout: Path, folder: Path, out: Path, save: bool) -> tuple[float, fl
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        if first is None and line.startswith("step"):
+        if first is None and line.startswith("ppdsl: cut"):
             first = time.perf_counter() - start
             if not save:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -109,9 +111,9 @@ def main() -> None:
         f"this checkout with `--save-model`; `python -m bench real_size` ({os.cpu_count()} cores, "
         "shared with other work: times are wall clock).",
         "",
-        "| checkout | start-up to step 1 (s) | whole run (s) |",
+        "| checkout | start-up: to the cut line (s) | whole run (s) |",
         "|---|---:|---:|",
-        f"| baseline ({baseline}, whole model on every rank; stopped at its first step line) "
+        f"| baseline ({baseline}, whole model on every rank; stopped after its start-up) "
         f"| {base_first:.1f} | - |",
         f"| this one (own stages only, --save-model) | {mine_first:.1f} | {mine_total:.1f} |",
         "",
