@@ -43,7 +43,7 @@ def run_case(case: dict, rank: int) -> dict:
                            targets if runner.is_last else None, measure_memory=step == 0)
         optimizer.step()
         losses.append(None if loss is None else float(loss))
-    model.save(case["out"], runner.stages)
+    model.save(case["out"], runner)
     engine, plan = runner.engine, schedule.plan
     real = with_real_mw(plan.memory, engine.measured_mw_ratio(), engine.measured_mi_ratio())
     return {"rank": rank, "losses": losses, "tied": [dict(t) for t in model.tied],

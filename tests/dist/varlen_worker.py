@@ -34,7 +34,6 @@ from ppdsl.runtime.models.hf import (  # noqa: E402
     HFOptions,
     load_causal_lm,
     pipeline_model,
-    stage_tensors,
 )
 from ppdsl.runtime.training.reorder import agreed_order  # noqa: E402
 from ppdsl.semantics import KINDS  # noqa: E402
@@ -42,6 +41,12 @@ from ppdsl.semantics import KINDS  # noqa: E402
 # per-token costs for --reorder's search (a + b*tokens + c*tokens^2 per pass):
 # attention's square term makes long microbatches dominate
 PER_TOKEN = (0.05, 0.01, 0.0004)
+
+
+def stage_tensors(stages):
+    """This process's stage parameters under the whole model's names, as CPU copies."""
+    return {module.hf_name(name): p.detach().to("cpu", copy=True)
+            for _, module in sorted(stages.items()) for name, p in module.named_parameters()}
 
 
 def _per_token(plan):

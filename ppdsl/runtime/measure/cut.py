@@ -113,7 +113,7 @@ def profile_layers(
 ) -> LayerProfile:
     """Measure each layer of `model` (a `ppdsl.runtime.models.hf.pipeline_model`) on a
     microbatch of its first batch."""
-    whole = model.hf_model
+    whole = model.whole()
     anatomy = anatomy_of(whole)
     num_layers = len(whole.get_submodule(anatomy.layers))
     watch = stage_stopwatch(device)

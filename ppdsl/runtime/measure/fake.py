@@ -45,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ppdsl.runtime.errors import ModelError
 from ppdsl.runtime.measure.cut import LayerProfile
 from ppdsl.runtime.measure.records import StageTiming
-from ppdsl.runtime.models.hf import HFStage, _transformers, anatomy_of, read_config
+from ppdsl.runtime.models.hf import HFStage, anatomy_of, read_config, transformers_module
 
 __all__ = ["DEVICES", "DeviceSpec", "LayerSize", "ModelSize", "device_spec", "fake_layer_bytes",
            "model_size"]
@@ -294,7 +294,7 @@ def _masks_as_run(stage: HFStage, mode: FakeTensorMode) -> None:
 
 def _build_meta(directory: str) -> Any:
     read_config(directory)
-    transformers = _transformers()
+    transformers = transformers_module()
     transformers.utils.logging.set_verbosity_error()
     where = f"--model hf:{directory}"
     try:

@@ -2,9 +2,13 @@
 
 `DIR` is a local folder in transformers' `save_pretrained` layout: `config.json`
 and, optionally, the weights (safetensors); without weights the model is
-initialised from the seed (`torch.manual_seed(seed)` then
-`AutoModelForCausalLM.from_config`), the same on every rank. Nothing is
-downloaded.
+initialised from the seed: each module by the model's own `_init_weights`,
+its generator seeded from (seed, module name) (`ppdsl.runtime.models.weights`),
+so a rank that makes only its own stages real holds what the whole model would.
+Nothing is downloaded. The model is built on the meta device; each rank makes
+real, reads (lazily, from safetensors shards) and saves only its own stages.
+What config.json alone says (options, the cut, `preflight`) is in
+`ppdsl.runtime.models.hf_config`.
 
 Which models: any causal LM whose config has `base_model_pp_plan` (Llama,
 Mistral, Qwen2, Qwen3, Gemma, ...: the plan names, in model order, the
@@ -29,8 +33,8 @@ imported only when a `hf:` model is used.
 
 from __future__ import annotations
 
+import copy
 import inspect
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +47,31 @@ from torch import nn
 from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
 from ppdsl.runtime.models.documents import IGNORED, is_documents, open_batches
+from ppdsl.runtime.models.hf_config import (
+    PREFIX,
+    HFOptions,
+    auto_config,
+    equal_cut,
+    is_hf_spec,
+    layer_count,
+    parse_cut,
+    preflight,
+    quiet_logging,
+    read_config,
+    transformers_module,
+    vocab_size_of,
+    where_of,
+)
 from ppdsl.runtime.models.model import ModelError, PipelineModel
+from ppdsl.runtime.models.weights import (
+    INDEX,
+    WeightFiles,
+    materialise,
+    shard_name,
+    tensor_names,
+    write_index,
+    write_shard,
+)
 
 __all__ = [
     "HFOptions",
@@ -60,46 +88,11 @@ __all__ = [
     "preflight",
     "pipeline_model",
     "check_cut",
-    "stage_tensors",
-    "save_pretrained",
+    "check_family",
+    "meta_model",
+    "import_library",
+    "save_by_stage",
 ]
-
-PREFIX = "hf:"
-"""The `--model` prefix naming a transformers checkpoint folder."""
-
-
-def is_hf_spec(spec: str) -> bool:
-    """Whether a `--model` value names a transformers folder (`hf:DIR`)."""
-    return spec.startswith(PREFIX)
-
-
-def _where(directory: str | Path) -> str:
-    """How a message names the model of `--model hf:DIR`: as the user wrote it."""
-    return f"--model {PREFIX}{directory}"
-
-
-@dataclass(frozen=True)
-class HFOptions:
-    """How a `hf:DIR` model is trained: its sequences, data and cut."""
-
-    seq_len: int = 64
-    """Tokens per sample (`--seq-len`)."""
-    seed: int = 0
-    """Seed of the initial weights when DIR has none, and of synthetic tokens."""
-    data: str | None = None
-    """A token file (`--data`; `ppdsl.runtime.models.data`), or None for synthetic tokens."""
-    data_dtype: str = "uint16"
-    """Element type of a raw `.bin` token file (`--data-dtype`)."""
-    cut: str | Sequence[int] = "equal"
-    """`equal`, or the first decoder layer of each stage (`--cut 0,5,11`)."""
-    max_seq_len: int | None = None
-    """Documents (`--data FILE.npz`) cut to L tokens (`--max-seq-len`, `ppdsl.lengths`)."""
-    pack: int | None = None
-    """Documents packed into microbatches of at most T tokens (`--pack`)."""
-    eval_data: str | None = None
-    """A token file of held-out data (`--eval-data`, same format and dtype as
-    `data`): evaluation batch k takes its sequences by the training batches' rule;
-    None: no evaluation data (`--eval-every` is then refused)."""
 
 
 @dataclass(frozen=True)
@@ -118,71 +111,29 @@ class Anatomy:
     """GPT-2's first stage: token plus position embeddings, then dropout."""
 
 
-def read_config(directory: str | Path) -> dict[str, Any]:
-    """`DIR/config.json` as a dict (no transformers needed); `ModelError` when
-    DIR or its config is missing or unreadable."""
-    folder = Path(directory)
-    where = _where(directory)
-    if not folder.is_dir():
-        raise ModelError(f"{where}: no such directory")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise ModelError(
-            f"{where}: no config.json in {str(folder)!r}; give a folder written by "
-            "transformers' save_pretrained (config.json, optionally model.safetensors)"
-        )
+def import_library(directory: str | Path) -> None:
+    """Import the code DIR's model runs on now: transformers, its config class
+    and its modeling module (a meta-device build, no storage, dropped). That
+    code is part of a rank's bare runtime, measured before any tensor of the
+    model exists (`ppdsl run`'s host memory by component): about 130 MB for a
+    Llama, whatever its size. Nothing when DIR cannot be built (the model's
+    build then says why)."""
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{where}: {str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelError(f"{where}: {str(path)!r} holds no JSON object")
-    return config
+        meta_model(auto_config(directory))
+    except ModelError:
+        return
 
 
-def _transformers() -> Any:
+def meta_model(config: Any, where: str = "the model") -> Any:
+    """The whole model of `config` on the meta device, in fp32: its modules,
+    names and shapes, no storage and no initialisation (transformers skips
+    `init_weights` under the meta device); tied parameters are one meta
+    Parameter. `ModelError` when transformers cannot build it."""
+    transformers = transformers_module()
+    quiet_logging(transformers)
     try:
-        import transformers
-    except ImportError as exc:
-        raise ModelError(
-            f"--model {PREFIX}DIR needs the transformers package: pip install 'ppdsl[hf]'"
-        ) from exc
-    return transformers
-
-
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
-
-
-def _has_weights(folder: Path) -> bool:
-    """Whether `save_pretrained` left weights in `folder` (a token file beside them
-    is no weight file)."""
-    return any((folder / name).is_file() for name in _WEIGHT_FILES)
-
-
-def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
-    """The whole model from DIR, in fp32: its weights when DIR has some, else
-    initialised from `seed` (the same on every process); `ModelError` when DIR
-    is no causal LM transformers can build."""
-    read_config(directory)
-    transformers = _transformers()
-    # progress bars and config warnings on every rank would bury the step lines
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    folder = Path(directory)
-    where = _where(directory)
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-    except Exception as exc:
-        raise ModelError(f"{where}: transformers cannot read its config.json: {exc}") from exc
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            if _has_weights(folder):
-                model = transformers.AutoModelForCausalLM.from_pretrained(
-                    folder, local_files_only=True, dtype=torch.float32)
-            else:
-                model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except ValueError as exc:
         raise ModelError(
             f"{where}: model type {getattr(config, 'model_type', '?')!r} is not a causal LM "
@@ -191,6 +142,19 @@ def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
     except Exception as exc:
         raise ModelError(f"{where}: building the model failed: {type(exc).__name__}: {exc}") from exc
     model.train()
+    return model
+
+
+def load_causal_lm(directory: str | Path, seed: int = 0) -> Any:
+    """The whole model from DIR, in fp32: its weights when DIR has some, else
+    initialised from `seed` by `ppdsl.runtime.models.weights.materialise`'s rule
+    (the same on every process, and the same tensors a pipelined run's stages
+    hold); `ModelError` when DIR is no causal LM transformers can build. For
+    tests and single-process tools: a run builds only its own stages."""
+    model = meta_model(auto_config(directory), where_of(directory))
+    with WeightFiles.open(directory) as weights:
+        materialise(model, _units(model, anatomy_of(model, where_of(directory))) + [""],
+                    seed, weights)
     return model
 
 
@@ -222,48 +186,6 @@ def anatomy_of(model: Any, where: str = "the model") -> Anatomy:
     rotary = f"{prefix}.rotary_emb" if hasattr(base, "rotary_emb") else None
     return Anatomy(tuple(f"{prefix}.{n}" for n in names[:at]), f"{prefix}.{names[at]}",
                    tuple(f"{prefix}.{n}" for n in names[at + 1:]) + (head,), rotary, gpt2=False)
-
-
-def equal_cut(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """The first layer of each stage when layers are shared out equally (earlier
-    stages take the extra ones)."""
-    base, extra = divmod(num_layers, num_stages)
-    starts, at = [], 0
-    for s in range(num_stages):
-        starts.append(at)
-        at += base + (1 if s < extra else 0)
-    return tuple(starts)
-
-
-def parse_cut(cut: str | Sequence[int], num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """`equal`, or a list of each stage's first decoder layer (`0,5,11`), checked:
-    `num_stages` increasing values from 0, each stage at least one layer."""
-    if num_layers < num_stages:
-        raise ModelError(
-            f"the model has {num_layers} decoder layers, fewer than the schedule's "
-            f"{num_stages} stages; every stage needs at least one layer: use fewer devices "
-            "(-D d=...) or a model with more layers"
-        )
-    if isinstance(cut, str):
-        if cut == "equal":
-            return equal_cut(num_layers, num_stages)
-        try:
-            starts = tuple(int(x) for x in cut.split(","))
-        except ValueError:
-            raise ModelError(f"--cut {cut!r}: use equal, balanced or the first layer of each "
-                             "stage, e.g. 0,5,11") from None
-    else:
-        starts = tuple(int(x) for x in cut)
-    text = ",".join(map(str, starts))
-    if len(starts) != num_stages:
-        raise ModelError(f"--cut {text}: {len(starts)} stage starts for {num_stages} stages")
-    if starts[0] != 0:
-        raise ModelError(f"--cut {text}: the first stage starts at layer 0")
-    ends = starts[1:] + (num_layers,)
-    if any(b <= a for a, b in zip(starts, ends, strict=True)):
-        raise ModelError(f"--cut {text}: each stage needs at least one of the {num_layers} layers "
-                         "(strictly increasing starts, all below the layer count)")
-    return starts
 
 
 def _mask_arguments(fn: Callable[..., Any], config: Any, hidden: torch.Tensor,
@@ -384,6 +306,49 @@ def _tied_head(model: Any, anatomy: Anatomy) -> tuple[str, str] | None:
     return None
 
 
+def _stage_units(anatomy: Anatomy, layers: range, first: bool, last: bool) -> list[str]:
+    """The module paths a stage is made of: what `materialise` makes real for it."""
+    units = list(anatomy.embeddings) if first else []
+    units += [f"{anatomy.layers}.{i}" for i in layers]
+    units += list(anatomy.finals) if last else []
+    if anatomy.rotary is not None and len(layers):
+        units.append(anatomy.rotary)
+    return units
+
+
+def _units(model: Any, anatomy: Anatomy) -> list[str]:
+    """Every stage's modules at once: the whole model's units."""
+    num_layers = len(model.get_submodule(anatomy.layers))
+    return _stage_units(anatomy, range(num_layers), True, True)
+
+
+class _Parts:
+    """A meta-device model whose units are made real on demand, each once
+    (`ppdsl.runtime.models.weights.materialise`): read from DIR's weight files
+    when it has some, else initialised from the seed."""
+
+    def __init__(self, model: Any, directory: str | Path, seed: int) -> None:
+        self.model = model
+        self.directory = directory
+        self.seed = seed
+        self.names = tensor_names(model)
+        """{id of a meta tensor: its names}, taken before any is made real."""
+        self.first_names = {every[0] for every in self.names.values()}
+        """Each tensor's first name: a tied tensor is saved once, under it."""
+        self._made: dict[int, torch.Tensor] = {}
+        self._done: set[str] = set()
+
+    def make(self, units: Sequence[str]) -> None:
+        """Make `units` real (those not made yet); the weight files are open only
+        meanwhile."""
+        todo = [u for u in units if u not in self._done]
+        if not todo:
+            return
+        with WeightFiles.open(self.directory) as weights:
+            materialise(self.model, todo, self.seed, weights, names=self.names, made=self._made)
+        self._done.update(todo)
+
+
 @dataclass
 class HFPipelineModel(PipelineModel):
     """A transformers causal LM as ppdsl's model protocol, with its cut and a way
@@ -392,84 +357,40 @@ class HFPipelineModel(PipelineModel):
     cut: tuple[int, ...] = ()
     """The first decoder layer of each stage."""
     hf_model: Any = None
-    """The whole transformers model the stages are made of."""
+    """The whole transformers model the stages are made of, on the meta device
+    but for the stages built so far (`stage`), or every module after `whole()`."""
+    parts: Any = None
+    """What makes the model's modules real (`_Parts`)."""
 
-    def save(self, out: str | Path, stages: dict[int, nn.Module]) -> None:
-        """Collective over the default group: every process offers its `stages`
-        (`{stage: module}`, a runner's); process 0 writes the whole model to `out`
-        as a transformers checkpoint."""
-        _save_collective(self.hf_model, out, stages)
+    def whole(self) -> Any:
+        """The whole model, every module made real (a single-process tool's, e.g.
+        `--cut balanced`'s per-layer profile: a run builds only its stages)."""
+        anatomy = anatomy_of(self.hf_model)
+        self.parts.make(_units(self.hf_model, anatomy) + [""])
+        return self.hf_model
 
-
-def _layer_count(config: Any) -> int | None:
-    for key in ("num_hidden_layers", "n_layer"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _vocab_size(config: dict[str, Any]) -> int | None:
-    """The vocabulary size a config.json states (at its top or in `text_config`)."""
-    value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    return int(value) if isinstance(value, int) else None
-
-
-def preflight(directory: str | Path, num_stages: int,
-              options: HFOptions) -> tuple[int, ...] | None:
-    """What can be checked without building the model, before any process starts
-    (`ppdsl run`): the folder and its config, an architecture ppdsl can cut,
-    enough decoder layers for the stages and the cut, the sequence length, the
-    token file. Returns the cut (None for `balanced`, which needs a profile).
-    Raises `ModelError` saying what is wrong."""
-    raw = read_config(directory)
-    transformers = _transformers()
-    transformers.utils.logging.set_verbosity_error()
-    where = _where(directory)
-    try:
-        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
-    except Exception as exc:
-        raise ModelError(f"{where}: transformers cannot read its config.json: "
-                         f"{first_line(exc)}") from exc
-    model_type = getattr(config, "model_type", "?")
-    if model_type != "gpt2" and not getattr(config, "base_model_pp_plan", None):
-        raise ModelError(
-            f"{where}: model type {model_type!r} has no base_model_pp_plan in its config, so "
-            "ppdsl does not know where to cut it; supported: GPT-2 and causal LMs with a plan "
-            "(Llama, Mistral, Qwen2, Qwen3, Gemma, ...), or write a factory (docs/runtime.md)"
-        )
-    layers = _layer_count(config)
-    if layers is None:
-        raise ModelError(f"{where}: its config gives no layer count (num_hidden_layers or n_layer)")
-    balanced = isinstance(options.cut, str) and options.cut == "balanced"
-    cut = None if balanced else parse_cut(options.cut, layers, num_stages)
-    if balanced and layers < num_stages:
-        parse_cut("equal", layers, num_stages)  # the same message as any cut
-    max_positions = getattr(config, "n_positions", None) or getattr(
-        config, "max_position_embeddings", None)
-    if max_positions is not None and options.seq_len > max_positions:
-        raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
-                         "positions (its config's max_position_embeddings / n_positions)")
-    open_batches(options, _vocab_size(raw), max_positions)
-    for path in (options.data, options.eval_data):
-        if path is not None and not is_documents(path):
-            try:
-                open_tokens(path, options.seq_len, _vocab_size(raw), options.data_dtype)
-            except DataError as exc:
-                raise ModelError(str(exc)) from exc
-    return cut
+    def save(self, out: str | Path, runner: Any) -> None:
+        """Collective over `runner`'s groups: each pipeline rank writes its own
+        stages' tensors (replica 0 of each, a lane-0 copy under a bidirectional
+        placement, a tied tensor once) to its own shard of `out`, and pipeline
+        rank 0 the index and config.json: a transformers checkpoint that
+        `from_pretrained` loads; no rank gathers the model."""
+        save_by_stage(self.hf_model, out, runner, self.parts.first_names)
 
 
 def pipeline_model(directory: str | Path, num_stages: int,
                    options: HFOptions | None = None) -> HFPipelineModel:
     """`DIR` as ppdsl's model protocol (`ppdsl.runtime.PipelineModel`), cut into
     `num_stages` stages by `options.cut`; batches from `options.data` (or
-    synthetic tokens from the seed). Every process that calls it builds the whole
-    model once (then each stage it is asked for is the whole model's modules)."""
+    synthetic tokens from the seed). The model is built on the meta device; each
+    stage asked for is made real then, its tensors alone read from DIR's weight
+    files (or initialised from the seed), so a process holds only its own
+    stages. The cut is checked on a two-layer copy of the architecture
+    (`check_family`), not on the whole model."""
     options = options or HFOptions()
-    where = _where(directory)
+    where = where_of(directory)
     raw = read_config(directory)
-    vocab = _vocab_size(raw)
+    vocab = vocab_size_of(raw)
     data = held_out = None
     try:
         if options.data is not None and not is_documents(options.data):
@@ -478,7 +399,8 @@ def pipeline_model(directory: str | Path, num_stages: int,
             held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
     except DataError as exc:
         raise ModelError(str(exc)) from exc
-    model = load_causal_lm(directory, options.seed)
+    config = auto_config(directory)
+    model = meta_model(config, where)
     anatomy = anatomy_of(model, where)
     num_layers = len(model.get_submodule(anatomy.layers))
     if isinstance(options.cut, str) and options.cut == "balanced":
@@ -492,15 +414,16 @@ def pipeline_model(directory: str | Path, num_stages: int,
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
     documents = open_batches(options, vocab, max_positions)
+    check_family(config, seq_len=min(8, options.seq_len), where=where)
     vocab_size = int(model.config.vocab_size)
     ends = starts[1:] + (num_layers,)
     seq_len, seed = options.seq_len, options.seed
+    parts = _Parts(model, directory, seed)
 
     def stage(index: int) -> HFStage:
-        return HFStage(model, anatomy, range(starts[index], ends[index]), index == 0,
-                       index == num_stages - 1)
-
-    check_cut(model, [stage(s) for s in range(num_stages)], seq_len=min(8, options.seq_len))
+        layers, first, last = range(starts[index], ends[index]), index == 0, index == num_stages - 1
+        parts.make(_stage_units(anatomy, layers, first, last))
+        return HFStage(model, anatomy, layers, first, last)
 
     def batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if data is not None:
@@ -520,7 +443,38 @@ def pipeline_model(directory: str | Path, num_stages: int,
     return HFPipelineModel(num_stages=num_stages, stage=stage, loss=_loss, batch=batch,
                            tokens_per_sample=None if documents else seq_len, tied=ties,
                            eval_batch=eval_batch if held_out is not None else None,
-                           documents=documents, cut=starts, hf_model=model)
+                           documents=documents, cut=starts, hf_model=model, parts=parts)
+
+
+_PROBE_VOCAB = 256
+"""The vocabulary of `check_family`'s copy: the embedding's size says nothing
+about what the base model computes around the layers."""
+
+
+def check_family(config: Any, seq_len: int = 8, where: str = "the model") -> None:
+    """`check_cut` on a small copy of `config`'s architecture (two decoder layers,
+    or one, cut one per stage; a small vocabulary), initialised from seed 0: a
+    family whose base model does more than its plan says is refused the same way
+    as on the whole model, at a fraction of its memory."""
+    probe = copy.deepcopy(config)
+    layers = min(layer_count(config) or 1, 2)
+    for key in ("num_hidden_layers", "n_layer"):
+        if isinstance(getattr(probe, key, None), int):
+            setattr(probe, key, layers)
+    if isinstance(getattr(probe, "layer_types", None), list):
+        probe.layer_types = probe.layer_types[:layers]
+    vocab = min(int(getattr(config, "vocab_size", _PROBE_VOCAB)), _PROBE_VOCAB)
+    probe.vocab_size = vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(probe, key, None)
+        if isinstance(value, int) and value >= vocab:
+            setattr(probe, key, None)
+    model = meta_model(probe, where)
+    anatomy = anatomy_of(model, where)
+    materialise(model, _units(model, anatomy) + [""], 0, None)
+    stages = [HFStage(model, anatomy, range(i, i + 1), i == 0, i == layers - 1)
+              for i in range(layers)]
+    check_cut(model, stages, seq_len=seq_len)
 
 
 def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,
@@ -551,50 +505,61 @@ def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,
         )
 
 
-def stage_tensors(stages: dict[int, Any]) -> dict[str, torch.Tensor]:
-    """This process's stage parameters under the whole model's names, as CPU
-    copies (a sharded parameter gathered over its group: collective then)."""
-    found: dict[str, torch.Tensor] = {}
-    for _, module in sorted(stages.items()):
-        for name, p in module.named_parameters():
-            whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-            found[module.hf_name(name)] = whole.detach().to("cpu", copy=True)
-    return found
-
-
-def save_pretrained(model: Any, out: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write `tensors` (whole-model names, every parameter) as a transformers
-    checkpoint at `out`: a fresh model of `model`'s class and config (the
-    training one's modules may be sharded: FSDP2 turns their parameters into
-    DTensors) takes the values and `save_pretrained` writes it (a tied head is
-    one tensor there). The global RNG is left as it was. `ModelError` when a
-    parameter is missing."""
-    with torch.random.fork_rng(devices=[]):
-        fresh = type(model)(model.config)
-    expected = {name for name, _ in fresh.named_parameters()}
-    missing = sorted(expected - set(tensors))
-    if missing:
-        raise ModelError(f"--save-model: no trained values for {', '.join(missing[:5])}")
-    with torch.no_grad():
-        for name, value in tensors.items():
-            fresh.get_parameter(name).copy_(value)
-    fresh.save_pretrained(out)
-
-
-def _save_collective(model: Any, out: str | Path, stages: dict[int, nn.Module]) -> None:
-    """Every process offers its stages' parameters; process 0 writes `out`."""
+def save_by_stage(model: Any, out: str | Path, runner: Any,
+                  first_names: set[str] | None = None) -> None:
+    """Write `runner`'s stages (`PipelineRunner`: its `stages`, `plan`, `rank`,
+    `group`, `data_parallel`) as this pipeline rank's shard of a sharded
+    safetensors checkpoint at `out`, streamed tensor by tensor
+    (`ppdsl.runtime.models.weights.write_shard`); pipeline rank 0 writes the
+    index and `model`'s config.json. Only replica 0 writes (sharded parameters
+    are gathered one at a time over their DP group: every replica takes part);
+    a stage's copy on another lane and a tensor under a name other than its
+    first (`first_names`) are left to their first holder. Collective."""
     import torch.distributed as dist
 
     from ppdsl.runtime.execution.group import gather
 
-    mine = stage_tensors(stages)
-    if not dist.is_initialized():
-        save_pretrained(model, out, mine)
-        return
-    everyone = gather(mine)
-    if dist.get_rank() == 0:
-        merged: dict[str, torch.Tensor] = {}
-        for part in everyone:
-            merged.update(part)
-        save_pretrained(model, out, merged)
-    dist.barrier()
+    plan, group = runner.plan, runner.group
+    dp = runner.data_parallel
+    writes = dp is None or dist.get_rank(dp.group) == 0
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for s, module in sorted(runner.stages.items()):
+        if plan.model_stage(s) != s:
+            continue  # the lane-0 copy holds the same values
+        for name, t in module.state_dict(keep_vars=True).items():
+            hf = module.hf_name(name)
+            if first_names is None or hf in first_names:
+                tensors.append((hf, t))
+    folder = Path(out)
+    count = plan.num_devices
+    file = shard_name(runner.rank, count)
+    distributed = dist.is_initialized()
+    if not distributed or runner.rank == 0 and writes:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in list(folder.glob("model*.safetensors")) + [folder / INDEX]:
+            if old.is_file():
+                old.unlink()  # a former save's shards, perhaps of another count
+    if distributed:
+        dist.barrier()
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if hasattr(t, "full_tensor") else t  # type: ignore[no-any-return]
+
+    size = 0
+    if writes:
+        size = write_shard(folder / file, tensors, value=whole)
+    elif any(hasattr(t, "full_tensor") for _, t in tensors):
+        for _, t in tensors:  # replica 0's gathers need every replica
+            whole(t)
+    mine = ({name: file for name, _ in tensors}, size) if writes else ({}, 0)
+    everyone = gather(mine, group) if distributed else [mine]
+    if runner.rank == 0 and writes:
+        weight_map: dict[str, str] = {}
+        for names, _ in everyone:
+            weight_map.update(names)
+        write_index(folder, weight_map, sum(total for _, total in everyone))
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = torch.float32
+        model.config.save_pretrained(folder)
+    if distributed:
+        dist.barrier()

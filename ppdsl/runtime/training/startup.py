@@ -27,13 +27,14 @@ from ppdsl.runtime.execution.group import agree, differing, placement_of
 from ppdsl.runtime.execution.memory import DevicePeak
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner
 from ppdsl.runtime.execution.trace import Tracer
-from ppdsl.runtime.models.hf import PREFIX, HFOptions, is_hf_spec, pipeline_model
+from ppdsl.runtime.models.hf import PREFIX, HFOptions, import_library, is_hf_spec, pipeline_model
 from ppdsl.runtime.models.model import ModelError, build_model
 from ppdsl.runtime.training.checkpoint import Checkpointer, CheckpointError, run_identity
 from ppdsl.runtime.training.optim import OptimizerStep, lr_lambda, make_optimizer
 from ppdsl.runtime.worker import faults
 from ppdsl.runtime.worker.attempt import attempt_note
 from ppdsl.runtime.worker.bootstrap import EXIT_INVALID, Worker
+from ppdsl.runtime.worker.cpu import resident_bytes
 from ppdsl.runtime.worker.watchdog import Watchdog, group_timeout
 
 __all__ = ["Run", "start", "say", "startup_error"]
@@ -67,6 +68,9 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
     """The start-up checks, the model, runner, optimizer and checkpoints, the
     opening lines: the run, or the exit code when it stops here."""
     rank = worker.rank
+    if is_hf_spec(opts.model):
+        import_library(opts.model[len(PREFIX):])
+    bare = resident_bytes()  # the runtime and the model's code, before any of its tensors
     if not _same_program(plan, fingerprint, rank):
         return EXIT_INVALID
     batch_size = opts.batch_size if opts.batch_size is not None else 2 * plan.num_microbatches * opts.dp
@@ -91,7 +95,7 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
     last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
     # --save-model with checkpoints: each checkpoint also holds the model as a
     # transformers checkpoint (its `hf` folder), written before it becomes visible
-    export = ((lambda where: model.save(where / "hf", runner.stages))
+    export = ((lambda where: model.save(where / "hf", runner))
               if opts.save_model else None)
     checkpointer = None
     first_step = 0
@@ -124,7 +128,7 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
         scheduler=scheduler, stepper=stepper, checkpointer=checkpointer, export=export,
         first_step=first_step, last_step=last_step, batch_size=batch_size, replica=replica,
         pp_rank=pp_rank, tracer=tracer, device_peak=runner.device_peak,
-        last_saved=first_step if first_step else None,
+        last_saved=first_step if first_step else None, bare_resident=bare,
     )
 
 
@@ -277,6 +281,9 @@ class Run:
     """The step of the last checkpoint saved (or resumed from), or None."""
     pending: tuple[Any, torch.Tensor, int] | None = None
     """The last step's line, its numbers being all-reduced in the background."""
+    bare_resident: int | None = None
+    """This process's resident bytes before the model was built (the bare
+    runtime: torch, the process group), or None where it cannot be read."""
 
     @property
     def dp(self) -> int:

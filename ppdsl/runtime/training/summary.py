@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ppdsl.analysis.device_bytes import DTYPE_BYTES, OPTIMIZER_STATE, format_bytes
 from ppdsl.analysis.run_gap import gap_sources, mean_costs, simulated_timeline
 from ppdsl.backend.plan import PassKeys, Plan
 from ppdsl.ir.schedule import Costs, MemoryModel
@@ -26,9 +27,10 @@ from ppdsl.runtime.execution.memory import DevicePeak, predicted_device_peak
 from ppdsl.runtime.execution.pipeline import PipelineRunner
 from ppdsl.runtime.execution.trace import chrome_trace, write_chrome_trace
 from ppdsl.runtime.training.startup import Run, say
+from ppdsl.runtime.worker.cpu import peak_resident_bytes
 from ppdsl.semantics import format_ratio, pass_cost
 
-__all__ = ["summary", "memory_table", "replicas_summary", "timing_summary", "plan_costs",
+__all__ = ["summary", "memory_table", "host_memory", "host_memory_table", "HOST_COMPONENTS", "replicas_summary", "timing_summary", "plan_costs",
            "predictions", "predicted_cuda_peak", "with_real_mw", "GAP_TO_EXPLAIN"]
 
 
@@ -95,6 +97,8 @@ def summary(run: Run) -> None:
         (out / f"rank{rank}.json").write_text(json.dumps(mine, indent=1))
     if rank == 0:
         print(memory_table(plan, everyone), flush=True)
+        if all(r.get("host_bytes") for r in everyone):
+            print(host_memory_table(everyone), flush=True)
         if run.dp > 1:
             print(replicas_summary(everyone, plan.num_devices, opts.dp_mode), flush=True)
         print(timing_summary(plan, mine), flush=True)
@@ -180,7 +184,74 @@ def _measurements(run: Run) -> dict[str, Any]:
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in run.stepper.outcomes
         ],
+        **host_memory(run),
     }
+
+
+HOST_COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "rest")
+"""What a rank's resident memory above the bare runtime is made of, in the
+summary's order; `rest` is the peak less the others (the model's modules,
+transfer buffers, the allocator's free blocks, the saved model's buffers)."""
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the tensors (a sharded one's local part), each counted once."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return sum(local_tensor(t).numel() * local_tensor(t).element_size() for t in seen.values())
+
+
+def host_memory(run: Run) -> dict[str, Any]:
+    """This rank's host memory by component (`HOST_COMPONENTS`), measured: the
+    parameters, gradients and optimizer state its tensors hold, the activations'
+    peak (the meter's), and the rest of its peak resident memory (VmHWM, read now:
+    the whole run, `--save-model` included) above the bare runtime's (read before
+    the model was built); beside it the prediction, by `ppdsl.analysis.device_bytes`'
+    rule for this rank's parameter count (fp32 values, the optimizer's fp32 state
+    per parameter: Adam's two moments, SGD's momentum buffer). Empty where the
+    resident memory cannot be read."""
+    peak, bare = peak_resident_bytes(), run.bare_resident
+    if peak is None or bare is None:
+        return {}
+    params = run.runner.parameters()
+    count = sum(local_tensor(p).numel() for p in params)
+    measured = {
+        "parameters": _tensor_bytes(params),
+        "gradients": _tensor_bytes(p.grad for p in params if p.grad is not None),
+        # per-parameter state; the step counters (a 0-dim tensor each) left out
+        "optimizer": _tensor_bytes(t for state in run.optimizer.state.values()
+                                   for t in state.values()
+                                   if isinstance(t, torch.Tensor) and t.dim() > 0),
+        "activations": run.peak_bytes,
+    }
+    measured["rest"] = peak - bare - sum(measured.values())
+    optimizer = str(run.opts.optimizer)
+    values = OPTIMIZER_STATE.get(optimizer, 0) + (
+        1 if optimizer == "sgd" and run.opts.momentum else 0)
+    element = DTYPE_BYTES["fp32"]
+    predicted = {"parameters": count * element, "gradients": count * element,
+                 "optimizer": count * element * values}
+    return {"host_bytes": measured, "predicted_host_bytes": predicted,
+            "host_peak_above_bare": peak - bare, "host_bare": bare}
+
+
+def host_memory_table(ranks: list[dict[str, Any]]) -> str:
+    """Each rank's host memory by component, measured (predicted), its peak above
+    the bare runtime and that peak over the rank's model state (parameters,
+    gradients and optimizer state as measured)."""
+    lines = ["", "host memory per rank above the bare runtime (peak resident over the whole run, "
+             "the saved model included), by component: measured (predicted)"]
+    for r in ranks:
+        got, want = r["host_bytes"], r["predicted_host_bytes"]
+        state = sum(got[k] for k in ("parameters", "gradients", "optimizer"))
+        above = r["host_peak_above_bare"]
+        parts = [f"{k} {format_bytes(got[k])}"
+                 + (f" ({format_bytes(want[k])})" if k in want else "") for k in HOST_COMPONENTS]
+        lines.append(f"  rank {r['rank']}: peak {format_bytes(above)} = "
+                     + (f"{above / state:.2f}x its model state; " if state else "")
+                     + ", ".join(parts))
+    return "\n".join(lines)
 
 
 def _write_trace(run: Run) -> None:

@@ -339,7 +339,7 @@ def _finish(run: Run) -> None:
             run.checkpointer.save(run.last_step, also=run.export)
         run.checkpointer.wait()
     if run.opts.save_model:
-        run.model.save(run.opts.save_model, run.runner.stages)
+        run.model.save(run.opts.save_model, run.runner)
         say(run.rank, f"ppdsl: saved the trained model to {run.opts.save_model} (transformers "
                        "from_pretrained loads it)")
 

@@ -16,7 +16,7 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory"]
+__all__ = ["keep_freed_memory", "resident_bytes", "peak_resident_bytes"]
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -43,3 +43,28 @@ def keep_freed_memory() -> bool:
     # M_TRIM_THRESHOLD is an int: the largest it takes is "never trim" in practice.
     ok = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and ok
     return ok
+
+
+def _status_kib(field: str) -> int | None:
+    """A `kB` field of /proc/self/status (Linux), or None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (VmRSS), or None where it cannot be read."""
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib * 1024
+
+
+def peak_resident_bytes() -> int | None:
+    """The most resident memory this process has held so far (VmHWM, the
+    kernel's high-water mark), or None where it cannot be read."""
+    kib = _status_kib("VmHWM")
+    return None if kib is None else kib * 1024
