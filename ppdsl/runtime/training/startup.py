@@ -9,6 +9,7 @@ the closing tables (`ppdsl.runtime.training.summary`) read."""
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -101,7 +102,9 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
         checkpointer = Checkpointer(
             opts.checkpoint_dir, runner, optimizer, stepper=stepper, scheduler=scheduler,
             identity=run_identity(plan, runner, model=opts.model, world_size=worker.world,
-                                  dp=opts.dp, dp_mode=opts.dp_mode),
+                                  dp=opts.dp, dp_mode=opts.dp_mode,
+                                  architecture=_architecture(opts.model),
+                                  cut=getattr(model, "cut", None)),
             keep=opts.keep_checkpoints, asynchronous=not opts.sync_checkpoints,
             on_event=lambda point, at: faults.reached(point, at),
         )
@@ -203,8 +206,22 @@ def _resume(checkpointer: Checkpointer, opts: argparse.Namespace, rank: int) -> 
         say(rank, f"ppdsl: no checkpoint in {opts.checkpoint_dir} yet: starting at step 1"
             + attempt_note())
         return 0
-    say(rank, f"ppdsl: resumed from {resumed[1]} (after step {resumed[0]})" + attempt_note())
+    say(rank, f"ppdsl: resumed from {resumed[1]} (after step {resumed[0]})"
+        + (f", {checkpointer.resharded}" if checkpointer.resharded else "") + attempt_note())
     return resumed[0]
+
+
+def _architecture(spec: str) -> str:
+    """What a checkpoint's model must be to resume: a transformers folder's
+    architecture (config.json's `model_type`, which a folder of weights and one
+    of a config alone both hold), else the factory `--model` names."""
+    if not is_hf_spec(spec):
+        return spec
+    try:
+        config = json.loads((Path(spec[len(PREFIX):]) / "config.json").read_text())
+    except (OSError, ValueError):
+        return spec
+    return str(config.get("model_type", spec))
 
 
 def _opening_lines(plan: Plan, opts: argparse.Namespace, worker: Worker, model: Any,
