@@ -12,7 +12,19 @@ in one command and one table, sized to run in under 8 minutes on one H100/H200.
     (within 5%); a Chrome trace of ZB-V through `ppdsl run --share-gpu --trace`;
 (d) a d=1 run on NCCL (`ppdsl run --device cuda`);
 (e) `--dp 2` replicate and shard at d=2 on the shared GPU: the replicas end
-    with the same parameters.
+    with the same parameters, and the run exits cleanly (exit 0);
+(f) schedules with every stage on the one rank (interleaved 1F1B v=2, ZB-V,
+    DualPipe-V at d=1; V-Half's file requires d >= 2 and is named as skipped):
+    the ppdsl step over the plain forward+backward of the same microbatches
+    (target <= 1.03), and ppdsl's gradients against the plain step's;
+(g) the ppdsl step over torch.distributed.pipelining's for the same stages at
+    pp=1 (its Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble; target
+    <= 0.95). (f) and (g) run bench/_step_compare.py once per size: bf16, hidden
+    2048 and 4096, sequence 2048, 4 layers in 2 stages, 4 microbatches of one
+    sample, CUDA events, median of 5 steps after 2 warm-up. Estimate on one
+    H100: a step there is about 4 x 2.7 TFLOP at h=4096 (~0.03-0.1 s), 7 steps
+    x 2 runs x 6 comparisons ~ 10 s, building the model and starting the process
+    ~20 s: under a minute per size, about 1.5 minutes for both.
 
 Without CUDA it runs what it can at a small size (the staged transfers on CPU
 tensors for (c) and (e), the profile in fp32 and bf16 autocast on CPU) and names
@@ -281,8 +293,9 @@ def data_parallel(cuda: bool, work: Path) -> list[Row]:
                      "-D", "d=2", "--dp", "2", "--dp-mode", mode, "--model", GPT, "--share-gpu",
                      "--steps", "3", "--json", str(out), "--timeout", "120", "--batch-size", "8"],
                     timeout=300, extra=sizes, label=f"e-dp-{mode}")
-        if done.returncode != 0:
-            rows.append(Row("e", f"--dp 2 {mode} d=2", _tail(done.stderr), "runs", "FAIL"))
+        if done.returncode != 0:  # a crash (shard mode's old SIGSEGV: exit -11) is named by its code
+            rows.append(Row("e", f"--dp 2 {mode} d=2", f"exit {done.returncode}: {_tail(done.stderr)}",
+                            "exits 0", "FAIL"))
             continue
         found = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
         digests = {}
@@ -290,8 +303,54 @@ def data_parallel(cuda: bool, work: Path) -> list[Row]:
             digests.setdefault(r["pp_rank"], set()).add(r["whole_parameters_sha256"])
         same = all(len(d) == 1 for d in digests.values())
         rows.append(Row("e", f"--dp 2 {mode} d=2 ({'cuda' if cuda else 'cpu'}, shared)",
-                        "replicas equal" if same else "replicas differ", "replicas equal",
+                        ("replicas equal" if same else "replicas differ") + ", exit 0",
+                        "replicas equal, exits 0",
                         "ok" if same else "FAIL"))
+    return rows
+
+
+# --- (f), (g) --------------------------------------------------------------------------
+
+
+def step_limits(cuda: bool, work: Path) -> list[Row]:
+    """Rows (f) and (g): bench/_step_compare.py at each size."""
+    if (why := _lark_missing()) is not None:
+        return [Row("f", "d=1 ppdsl / plain step", "-", "-", f"FAIL: {why}")]
+    if cuda:
+        sizes = [(2048, 2048), (4096, 2048)]
+        precision, timing = "bf16", ["--warmup", "2", "--steps", "5"]
+    else:
+        sizes = [(64, 32)]
+        precision, timing = "fp32", ["--warmup", "1", "--steps", "5"]
+    rows = []
+    if not cuda:
+        rows.append(Row("f", "bf16, hidden 2048 and 4096, sequence 2048", "-", "on a GPU",
+                        "skipped: no CUDA (ran hidden 64, sequence 32, fp32 instead)"))
+    for hidden, seq in sizes:
+        what = f"h={hidden} s={seq} {precision}"
+        done = _run([sys.executable, "-m", "bench._step_compare", "--device", "cuda" if cuda else "cpu",
+                     "--precision", precision, *timing], timeout=240,
+                    extra={"PPDSL_GPT_HIDDEN": str(hidden), "PPDSL_GPT_SEQ": str(seq),
+                           "PPDSL_GPT_LAYERS": "4"}, label=f"fg-{hidden}-{seq}-{precision}")
+        if done.returncode != 0:
+            rows.append(Row("f", f"d=1 step comparison {what}", _tail(done.stderr), "-", "FAIL"))
+            continue
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        for part, key, bound in (("f", "plain_ms", 1.03), ("g", "torch_ms", 0.95)):
+            for name, r in found[part].items():
+                against = "plain" if part == "f" else r["torch_class"]
+                status = ("ok" if r["ratio"] <= bound else "FAIL") if cuda else \
+                    "info (the target applies on a GPU in bf16)"
+                rows.append(Row(part, f"{name} d=1 ppdsl / {against} step, {what}",
+                                f"{r['ratio']:.3f} ({r['ppdsl_ms']:.2f} / {r[key]:.2f} ms)",
+                                f"<= {bound}", status))
+        for name, r in found["f"].items():
+            bound = 1e-5 if precision == "fp32" else 2e-2
+            rows.append(Row("f", f"{name} d=1 gradients vs the plain step, {what}",
+                            f"{r['gradient_error']:.1e}", f"<= {bound:g} relative",
+                            "ok" if r["gradient_error"] <= bound else "FAIL"))
+        for name, why in found["skipped"].items():
+            rows.append(Row(name[1], f"{name[4:]} {what}", "-", "-", f"skipped: {why}"))
     return rows
 
 
@@ -320,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         parts = [lambda: gpu_tests(cuda), lambda: profile(cuda)] + \
-            [lambda step=step: step(cuda, work) for step in (shared_schedules, nccl_one_rank, data_parallel)]
+            [lambda step=step: step(cuda, work)
+             for step in (shared_schedules, nccl_one_rank, data_parallel, step_limits)]
         for part in parts:
             try:
                 new = part()

@@ -60,6 +60,12 @@ class Kernel:
             self._compiled = numba.njit(cache=True)(self.fn)
         return self._compiled
 
+    def eager(self) -> Callable[..., Any]:
+        """The compiled function now (for a caller about to call it many times
+        on small inputs, which `auto` would run as Python for a while and then
+        compile mid-way), or `fn` itself under `PPDSL_JIT=python`."""
+        return self.fn if _mode == "python" else self.compiled()
+
     def __call__(self, *args: Any) -> Any:
         if _mode == "python":
             return self.fn(*args)  # (a kernel it calls may be compiled already)

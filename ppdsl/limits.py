@@ -33,6 +33,7 @@ __all__ = [
     "check_literal",
     "check_passes",
     "count_iterations",
+    "iterations_left",
     "iteration_count",
     "progress",
 ]
@@ -171,6 +172,11 @@ def iteration_count(values: range) -> int:
     if step > 0:
         return max(0, (values.stop - values.start + step - 1) // step)
     return max(0, (values.start - values.stop - step - 1) // -step)
+
+
+def iterations_left() -> int:
+    """How many more loop iterations this elaboration may run."""
+    return _state.limits.loop_iterations - _state.iterations
 
 
 def count_iterations(count: int, span: Span | None) -> None:

@@ -99,6 +99,7 @@ __all__ = [
     "DEFAULT_DURATION",
     "DEFAULT_COMM",
     "DEFAULT_RECV",
+    "DEFAULT_TOKENS",
     "COLLECTIVES",
     "DP_MODES",
     "DEFAULT_COLLECTIVE",
@@ -438,17 +439,24 @@ def delta_table(
     that keeps its activations (empty: none recomputes). int64 unless
     `longest_order` passes could overflow it (then Python ints)."""
     kept = list(kept_input) or [None] * len(activation)
-    values = [
-        Fraction(x) for x in (*activation, *weight_retained, *also, *kept) if x is not None
-    ]
-    scale = math.lcm(*(v.denominator for v in values)) if values else 1
-    rows = [
-        [
-            int(memory_delta(kind, a, w, i) * scale)
-            for a, w, i in zip(activation, weight_retained, kept, strict=True)
-        ]
-        for kind in KINDS
-    ]
+    # each distinct value object once: stages mostly share one (M_B, M_W, M_I), and
+    # hashing a Fraction costs more than the arithmetic (a family checks thousands)
+    distinct = {id(x): x for x in (*activation, *weight_retained, *also, *kept) if x is not None}
+    exact = {key: Fraction(x) for key, x in distinct.items()}
+    scale = math.lcm(*(v.denominator for v in exact.values())) if exact else 1
+    scaled = {key: v.numerator * (scale // v.denominator) for key, v in exact.items()}
+    stages = list(zip(activation, weight_retained, kept, strict=True))
+    columns: dict[tuple[int, int, int], list[int]] = {}
+    for a, w, i in stages:
+        if (id(a), id(w), id(i)) not in columns:
+            coefficients = MEMORY_COEFFICIENTS if i is None else RECOMPUTE_MEMORY_COEFFICIENTS
+            sa, sw, si = scaled[id(a)], scaled[id(w)], scaled[id(i)] if i is not None else 0
+            columns[id(a), id(w), id(i)] = [
+                ca * sa + cw * sw + ci * si for ca, cw, ci in map(coefficients.__getitem__, KINDS)
+            ]
+    rows = [list(r) for r in zip(*(columns[id(a), id(w), id(i)] for a, w, i in stages), strict=True)]
+    if not rows:
+        rows = [[] for _ in KINDS]
     biggest = max((abs(x) for r in rows for x in r), default=0)
     dtype = np.int64 if biggest * max(longest_order, 1) < 2**62 else object
     return np.array(rows, dtype=dtype).reshape(NUM_KINDS, len(activation)), scale
@@ -711,6 +719,10 @@ DEFAULT_ACTIVATION = 1
 """M_B: one unit of activation per microbatch and stage."""
 DEFAULT_WEIGHT_FRACTION = Fraction(1, 2)
 """M_W = M_B / 2 unless given: the part of an F's activation W still needs."""
+DEFAULT_TOKENS = 1024
+"""A microbatch's length where a cost or memory amount follows `tokens` and
+neither the file (`param tokens = N`) nor the command line (`--lengths`) says:
+the length of every microbatch in the compile-time simulation and checks."""
 DEFAULT_KEPT_INPUT = 0
 """M_I = 0 unless given: what a recomputed stage's F keeps (its input; for a
 transformer layer s·b·h against M_B = s·b·(34h + 5a·s), small)."""

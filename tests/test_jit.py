@@ -72,3 +72,16 @@ def test_mode_is_checked():
         assert "auto, numba, python" in str(err)
     else:
         raise AssertionError("jit.mode accepted 'fast'")
+
+
+def test_eager_is_the_compiled_kernel_unless_python_is_forced() -> None:
+    """Kernel.eager hands back numba's dispatcher at once (no plain-Python runs
+    first), and the plain function under mode("python")."""
+    def add(a, b):  # pragma: no cover - numba
+        return a + b
+
+    k = jit.kernel(add)
+    with jit.mode("python"):
+        assert k.eager() is add
+    compiled = k.eager()
+    assert compiled is not add and compiled(2, 3) == 5 and k.eager() is compiled

@@ -14,6 +14,12 @@ own optimizer step, and the all-reduce waits for the last pass; under `cost
 jitter` it is the median of seeded draws of every pass's duration
 (`semantics.STEP_COSTS`), the bubble and makespan staying those of the costs.
 
+A step's lengths (`simulate(schedule, lengths=...)`): where the costs follow
+the tokens (`cost F[s] = a + b*tokens + c*tokens^2`), each pass lasts its
+own microbatch's cost (`Costs.duration_cube`), and the peaks are those of the
+memory model at each microbatch's length (`memory.peak_memory_at`). Without
+lengths every microbatch has the file's `tokens`.
+
 `simulate` runs a numba kernel over flat arrays; `simulate_reference`
 (tests/oracles/simulate.py) is plain Python written from the definition (a
 pass's start is the max of its predecessors' ends) and exists to check it.
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -37,13 +43,13 @@ import numpy as np
 
 from ppdsl import semantics
 from ppdsl.analysis.executor import missing_needs, run_flat
-from ppdsl.analysis.memory import peak_memory
+from ppdsl.analysis.memory import check_lengths, peak_memory, peak_memory_at
 from ppdsl.ir.flat import FlatSchedule, flatten
 from ppdsl.ir.schedule import Schedule
 from ppdsl.semantics import NUM_KINDS, allocates_at_start
 
 __all__ = [
-    "Timeline", "SimulationError", "simulate", "memory_over_time",
+    "Timeline", "SimulationError", "simulate", "pass_durations", "memory_over_time",
     "memory_over_time_by_device",
 ]
 
@@ -88,20 +94,30 @@ class Timeline:
     gradient-norm all-reduce; the makespan when the costs declare no step cost."""
 
 
-def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
-    """The timed simulation (numba kernel). Raises SimulationError when a pass
-    is missing or the orders wait on each other in a cycle."""
+def simulate(schedule: Schedule, *, memory_over_time: bool = False,
+             lengths: Sequence[int] | None = None) -> Timeline:
+    """The timed simulation (numba kernel); `lengths`: microbatch j's tokens
+    (`lengths[j]`) where costs or memory follow the tokens. Raises
+    SimulationError when a pass is missing or the orders wait on each other in
+    a cycle, ValueError when `lengths` does not fit the schedule."""
     flat = flatten(schedule)
     missing = missing_needs(flat)
     if missing:
         raise SimulationError(
             f"cannot simulate: {missing} needed passes are missing (run the checks first)"
         )
+    if lengths is not None:
+        check_lengths(schedule, lengths)
+        lengths = [int(x) for x in lengths]
     table = np.array(schedule.costs.duration_table(), dtype=np.float64)
     # the passes of an overlapped pair take rows of their own: scaled by `overlap`
     table = np.concatenate([table, table * schedule.costs.overlap])
+    per_pass = pass_durations(schedule, flat, lengths) if lengths is not None else None
+    if per_pass is not None:
+        # each pass its own duration: a table of ones, scaled pass by pass
+        table = np.ones_like(table)
     start, end, position, _ = run_flat(flat, table, schedule.costs.comm,
-                                       recv=schedule.costs.recv)
+                                       recv=schedule.costs.recv, scale=per_pass)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
         raise SimulationError(
@@ -128,12 +144,29 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False) -> Timeline:
     del end
     # fsum: correctly rounded, so both simulators agree to the last bit; device by
     # device, so that no per-pass duration array is made
-    busy = [math.fsum(_durations(flat, table, a, b)) for a, b in itertools.pairwise(offsets)]
-    step = _step_time(schedule, flat, table) if schedule.costs.models_step else None
-    return _timeline(schedule, starts, ends, busy, memory_over_time, step_time=step)
+    busy = [math.fsum(_durations(flat, table, a, b) if per_pass is None
+                      else per_pass[a:b].tolist()) for a, b in itertools.pairwise(offsets)]
+    step = (_step_time(schedule, flat, table, per_pass)
+            if schedule.costs.models_step else None)
+    return _timeline(schedule, starts, ends, busy, memory_over_time, step_time=step,
+                     lengths=lengths)
 
 
-def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> float:
+def pass_durations(schedule: Schedule, flat: FlatSchedule, lengths: Sequence[int]) -> np.ndarray:
+    """Per flat pass, how long it holds its device when microbatch j has
+    `lengths[j]` tokens (`Costs.duration_cube`; a pass of an overlapped pair
+    scaled by `overlap`)."""
+    cube = schedule.costs.duration_cube(lengths)
+    durations = cube[flat.kind, flat.stage, flat.microbatch]
+    if flat.joined is not None:
+        joined = flat.joined
+        paired = joined | np.append(joined[1:], False)
+        durations = np.where(paired, durations * schedule.costs.overlap, durations)
+    return np.ascontiguousarray(durations, dtype=np.float64)
+
+
+def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray,
+               per_pass: np.ndarray | None = None) -> float:
     """`semantics.step_time`: the orders run again with each device's passes
     starting after its optimizer step (the sum of its stages'); under `cost
     jitter`, the median of `semantics.JITTER_DRAWS` such steps, each pass's
@@ -153,11 +186,12 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray) -> flo
         return semantics.step_time(last, costs.norm)
 
     if not costs.jitter:
-        return one_step(None)
+        return one_step(per_pass)
     draws = np.random.default_rng(0)
     size = int(flat.kind.shape[0])
     sigma = costs.jitter
-    return float(np.median([one_step(np.asarray(draws.lognormal(-sigma * sigma / 2, sigma, size)))
+    base = per_pass if per_pass is not None else np.ones(size)
+    return float(np.median([one_step(base * draws.lognormal(-sigma * sigma / 2, sigma, size))
                             for _ in range(semantics.JITTER_DRAWS)]))
 
 
@@ -183,6 +217,7 @@ def _timeline(
         tuple[tuple[tuple[float, float], ...], ...],
     ] | None = None,
     step_time: float | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> Timeline:
     num_devices = schedule.num_devices
     span_start = tuple(s[0] if s else 0.0 for s in start)
@@ -194,7 +229,12 @@ def _timeline(
     bubble_ratio = bubble_time / spans[longest] if num_devices and spans[longest] > 0 else 0.0
     total = num_devices * makespan
     idle_fraction = 1.0 - sum(busy) / total if total > 0 else 0.0
-    profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
+    profile: tuple[tuple[tuple[float, float], ...], ...] | None
+    if with_memory and lengths is not None and schedule.memory.follows_tokens:
+        profile = tuple(_exact_profile(schedule, dev, start[dev], end[dev], lengths)
+                        for dev in range(num_devices))
+    else:
+        profile = (profile_of or _memory_over_time)(schedule, start, end) if with_memory else None
     step = makespan if step_time is None else step_time
     return Timeline(
         start=start,
@@ -206,7 +246,7 @@ def _timeline(
         bubble_ratio=bubble_ratio,
         bubble_time=bubble_time,
         idle_fraction=idle_fraction,
-        peak_memory=peak_memory(schedule),
+        peak_memory=peak_memory(schedule) if lengths is None else peak_memory_at(schedule, lengths),
         memory_over_time=profile,
         step_time=step,
     )
@@ -250,13 +290,15 @@ def _device_profiles(
 
 
 def _exact_profile(
-    schedule: Schedule, dev: int, start: tuple[float, ...], end: tuple[float, ...]
+    schedule: Schedule, dev: int, start: tuple[float, ...], end: tuple[float, ...],
+    lengths: Sequence[int] | None = None,
 ) -> tuple[tuple[float, float], ...]:
     memory = schedule.memory
     level = Fraction(0)
     points: list[tuple[float, float]] = []
     for p, s, e in zip(schedule.orders[dev], start, end, strict=True):
-        level += memory.delta(p.kind, p.stage)
+        at = memory if lengths is None else memory.at(lengths[p.microbatch])
+        level += at.delta(p.kind, p.stage)
         points.append((s if allocates_at_start(p.kind) else e, float(level)))
     return tuple(points)
 

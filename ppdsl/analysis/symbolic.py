@@ -21,7 +21,7 @@ infeasible question is a proof. The warm-up and cool-down step of
 so the proof covers the compiled orders. Not decided here: deadlock-freedom of
 the lowered programs, and `expect` bubble, idle, makespan and lifespan, and
 bounds on one device: the enumeration (`--for`) checks them. A file outside
-this (order form, `W fill`, a grouped block, recomputation, a start that is not
+this (an order form, which gives orders, not start times: `_ORDER_FORM`; `W fill`, a grouped block, recomputation, a start that is not
 affine, a per-stage cost, a placement other than parallel or vshape) is named
 as such with the reason.
 """
@@ -133,11 +133,22 @@ def _stage(chunk: int) -> Affine:
     return {"d": Fraction(2), "1": Fraction(-1), "i": Fraction(-1)}
 
 
+_ORDER_FORM = (
+    "it is an order form, not a block: the symbolic check answers linear questions about "
+    "start times (a block slot's, affine in s, i and d, plus j*T), and an order form gives "
+    "each device's order, not start times: that it holds each pass once is a question about "
+    "loops whose ranges and ifs depend on i, d and m covering every microbatch exactly once, "
+    "and that it meets every dependency without deadlock is one about how the devices' "
+    "orders interleave when they run"
+)
+"""Why an order-form file is outside (issue 41 asked whether ZB-V's could be proven)."""
+
+
 def _slots(module: ast.Module, schedule: Schedule) -> tuple[list[_Slot], Fraction]:
     """The block's slots as affine forms per chunk, and the period."""
     block_decls = [s for s in module.stmts if isinstance(s, ast.BlockDecl)]
     if not block_decls:
-        raise _Outside("it has no block (order form): the symbolic check reads building blocks")
+        raise _Outside(_ORDER_FORM)
     decl = block_decls[0]
     place = schedule.placement.kind
     if place not in ("parallel", "vshape"):

@@ -18,6 +18,7 @@ import numpy as np
 from ppdsl import __version__, json_text, semantics
 from ppdsl.ir.rank import RankArrays, RankProgram, rank_program_texts
 from ppdsl.ir.schedule import (
+    MEMORY_NAMES,
     Costs,
     MemoryModel,
     Pass,
@@ -165,6 +166,33 @@ class Plan:
                          for order in self.orders),
         )
 
+    def cost_model(self) -> Costs:
+        """The costs the plan was compiled under (`costs`), as the IR states them
+        (unit costs where the plan has none)."""
+        given = self.costs or {}
+        durations = {k: given[k.value] for k in KINDS if k.value in given}
+        costs = Costs.by_kind(durations, float(given.get("comm", semantics.DEFAULT_COMM)),
+                              self.num_stages)
+        costs = costs.with_collectives({n: given[n] for n in semantics.COLLECTIVES if n in given})
+        costs = costs.with_step_costs(given.get("overhead", ()), given.get("optimizer", ()),
+                                      float(given.get("norm", 0.0)),
+                                      float(given.get("jitter", 0.0)))
+        costs = costs.with_receive_cost(float(given.get("recv", semantics.DEFAULT_RECV)))
+        if "tokens" in given:
+            costs = costs.with_tokens([given["tokens"][k.value] for k in KINDS])
+        return costs
+
+    def schedule(self) -> Schedule:
+        """The plan's orders as a schedule under its costs and memory model (what
+        `ppdsl.analysis.reorder` simulates)."""
+        return Schedule(
+            name=self.name, file=self.file, params=tuple(self.params.items()),
+            num_microbatches=self.num_microbatches,
+            placement=Placement("list", self.num_devices, self.stage_device, self.lanes),
+            split_backward=self.split_backward, costs=self.cost_model(), memory=self.memory,
+            orders=tuple(order.passes for order in self.orders),
+        )
+
     def predicted_peak(self, rank: int, memory: MemoryModel | None = None) -> Fraction:
         """The memory model's peak on `rank` (prefix sum of deltas over its order)."""
         return predicted_peak(self.orders[rank].passes, memory or self.memory)
@@ -195,6 +223,11 @@ class Plan:
                 "M_W": [str(x) for x in self.memory.weight_retained],
                 # per stage M_I of a stage marked `recompute`, null for one that is not
                 "M_I": [None if x is None else str(x) for x in self.memory.kept_input],
+                # per name, per stage, [a, b, c]: a + b*tokens + c*tokens^2
+                **({"tokens": {name: [[str(x) for x in p] for p in row]
+                               for name, row in zip(MEMORY_NAMES, self.memory.tokens,
+                                                    strict=True)}}
+                   if self.memory.follows_tokens else {}),
             },
             "costs": self.costs,
             "predicted_makespan": self.predicted_makespan,
@@ -224,6 +257,9 @@ class Plan:
                 tuple(Fraction(x) for x in data["memory"]["M_B"]),
                 tuple(Fraction(x) for x in data["memory"]["M_W"]),
                 tuple(None if x is None else Fraction(x) for x in data["memory"].get("M_I", ())),
+                tuple(tuple((Fraction(a), Fraction(b), Fraction(c))
+                            for a, b, c in data["memory"]["tokens"][name])
+                      for name in MEMORY_NAMES) if "tokens" in data["memory"] else (),
             ),
             orders=orders,
             fingerprint=data["fingerprint"],
@@ -290,7 +326,10 @@ def plan_from_schedule(
                **({"optimizer": list(c.optimizer)} if any(c.optimizer) else {}),
                **({"norm": c.norm} if c.norm else {}),
                **({"jitter": c.jitter} if c.jitter else {}),
-               **({"recv": c.recv} if c.recv else {})},
+               **({"recv": c.recv} if c.recv else {}),
+               # per kind, per stage, [a, b, c]: a + b*tokens + c*tokens^2
+               **({"tokens": {k.value: [list(p) for p in c.tokens[k.code]] for k in KINDS}}
+                  if c.follows_tokens else {})},
         predicted_makespan=float(timeline.makespan) if timeline is not None else None,
         predicted_step_time=(float(timeline.step_time)
                              if timeline is not None and c.models_step else None),

@@ -17,6 +17,9 @@ from ppdsl.runtime.choices import OPTIMIZERS, PRECISIONS
 from ppdsl.semantics import DP_MODES
 
 __all__ = [
+    "add_lengths_arguments",
+    "lengths_from_args",
+    "with_lengths",
     "ExitCode",
     "UsageError",
     "add_schedule_arguments",
@@ -260,6 +263,81 @@ def costs_from_args(args: argparse.Namespace) -> CostsFile | None:
     """The `--costs-from` file, parsed (None without the option)."""
     path = getattr(args, "costs_from", None)
     return load_costs_file(path) if path else None
+
+
+def add_lengths_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--lengths`, `--lengths-from` (with `--max-seq-len`, `--pack`, `--step`):
+    one step's microbatch lengths, for costs and memory in tokens
+    (docs/language.md, "Costs in tokens")."""
+    group = parser.add_argument_group("a step's microbatch lengths (costs in tokens)")
+    group.add_argument("--lengths", metavar="N,N,...", default=None,
+                       help="each microbatch's tokens, in order (one per microbatch)")
+    group.add_argument("--lengths-from", metavar="FILE", default=None,
+                       help="one length per line, or a .npz document file (tokens, offsets) "
+                       "cut as `ppdsl run --data` cuts it (ppdsl/lengths.py)")
+    group.add_argument("--max-seq-len", type=int, default=None, metavar="L",
+                       help="with a document file: microbatch j is a document cut to L tokens")
+    group.add_argument("--pack", type=int, default=None, metavar="T",
+                       help="with a document file: documents packed greedily to <= T tokens")
+    group.add_argument("--step", type=int, default=0, metavar="K",
+                       help="with a document file: the lengths of step K (default 0)")
+
+
+def lengths_from_args(args: argparse.Namespace, num_microbatches: int) -> list[int] | None:
+    """The step's lengths the command line gives (None: none given). Raises
+    UsageError for a malformed list or file, or a count that is not the
+    schedule's microbatches."""
+    from ppdsl import lengths as documents
+
+    given, path = getattr(args, "lengths", None), getattr(args, "lengths_from", None)
+    cutting = args.max_seq_len is not None or args.pack is not None or args.step != 0
+    if given is not None and path is not None:
+        raise UsageError("give --lengths or --lengths-from, not both")
+    if cutting and (path is None or not str(path).endswith(".npz")):
+        raise UsageError("--max-seq-len, --pack and --step cut a .npz document file "
+                         "(--lengths-from FILE.npz)")
+    if given is None and path is None:
+        return None
+    if path is not None and str(path).endswith(".npz"):
+        try:
+            docs = documents.open_documents(path, flag="--lengths-from")
+            found = documents.step_lengths(docs.lengths, args.step, num_microbatches,
+                                           max_seq_len=args.max_seq_len, pack=args.pack)
+        except documents.DocumentError as exc:
+            raise UsageError(str(exc)) from None
+        return found
+    where = "--lengths"
+    if path is not None:
+        where = str(path)
+        try:
+            given = ",".join(line.split("#")[0].strip() for line in Path(path).read_text().splitlines()
+                             if line.split("#")[0].strip())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--lengths-from: cannot read {path} ({exc})") from None
+    items = [x.strip() for x in str(given).split(",")]
+    if not all(x.isdigit() and int(x) >= 1 for x in items):
+        bad = next(x for x in items if not (x.isdigit() and int(x) >= 1))
+        raise UsageError(f"{where}: a length is a whole number of tokens >= 1, not {bad!r}")
+    if len(items) != num_microbatches:
+        raise UsageError(f"{where}: {len(items)} lengths for the schedule's {num_microbatches} "
+                         "microbatches; give one per microbatch of the step")
+    return [int(x) for x in items]
+
+
+def with_lengths(compiled: Compiled, args: argparse.Namespace, *,
+                 memory_over_time: bool = False) -> Compiled:
+    """`compiled` with its timeline simulated under the command line's lengths
+    (each pass at its microbatch's cost, each microbatch's own memory), or as
+    it is when none are given."""
+    from dataclasses import replace
+
+    from ppdsl.analysis.simulate import simulate
+
+    lengths = lengths_from_args(args, compiled.schedule.num_microbatches)
+    if lengths is None:
+        return compiled
+    timeline = simulate(compiled.schedule, lengths=lengths, memory_over_time=memory_over_time)
+    return replace(compiled, timeline=timeline)
 
 
 def compile_from_args(args: argparse.Namespace) -> Compiled:

@@ -20,6 +20,7 @@ import argparse
 import json
 import shlex
 import sys
+from typing import Any
 
 from ppdsl.commands.common import (
     ExitCode,
@@ -49,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "balanced: the slowest stage as fast as the layers allow)")
     parser.add_argument("--seq-len", type=int, default=64, metavar="L",
                         help="with --model hf:DIR: tokens per sample (default 64)")
+    parser.add_argument("--lengths", default=None, metavar="L,L,...",
+                        help="measure the passes at each of these tokens per sample (the "
+                        "model's samples cut to their first L tokens; at least 2 lengths) and "
+                        "write costs and memory in tokens (-o: `cost F[s] = a + b*tokens + "
+                        "c*tokens^2`; docs/language.md)")
     parser.add_argument("--microbatch-size", type=int, default=2, metavar="B",
                         help="samples per microbatch (default 2, what `ppdsl run` uses by default)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
@@ -118,6 +124,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--devices {args.devices}: the pipeline of processes runs on CPU; "
                          "on CUDA the engine's passes are timed on this process (--devices 1)")
     bar = ProgressBar(args.progress or sys.stderr.isatty())
+    if args.lengths is not None:
+        return _in_tokens(args, device, bar)
     try:
         profile = profile_model(
             args.model, args.stages, args.microbatch_size, device,
@@ -141,6 +149,49 @@ def run(args: argparse.Namespace) -> ExitCode:
         sys.stdout.write(profile.table())
     if args.output:
         print(f"wrote {args.output}; use it with --costs-from {args.output}", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _lengths(text: str) -> list[int]:
+    items = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() and int(x) >= 1 for x in items):
+        raise UsageError(f"--lengths {text}: whole numbers of tokens >= 1, comma-separated")
+    lengths = sorted(set(int(x) for x in items))
+    if len(lengths) < 2:
+        raise UsageError(f"--lengths {text}: at least 2 different lengths (3 or more fit the "
+                         "tokens^2 term)")
+    return lengths
+
+
+def _in_tokens(args: argparse.Namespace, device: Any, bar: Any) -> ExitCode:
+    """`--lengths`: the passes measured at each length, fitted in tokens."""
+    from ppdsl.runtime.measure.costs_pp import to_costs_pp_in_tokens
+    from ppdsl.runtime.measure.profile import profile_model
+    from ppdsl.runtime.models.model import ModelError
+
+    lengths = _lengths(args.lengths)
+    profiles = []
+    try:
+        for length in lengths:
+            profiles.append(profile_model(
+                args.model, args.stages, args.microbatch_size, device, warmup=args.warmup,
+                repeats=args.repeats, transfer=not args.no_transfer, progress=bar,
+                norms=args.norms, dp=1, precision=args.precision, optimizer=None,
+                devices=args.devices, seq_len=length))
+    except ModelError as exc:
+        raise CompileError([Diagnostic("error", str(exc))]) from None
+    finally:
+        bar.close()
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    text = to_costs_pp_in_tokens(profiles, "ppdsl " + " ".join(shlex.quote(a) for a in argv))
+    if args.output:
+        write_output(args.output, text)
+        print(f"wrote {args.output}; use it with --costs-from {args.output} and --lengths",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps([p.to_json() for p in profiles], indent=2))
+    else:
+        sys.stdout.write(text)
     return ExitCode.OK
 
 

@@ -215,7 +215,7 @@ def _check_hf_model(args: argparse.Namespace, num_stages: int) -> dict[str, obje
 
     options = HFOptions(seq_len=value("seq_len"), seed=value("seed"), data=args.data,
                         data_dtype=value("data_dtype"), cut=value("cut"),
-                        eval_data=args.eval_data)
+                        eval_data=args.eval_data, max_seq_len=args.max_seq_len, pack=args.pack)
     directory = args.model[len(PREFIX):]
     try:
         cut = preflight(directory, num_stages, options)

@@ -15,10 +15,12 @@ from ppdsl.commands.common import (
     ExitCode,
     UsageError,
     add_dp_arguments,
+    add_lengths_arguments,
     add_schedule_arguments,
     check_dp_arguments,
     compile_from_args,
     output_file,
+    with_lengths,
     write_output,
 )
 from ppdsl.diagnostics import render_all
@@ -42,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write the timeline as an SVG figure (a bar per pass, to scale)",
     )
     add_dp_arguments(parser)
+    add_lengths_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError(f"--width {args.width}: need at least {_MIN_WIDTH} columns")
     if args.svg:
         output_file(args.svg)
-    compiled = compile_from_args(args)
+    compiled = with_lengths(compile_from_args(args), args, memory_over_time=True)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     if args.color == "auto":

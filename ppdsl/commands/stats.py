@@ -23,10 +23,13 @@ from ppdsl.commands.common import (
     UsageError,
     add_bytes_arguments,
     add_dp_arguments,
+    add_lengths_arguments,
     add_schedule_arguments,
     check_dp_arguments,
     compile_from_args,
     device_options,
+    lengths_from_args,
+    with_lengths,
 )
 from ppdsl.compiler import Compiled
 from ppdsl.diagnostics import render_all
@@ -48,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "optimizer-state bytes per device (replicate vs shard: --dp-mode)",
     )
     add_bytes_arguments(parser)
+    add_lengths_arguments(parser)
     parser.add_argument(
         "--bytes", action="store_true",
         help="every rank's whole-device bytes by component over the step (needs --params and "
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError("--bytes needs a finite --params N and a positive, finite --unit-bytes B (the bytes of "
                          "one M_B); --boundary-bytes must not be negative")
     compiled = compile_from_args(args)
+    lengths = lengths_from_args(args, compiled.schedule.num_microbatches)
+    compiled = with_lengths(compiled, args, memory_over_time=args.json)
     if compiled.warnings:
         print(render_all(compiled.warnings, sys.stderr), file=sys.stderr)
     costs = compiled.schedule.costs
@@ -88,6 +94,14 @@ def run(args: argparse.Namespace) -> ExitCode:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(stats_table(compiled))
+        if lengths is not None:
+            follows = [what for what, yes in (("costs", compiled.schedule.costs.follows_tokens),
+                                              ("memory", compiled.schedule.memory.follows_tokens))
+                       if yes]
+            sys.stdout.write(
+                f"lengths {','.join(map(str, lengths))}: "
+                + (f"{' and '.join(follows)} at each microbatch's tokens\n" if follows
+                   else "nothing in the file follows tokens (costs and memory as without)\n"))
         if data_parallel:
             sys.stdout.write(dp_table(compiled, args.dp_mode, args.dp, args.params))
         if options is not None:

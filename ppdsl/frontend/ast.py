@@ -93,7 +93,7 @@ class Unary:
 
 @dataclass(frozen=True, slots=True)
 class Binary:
-    """`a OP b` for arithmetic (`+ - * / // %`), comparisons and `and`/`or`."""
+    """`a OP b` for arithmetic (`+ - * / // % ^`), comparisons and `and`/`or`."""
 
     op: str
     left: Expr
@@ -409,8 +409,9 @@ _PREC = {
     "//": 6,
     "%": 6,
     "neg": 7,
+    "^": 8,
 }
-_ATOM = 8
+_ATOM = 9
 _INDENT = "    "
 _WIDTH = 100
 """Consecutive pass calls share a line up to this many columns."""
@@ -450,6 +451,8 @@ def format_expr(expr: Expr) -> str:
             return f"-{_wrap(expr.operand, _PREC['neg'])}"
         return f"not {_wrap(expr.operand, _PREC['not'])}"
     prec = _PREC[expr.op]
+    if expr.op == "^":  # binds tighter than unary minus on its left, takes one on its right
+        return f"{_wrap(expr.left, _ATOM)}^{_wrap(expr.right, _PREC['neg'])}"
     if prec == _PREC["=="]:  # comparisons do not chain
         return f"{_wrap(expr.left, prec + 1)} {expr.op} {_wrap(expr.right, prec + 1)}"
     return f"{_wrap(expr.left, prec)} {expr.op} {_wrap(expr.right, prec + 1)}"

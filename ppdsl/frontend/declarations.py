@@ -31,7 +31,7 @@ from ppdsl.frontend.expressions import (
     number,
     show,
 )
-from ppdsl.ir.schedule import Costs, Expect, MemoryModel, Placement
+from ppdsl.ir.schedule import MEMORY_NAMES, Costs, Expect, MemoryModel, Placement
 from ppdsl.semantics import KINDS, PassKind
 
 __all__ = [
@@ -54,7 +54,15 @@ METRICS = ("peak_memory", "bubble", "idle", "makespan", "lifespan")
 _EXPECT_OPS = ("<=", "<", "==", ">=", ">")
 _COST_NAMES = (tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTIVES
                + semantics.STEP_COSTS + ("recv", "comm"))
-_MEMORY_NAMES = ("M_B", "M_W", "M_I")
+_Poly = tuple[Fraction, Fraction, Fraction]
+"""(a, b, c): a + b*tokens + c*tokens^2, exact."""
+_MEMORY_NAMES = MEMORY_NAMES
+_TOKENS = "tokens"
+"""A microbatch's length, bound in `cost` and `memory` (docs/language.md)."""
+_FOLLOW_TOKENS = frozenset([k.value for k in KINDS] + list(MEMORY_NAMES))
+_TOKEN_PROBES = (3, 7, 1000, 65536, 10**9)
+"""Lengths where a value in tokens must equal its quadratic through 0, 1, 2
+(a min, max, floor or condition in tokens shows at one of them)."""
 # Sizes beyond which a schedule is surely a mistake (and would only exhaust memory).
 _MAX_DEVICES = 1 << 16
 _MAX_MICROBATCHES = 1 << 20
@@ -100,6 +108,36 @@ class Declarations:
     """Per stage, whether it is marked `recompute` (None: no `recompute` line)."""
     recompute_span: Span | None = None
     """Where the `recompute` line is."""
+    per_token: dict[str, list[_Poly]] = field(default_factory=dict)
+    """Per pass cost or memory name whose value follows the microbatch's
+    `tokens`, (a, b, c) per stage: a + b*tokens + c*tokens^2."""
+
+    @property
+    def nominal_tokens(self) -> Fraction:
+        """A microbatch's length where no step's lengths are given: the file's
+        `param tokens`, else `semantics.DEFAULT_TOKENS`."""
+        return Fraction(self.env.get("tokens", semantics.DEFAULT_TOKENS))
+
+    def _token_rows(self, names: list[str], constant: dict[str, list[Num]],
+                    default: dict[str, _Poly | tuple[str, ...]]) -> dict[str, list[_Poly]]:
+        """Per name, its (a, b, c) per stage: as given in tokens, a given
+        constant as (x, 0, 0), else its default (a constant, or the sum of
+        earlier names)."""
+        rows: dict[str, list[_Poly]] = {}
+        for name in names:
+            if name in self.per_token:
+                rows[name] = self.per_token[name]
+            elif name in self.explicit or name not in default:
+                rows[name] = [(Fraction(x), Fraction(0), Fraction(0)) for x in constant[name]]
+            elif isinstance(default[name], tuple) and isinstance(default[name][0], str):
+                parts = [rows[k] for k in default[name]]  # type: ignore[index]
+                rows[name] = [(sum((p[s][0] for p in parts), Fraction(0)),
+                               sum((p[s][1] for p in parts), Fraction(0)),
+                               sum((p[s][2] for p in parts), Fraction(0)))
+                              for s in range(len(parts[0]))]
+            else:
+                rows[name] = [default[name]] * len(constant[name])  # type: ignore[list-item]
+        return rows
 
     def scope(self) -> Scope:
         """The names visible at the top level."""
@@ -125,7 +163,21 @@ class Declarations:
         return value
 
     def cost_model(self) -> Costs:
-        """The costs in force, as the IR states them."""
+        """The costs in force, as the IR states them (with the per-token costs
+        where some pass's cost follows the tokens)."""
+        costs = self._constant_costs()
+        if not any(k.value in self.per_token for k in KINDS):
+            return costs
+        defaults: dict[str, _Poly | tuple[str, ...]] = {}
+        for kind in KINDS:
+            default = semantics.DEFAULT_DURATION[kind]
+            defaults[kind.value] = (tuple(k.value for k in default) if isinstance(default, tuple)
+                                    else (Fraction(default), Fraction(0), Fraction(0)))
+        rows = self._token_rows([k.value for k in KINDS],
+                                {k.value: v for k, v in self.costs.items()}, defaults)
+        return costs.with_tokens([rows[k.value] for k in KINDS])  # type: ignore[misc]
+
+    def _constant_costs(self) -> Costs:
         return Costs.by_kind(
             {k: [float(x) for x in values] for k, values in self.costs.items()},
             float(self.comm),
@@ -145,11 +197,20 @@ class Declarations:
         kept = tuple(
             Fraction(x) if on else None for x, on in zip(self.memory["M_I"], marked, strict=False)
         )
-        return MemoryModel(
+        model = MemoryModel(
             tuple(Fraction(x) for x in self.memory["M_B"]),
             tuple(Fraction(x) for x in self.memory["M_W"]),
             kept if any(marked) else (),
         )
+        if not any(n in self.per_token for n in _MEMORY_NAMES):
+            return model
+        zero = Fraction(0)
+        rows = self._token_rows(list(_MEMORY_NAMES), self.memory,
+                                {"M_I": (Fraction(semantics.DEFAULT_KEPT_INPUT), zero, zero)})
+        if "M_W" not in self.explicit:  # M_W = M_B / 2 at every length
+            fraction = semantics.DEFAULT_WEIGHT_FRACTION
+            rows["M_W"] = [(a * fraction, b * fraction, c * fraction) for a, b, c in rows["M_B"]]
+        return replace(model, tokens=tuple(tuple(rows[n]) for n in _MEMORY_NAMES))
 
     @property
     def recomputes(self) -> bool:
@@ -324,6 +385,10 @@ def _per_stage_values(
     num_stages = ensure_placement(state).num_stages
     expr = stmt.value
     assert expr is not None  # a bare `recompute` has no value to evaluate
+    if not isinstance(stmt, ast.Recompute):
+        state.per_token.pop(stmt.name, None)  # a later line replaces an earlier one
+        if _TOKENS in _names(expr):
+            return _per_token_values(stmt, state, num_stages)
     if stmt.index is None:
         value = state.evaluate(expr)
         values = [value] * num_stages
@@ -348,6 +413,71 @@ def _per_stage_values(
             )
         nums.append(int(value) if isinstance(value, bool) else value)
     return nums
+
+
+def _per_token_values(stmt: ast.Cost | ast.Memory, state: Declarations,
+                      num_stages: int) -> list[Num]:
+    """A cost or memory amount in the microbatch's `tokens`: its (a, b, c) per
+    stage kept in `state.per_token`, its values at the nominal length returned.
+    It must be a + b*tokens + c*tokens^2 (checked exactly at more lengths than
+    fix it) and at least 0 for every length from 1 token."""
+    expr = stmt.value
+    if stmt.name not in _FOLLOW_TOKENS:
+        raise ElaborationError(
+            f"'{stmt.name}' is one value for every microbatch; only the pass costs "
+            f"({', '.join(k.value for k in KINDS)}) and the memory amounts "
+            f"({', '.join(_MEMORY_NAMES)}) may follow a microbatch's 'tokens'", expr.span)
+    nominal = state.nominal_tokens
+    if nominal.denominator != 1 or nominal < 1:
+        raise ElaborationError(f"'tokens' is a microbatch's length, a whole number >= 1, "
+                               f"got {show(norm(nominal))}", state.defined.get(_TOKENS))
+    if stmt.index is not None and stmt.index in state.env:
+        raise ElaborationError(
+            f"'{stmt.index}' is already defined; name the stage index something else", stmt.span)
+    fn = compile_expr(expr, Scope([n for n in (stmt.index, _TOKENS) if n], state.scope()))
+    env = dict(state.env)
+    polys: list[_Poly] = []
+    for s in range(num_stages):
+        if stmt.index is not None:
+            env[stmt.index] = s
+
+        def at(t: int) -> Fraction:
+            env[_TOKENS] = t
+            return Fraction(number(fn(env), expr.span, "a cost in tokens"))
+
+        f0, f1, f2 = at(0), at(1), at(2)
+        c = (f2 - 2 * f1 + f0) / 2
+        b = f1 - f0 - c
+        for t in _TOKEN_PROBES:
+            got = at(t)
+            if got != f0 + b * t + c * t * t:
+                where = f" at stage {s}" if stmt.index is not None else ""
+                raise ElaborationError(
+                    f"a value in tokens is a + b*tokens + c*tokens^2, and this one is not{where}: "
+                    f"at tokens = {t} it is {show(norm(got))}, where the quadratic through "
+                    f"tokens = 0, 1, 2 gives {show(norm(f0 + b * t + c * t * t))}", expr.span)
+        lowest = _lowest_from_one(f0, b, c)
+        if lowest is not None:
+            raise ElaborationError(
+                f"{'a cost' if isinstance(stmt, ast.Cost) else 'a memory amount'} must be "
+                f">= 0 for every length from 1 token; "
+                + (f"at tokens = {lowest} this one is {show(norm(f0 + b * lowest + c * lowest * lowest))}"
+                   if lowest else "this one falls below 0 for long microbatches"), expr.span)
+        polys.append((f0, b, c))
+    state.per_token[stmt.name] = polys
+    return [norm(a + b * nominal + c * nominal * nominal) for a, b, c in polys]
+
+
+def _lowest_from_one(a: Fraction, b: Fraction, c: Fraction) -> int | None:
+    """None when a + b*t + c*t^2 >= 0 for every t >= 1; else a length where it
+    is below 0 (0: only for long enough lengths, c < 0 or c = 0 > b)."""
+    if c < 0 or (c == 0 and b < 0):
+        return 1 if a + b + c < 0 else 0
+    t = max(Fraction(1), -b / (2 * c)) if c > 0 else Fraction(1)
+    for whole in {int(t), int(t) + 1}:  # the vertex lies between two whole lengths
+        if whole >= 1 and a + b * whole + c * whole * whole < 0:
+            return whole
+    return None
 
 
 def declare_cost(stmt: ast.Cost, state: Declarations) -> None:

@@ -60,6 +60,8 @@ _WHERE_BOUND = {
     "i": "the device index 'i' is bound only in `block` and `order`",
     "c": "the chunk index 'c' is bound only in `chunk c:` lines (or by `for c in chunks`)",
     "chunks": "'chunks' is bound only in `order`",
+    "tokens": "a microbatch's length 'tokens' is bound only in `cost` and `memory` "
+              "(declare `param tokens = N` to use its nominal value elsewhere)",
 }
 
 
@@ -221,6 +223,8 @@ def _python(expr: ast.Expr) -> str:
         if len(args) == 1:
             return f"_n({args[0]})"
         return f"{expr.func}({', '.join(args)})"
+    if expr.op == "^":
+        raise _Slow  # the exponent's checks are the exact path's
     left, right = _python(expr.left), _python(expr.right)
     if expr.op in ("and", "or"):
         return f"(_b({left}) {expr.op} _b({right}))"
@@ -337,6 +341,8 @@ def _compile_binary(expr: ast.Binary, scope: Scope) -> Eval:
         return lambda env: bool(number(left(env), lspan)) and bool(number(right(env), rspan))
     if op == "or":
         return lambda env: bool(number(left(env), lspan)) or bool(number(right(env), rspan))
+    if op == "^":
+        return _compile_power(left, right, expr)
     divides = op in ("/", "//", "%")
 
     def slow(a: Value, b: Value) -> Value:
@@ -380,6 +386,24 @@ def _compile_binary(expr: ast.Binary, scope: Scope) -> Eval:
     return arithmetic
 
 
+MAX_EXPONENT = 64
+"""The largest exponent `x ^ n` takes (a whole number from 0)."""
+
+
+def _compile_power(left: Eval, right: Eval, expr: ast.Binary) -> Eval:
+    lspan, rspan = expr.left.span, expr.right.span
+
+    def power(env: Env) -> Value:
+        base, exponent = number(left(env), lspan), number(right(env), rspan)
+        if exponent != int(exponent) or not 0 <= exponent <= MAX_EXPONENT:
+            raise ElaborationError(
+                f"an exponent is a whole number from 0 to {MAX_EXPONENT}, got {show(exponent)}",
+                rspan)
+        return norm(Fraction(base) ** int(exponent))
+
+    return power
+
+
 class VectorFallback(Exception):
     """A vector evaluation does not apply here (a name not an int, a possible
     overflow, a zero divisor, an inexact `/`); run the loop one value at a time."""
@@ -402,10 +426,13 @@ class VectorEval:
         self.expr = expr
         self.var = var
 
-    def __call__(self, env: Env, values: Any, bound: int) -> Any:
-        """`values`: int64 array of the loop variable, every |value| <= `bound`."""
+    def __call__(self, env: Env, values: Any, bound: int, arrays: Env | None = None) -> Any:
+        """`values`: int64 array of the loop variable, every |value| <= `bound`.
+        `arrays`, where given, is the environment evaluated: `env` with some
+        names bound to int64 arrays as long as `values`, each element at most
+        that name's int in `env` in absolute value (which bounds it)."""
         self._bound(self.expr, env, bound)
-        return self._eval(self.expr, env, values)
+        return self._eval(self.expr, env if arrays is None else arrays, values)
 
     def _bound(self, e: ast.Expr, env: Env, bound: int) -> int:
         if isinstance(e, ast.Number):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -38,10 +39,9 @@ __all__ = ["DeviceOrder", "elaborate_order"]
 
 @dataclass(frozen=True)
 class _Rules:
-    """What pass calls check against, the same for every device."""
+    """What pass calls check against, the same for every device and every m."""
 
     split_backward: bool
-    num_microbatches: int
     recompute: bool = False
     """Whether some stage is marked `recompute` (R is then a pass of the file)."""
 
@@ -54,6 +54,8 @@ class DeviceOrder:
     """`i`."""
     stages: tuple[int, ...]
     """The device's stages in model order: chunk c is stages[c]."""
+    num_microbatches: int
+    """m."""
     needed: int
     """How many passes a valid order of this device has (each pass once)."""
     limit: int
@@ -87,7 +89,8 @@ class DeviceOrder:
 
     def sub(self) -> DeviceOrder:
         """The same device with no passes yet (an `interleave` arm)."""
-        return DeviceOrder(self.device, self.stages, self.needed, self.limit)
+        return DeviceOrder(self.device, self.stages, self.num_microbatches, self.needed,
+                           self.limit)
 
     def check_size(self, span: Span) -> None:
         """A located error once the order has grown past its limit."""
@@ -268,46 +271,68 @@ class _VectorLoop:
     possible overflow), `run` says no and the loop runs value by value."""
 
     calls: tuple[_GuardedPass, ...]
-    num_microbatches: int
 
-    def run(self, env: Env, values: range, order: DeviceOrder) -> bool:
-        x = np.arange(values.start, values.stop, values.step, dtype=np.int64)
-        bound = max(abs(values.start), abs(values.stop))
-        n, stages = len(x), order.stages
+    def columns(
+        self, env: Env, x: np.ndarray, bound: int, stage_of: Callable[[np.ndarray], np.ndarray],
+        num_chunks: int, num_microbatches: int, arrays: Env | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per value of `x` (|value| <= `bound`) and call: whether it runs,
+        its microbatch and its stage (`stage_of` an array of chunks, those of
+        the calls that do not run 0); None where a value-by-value run could
+        differ. `arrays`: `env` with names bound to arrays beside `x`
+        (`VectorEval`)."""
+        n = len(x)
         try:
             masks, micro, stage = [], [], []
             for call in self.calls:
                 mask = np.ones(n, dtype=bool)
                 for cond, wanted in call.guards:
-                    mask &= np.broadcast_to(cond(env, x, bound) != 0, (n,)) == wanted
-                j = np.broadcast_to(call.microbatch(env, x, bound), (n,))
-                c = np.broadcast_to(call.chunk(env, x, bound), (n,)) if call.chunk else 0
-                c = np.broadcast_to(c, (n,))
+                    mask &= np.broadcast_to(cond(env, x, bound, arrays) != 0, (n,)) == wanted
+                j = np.broadcast_to(call.microbatch(env, x, bound, arrays), (n,))
+                c = np.broadcast_to(call.chunk(env, x, bound, arrays) if call.chunk else 0, (n,))
                 chosen_j, chosen_c = j[mask], c[mask]
-                if np.any((chosen_j < 0) | (chosen_j >= self.num_microbatches)):
-                    return False
-                if np.any((chosen_c < 0) | (chosen_c >= len(stages))):
-                    return False
+                if np.any((chosen_j < 0) | (chosen_j >= num_microbatches)):
+                    return None
+                if np.any((chosen_c < 0) | (chosen_c >= num_chunks)):
+                    return None
                 masks.append(mask)
                 micro.append(j)
-                stage.append(np.asarray(stages, dtype=np.int64)[np.where(mask, c, 0)])
+                stage.append(stage_of(np.where(mask, c, 0)))
         except VectorFallback:
+            return None
+        # iteration-major: value, then call
+        return np.stack(masks, axis=1), np.stack(micro, axis=1), np.stack(stage, axis=1)
+
+    def run(self, env: Env, values: range, order: DeviceOrder) -> bool:
+        x = np.arange(values.start, values.stop, values.step, dtype=np.int64)
+        bound = max(abs(values.start), abs(values.stop))
+        stages = np.asarray(order.stages, dtype=np.int64)
+        found = self.columns(env, x, bound, stages.__getitem__, len(stages),
+                             order.num_microbatches)
+        if found is None:
             return False
-        taken = np.stack(masks, axis=1)  # iteration-major: value, then call
+        taken, micro, stage = found
         if order.size() + int(taken.sum()) > order.limit:
             return False  # value by value, to stop at the pass past the limit
         it, k = np.nonzero(taken)
-        codes = np.array([c.kind.code for c in self.calls], dtype=np.int8)
-        # in range (checked above): int32 holds them unless m or the stages are huge
-        small = np.int32 if max(self.num_microbatches, max(stages, default=0)) < 2**31 else np.int64
+        small = _index_type(order.num_microbatches, order.stages)
         order.lay(PassOrder(
-            codes[k],
-            np.stack(micro, axis=1)[it, k].astype(small),
-            np.stack(stage, axis=1)[it, k].astype(small),
+            self.codes()[k],
+            micro[it, k].astype(small),
+            stage[it, k].astype(small),
             k.astype(np.int32),
             tuple(c.span for c in self.calls),
         ))
         return True
+
+    def codes(self) -> np.ndarray:
+        """The calls' `PassKind.code`s."""
+        return np.array([c.kind.code for c in self.calls], dtype=np.int8)
+
+
+def _index_type(num_microbatches: int, stages: tuple[int, ...]) -> type:
+    # in range (checked by the caller): int32 holds them unless m or the stages are huge
+    return np.int32 if max(num_microbatches, max(stages, default=0)) < 2**31 else np.int64
 
 
 def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
@@ -340,7 +365,98 @@ def _vector_loop(stmt: ast.For, rules: _Rules) -> _VectorLoop | None:
 
     if not walk(stmt.body, ()) or not calls:
         return None
-    return _VectorLoop(tuple(calls), rules.num_microbatches)
+    return _VectorLoop(tuple(calls))
+
+
+@dataclass(frozen=True)
+class _DeviceLoops:
+    """An order body of `for` loops only, each a `_VectorLoop`, run for every
+    device at once: the loop variable and `i` are both arrays over the
+    (device, value) pairs of all devices' ranges, so a schedule costs a few
+    numpy calls per loop rather than per loop and device (issue 41: checking
+    ZB-V for d = 2..32 spent most of its time in d x 8 small loops). Where a
+    device-by-device run could differ (an error, a limit, an expression that
+    falls back), `run` gives None and the devices run one by one."""
+
+    loops: tuple[tuple[Callable[[Env], range], Span, _VectorLoop], ...]
+    """Each loop's range, its span (for the iteration limit) and its body."""
+
+    def run(
+        self, envs: list[Env], chunk_stages: list[tuple[int, ...]], num_microbatches: int,
+        limit: list[int],
+    ) -> tuple[PassOrder, ...] | None:
+        """Every device's order (`envs[device]` binds `i` and `chunks`; past
+        `limit[device]` passes an order is a runaway), or None."""
+        num_devices = len(envs)
+        if num_devices == 0 or len({len(stages) for stages in chunk_stages}) != 1:
+            return None
+        table = np.array(chunk_stages, dtype=np.int64)  # [device, chunk] -> stage
+        num_chunks = table.shape[1]
+        # every name but `i` is the same on all devices; |i| is at most the last one
+        arrays = dict(envs[-1])
+        parts, calls = [], 0
+        counted: list[tuple[int, Span]] = []
+        try:
+            ranges = [[rng(env) for env in envs] for rng, _, _ in self.loops]
+        except ElaborationError:
+            return None
+        for (_, span, loop), per_device in zip(self.loops, ranges, strict=True):
+            counts = np.array([limits.iteration_count(r) for r in per_device], dtype=np.int64)
+            counted.append((int(counts.sum()), span))
+            if not counts.sum():
+                calls += len(loop.calls)
+                continue
+            x = np.concatenate([np.arange(r.start, r.stop, r.step, dtype=np.int64)
+                                for r in per_device])
+            device = np.repeat(np.arange(num_devices, dtype=np.int64), counts)
+            bound = max(max(abs(r.start), abs(r.stop)) for r in per_device)
+            arrays["i"] = device
+            def stage_of(c: Any, d: np.ndarray = device) -> Any:
+                return table[d, c]
+
+            found = loop.columns(envs[-1], x, bound, stage_of, num_chunks,
+                                 num_microbatches, arrays)
+            if found is None:
+                return None
+            taken, micro, stage = found
+            it, k = np.nonzero(taken)  # device-major: (device, value) rows, then call
+            parts.append((device[it], loop.codes()[k], micro[it, k], stage[it, k], k + calls))
+            calls += len(loop.calls)
+        if not parts:
+            return None
+        device, kind, micro, stage, span_index = (np.concatenate(c) for c in zip(*parts, strict=True))
+        sizes = np.bincount(device, minlength=num_devices)
+        if any(size > most for size, most in zip(sizes.tolist(), limit, strict=True)):
+            return None  # device by device, to stop at the pass past the limit
+        if sum(total for total, _ in counted) > limits.iterations_left():
+            return None  # device by device, to stop at the loop past the limit
+        for total, span in counted:
+            limits.count_iterations(total, span)
+        order = np.argsort(device, kind="stable")  # each device's loops in order
+        small = _index_type(num_microbatches, tuple(table.ravel().tolist()))
+        kind, micro, stage = kind[order], micro[order].astype(small), stage[order].astype(small)
+        span_index = span_index[order].astype(np.int32)
+        spans = tuple(call.span for _, _, loop in self.loops for call in loop.calls)
+        ends = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        return tuple(
+            PassOrder(kind[a:b], micro[a:b], stage[a:b], span_index[a:b], spans)
+            for a, b in zip(ends, ends[1:], strict=False)
+        )
+
+
+def _device_loops(body: tuple[ast.OrderStmt, ...], scope: Scope, rules: _Rules) -> _DeviceLoops | None:
+    """The all-devices form of an order body (None unless every statement is a
+    `for` loop with a vector form)."""
+    inner = Scope((), scope)
+    loops = []
+    for stmt in body:
+        if not isinstance(stmt, ast.For):
+            return None
+        vector = _vector_loop(stmt, rules)
+        if vector is None:
+            return None
+        loops.append((compile_range(stmt.range, inner), stmt.range.span, vector))
+    return _DeviceLoops(tuple(loops)) if loops else None
 
 
 def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
@@ -355,10 +471,9 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
     mspan = stmt.args[0].span
     chunk = compile_expr(stmt.args[1], scope) if len(stmt.args) == 2 else None
     cspan = stmt.args[1].span if len(stmt.args) == 2 else stmt.span
-    num_microbatches = rules.num_microbatches
     span = stmt.span
 
-    def microbatch(env: Env) -> int:
+    def microbatch(env: Env, num_microbatches: int) -> int:
         j = micro(env)
         if type(j) is not int:
             j = integer(j, mspan, "a microbatch index")
@@ -373,12 +488,13 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
     if chunk is None:
 
         def run_first_chunk(env: Env, order: DeviceOrder) -> None:
-            order.passes.append(Pass(kind, microbatch(env), order.stages[0], span))
+            order.passes.append(Pass(kind, microbatch(env, order.num_microbatches),
+                                     order.stages[0], span))
 
         return run_first_chunk
 
     def run(env: Env, order: DeviceOrder) -> None:
-        j = microbatch(env)
+        j = microbatch(env, order.num_microbatches)
         stages = order.stages
         c = chunk(env)
         if type(c) is not int:
@@ -395,25 +511,49 @@ def _compile_pass(stmt: ast.PassCall, scope: Scope, rules: _Rules) -> _Run:
     return run
 
 
+_COMPILED: dict[tuple, tuple[ast.OrderDecl, _Run, _DeviceLoops | None]] = {}
+_COMPILED_KEPT = 8
+
+
+def _compiled(decl: ast.OrderDecl, names: frozenset[str], rules: _Rules) -> tuple[_Run, _DeviceLoops | None]:
+    """The body compiled (and its all-devices form), once per order block, the
+    names it sees and the backward form: nothing in it depends on the values of
+    params, so a family's instances (`ppdsl check --for`) share it."""
+    key = (id(decl), names, rules)
+    found = _COMPILED.get(key)
+    if found is not None and found[0] is decl:
+        return found[1], found[2]
+    scope = Scope(["i", "chunks"], Scope(names))
+    body = _compile_body(decl.body, scope, rules)
+    at_once = _device_loops(decl.body, scope, rules)
+    if len(_COMPILED) >= _COMPILED_KEPT:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[key] = (decl, body, at_once)
+    return body, at_once
+
+
 def elaborate_order(
     decl: ast.OrderDecl, state: Declarations, placement: Placement, m: int
 ) -> tuple[PassOrder, ...]:
     """Every device's order: the body run once per device with `i` and
     `chunks` bound."""
-    rules = _Rules(state.split_backward, m, state.recomputes)
-    scope = Scope(["i", "chunks"], state.scope())
-    body = _compile_body(decl.body, scope, rules)
+    rules = _Rules(state.split_backward, state.recomputes)
+    body, at_once = _compiled(decl, frozenset(state.env), rules)
     kinds_per_stage = len(pass_kinds(state.split_backward, state.recomputes))
+    chunk_stages = [placement.chunks(device) for device in range(placement.num_devices)]
+    envs = [{**state.env, "i": device, "chunks": range(len(stages))}
+            for device, stages in enumerate(chunk_stages)]
+    # a valid order has exactly `needed` passes; far more is a runaway loop
+    needed = [len(stages) * m * kinds_per_stage for stages in chunk_stages]
+    limit = [4 * n + 1000 for n in needed]
+    if at_once is not None:
+        laid = at_once.run(envs, chunk_stages, m, limit)
+        if laid is not None:
+            return laid
     orders = []
-    for device in range(placement.num_devices):
-        stages = placement.chunks(device)
-        env = dict(state.env)
-        env["i"] = device
-        env["chunks"] = range(len(stages))
-        # a valid order has exactly `needed` passes; far more is a runaway loop
-        needed = len(stages) * m * kinds_per_stage
-        order = DeviceOrder(device, stages, needed, 4 * needed + 1000)
-        body(env, order)
+    for device, stages in enumerate(chunk_stages):
+        order = DeviceOrder(device, stages, m, needed[device], limit[device])
+        body(envs[device], order)
         order.check_size(decl.span)
         orders.append(order.finish())
     return tuple(orders)

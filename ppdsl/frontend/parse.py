@@ -158,6 +158,7 @@ _BINARY = {
     "div": "/",
     "floordiv": "//",
     "mod": "%",
+    "pow": "^",
     "or_": "or",
     "and_": "and",
 }

@@ -32,6 +32,9 @@ __all__ = [
     "Costs",
     "MemoryModel",
     "Expect",
+    "MEMORY_NAMES",
+    "Polynomial",
+    "tokens_duration",
     "BlockSlot",
     "Block",
     "Schedule",
@@ -42,6 +45,13 @@ __all__ = [
     "torch_action",
     "torch_actions",
 ]
+
+
+Polynomial = tuple[float, float, float]
+"""(a, b, c): a + b*tokens + c*tokens^2, a cost in the tokens of its microbatch."""
+
+MEMORY_NAMES = ("M_B", "M_W", "M_I")
+"""The memory model's amounts, in the order `MemoryModel.tokens` holds them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +251,13 @@ class Placement:
         return semantics.placement_spelling(self.stage_device, self.num_devices, self.lanes)
 
 
+def tokens_duration(a: np.ndarray, b: np.ndarray, c: np.ndarray, overhead: np.ndarray,
+                    tokens: np.ndarray) -> np.ndarray:
+    """a + b*tokens + c*tokens^2 + overhead, in this one order of float
+    operations (the simulator and the reorder search agree to the bit)."""
+    return a + b * tokens + c * tokens * tokens + overhead
+
+
 @dataclass(frozen=True)
 class Costs:
     """Duration of each pass kind per stage, and of one cross-device transfer.
@@ -269,6 +286,12 @@ class Costs:
     """The receiver's own part of a transfer (`cost recv`): a pass that needs a
     pass of another device starts no earlier than this after its device is
     free, even when the data was sent long before (`semantics.receives`)."""
+    tokens: tuple[tuple[Polynomial, ...], ...] = ()
+    """Per kind code, per stage, the pass's cost as a function of its
+    microbatch's tokens, (a, b, c): a + b*tokens + c*tokens^2 (`cost F[s] = ...
+    tokens ...`, docs/language.md); empty: no cost depends on tokens, and
+    `durations` hold for every microbatch. `durations` are these at the file's
+    `tokens`."""
 
     @property
     def models_step(self) -> bool:
@@ -291,6 +314,37 @@ class Costs:
         return replace(self, overhead=tuple(float(x) for x in overhead),
                        optimizer=tuple(float(x) for x in optimizer), norm=float(norm),
                        jitter=float(jitter))
+
+    @property
+    def follows_tokens(self) -> bool:
+        """Whether some pass's cost depends on its microbatch's tokens."""
+        return any(b or c for row in self.tokens for _, b, c in row)
+
+    def with_tokens(self, tokens: Sequence[Sequence[Polynomial]]) -> Costs:
+        """These costs with per-token costs (per kind code, per stage, (a, b, c))."""
+        return replace(self, tokens=tuple(tuple((float(a), float(b), float(c)) for a, b, c in row)
+                                          for row in tokens))
+
+    def coefficients(self) -> np.ndarray:
+        """[term, kind code, stage]: a, b, c and the stage's `overhead`, so that
+        a pass lasts a + b*tokens + c*tokens^2 + overhead (b = c = 0 and a its
+        `durations` where no cost follows the tokens)."""
+        num_stages = len(self.durations[0])
+        overhead = np.array(self.overhead or [0.0] * num_stages, dtype=np.float64)
+        if self.tokens:
+            coef = np.moveaxis(np.array(self.tokens, dtype=np.float64), 2, 0)
+        else:
+            coef = np.zeros((3, len(self.durations), num_stages))
+            coef[0] = np.array(self.duration_table(), dtype=np.float64)
+            overhead = np.zeros(num_stages)
+        return np.concatenate([coef, np.broadcast_to(overhead, coef.shape[1:])[None]])
+
+    def duration_cube(self, lengths: Sequence[int]) -> np.ndarray:
+        """[kind code, stage, microbatch]: how long a pass holds its device
+        (with its stage's `overhead`) when microbatch j has `lengths[j]`
+        tokens (`tokens_duration`)."""
+        a, b, c, o = (x[:, :, None] for x in self.coefficients())
+        return tokens_duration(a, b, c, o, np.asarray(lengths, dtype=np.float64))
 
     def with_receive_cost(self, recv: float) -> Costs:
         """These costs with `cost recv` (the receiver's part of a transfer)."""
@@ -401,6 +455,27 @@ class MemoryModel:
     kept_input: tuple[Fraction | None, ...] = ()
     """Per stage, M_I (the input its F keeps) of a stage marked `recompute`, None
     for a stage that keeps its activations; empty when no stage recomputes."""
+    tokens: tuple[tuple[tuple[Fraction, Fraction, Fraction], ...], ...] = ()
+    """Per name of `MEMORY_NAMES` (M_B, M_W, M_I), per stage, its amount as a
+    function of the microbatch's tokens, (a, b, c): a + b*tokens +
+    c*tokens^2 (`memory M_B = ... tokens ...`); empty: none depends on tokens,
+    and the fields above hold for every microbatch (they are these at the
+    file's `tokens`)."""
+
+    @property
+    def follows_tokens(self) -> bool:
+        """Whether some amount depends on its microbatch's tokens."""
+        return any(b or c for row in self.tokens for _, b, c in row)
+
+    def at(self, tokens: int) -> MemoryModel:
+        """The model for a microbatch of `tokens` tokens (itself where nothing
+        depends on tokens)."""
+        if not self.tokens:
+            return self
+        t = Fraction(tokens)
+        b, w, i = ([a + b * t + c * t * t for a, b, c in row] for row in self.tokens)
+        kept = tuple(None if k is None else x for k, x in zip(self.kept_input, i, strict=False))
+        return replace(self, activation=tuple(b), weight_retained=tuple(w), kept_input=kept)
 
     @property
     def recompute(self) -> frozenset[int]:
@@ -604,8 +679,17 @@ def format_order(order: PassOrder, show_stage: bool) -> str:
 
 def _fmt_per_stage(values: tuple) -> str:
     if len(set(values)) == 1:
-        return format_number(values[0])
-    return "[" + " ".join(format_number(v) for v in values) + "]"
+        return values[0] if isinstance(values[0], str) else format_number(values[0])
+    return "[" + " ".join(v if isinstance(v, str) else format_number(v) for v in values) + "]"
+
+
+def _fmt_polynomial(p: Polynomial | tuple[Fraction, Fraction, Fraction]) -> str:
+    """a + b*tokens + c*tokens^2 as `a+b*t+c*t^2`, zero terms left out."""
+    a, b, c = p
+    terms = [format_number(a)] if a or not (b or c) else []
+    terms += [f"{format_number(b)}*t"] if b else []
+    terms += [f"{format_number(c)}*t^2"] if c else []
+    return "+".join(terms)
 
 
 def format_schedule(schedule: Schedule) -> str:
@@ -642,6 +726,15 @@ def format_schedule(schedule: Schedule) -> str:
             else ""
         ),
     ]
+    if c.follows_tokens:
+        lines.append("  costs in tokens " + " ".join(
+            f"{k.value}={_fmt_per_stage(tuple(_fmt_polynomial(p) for p in c.tokens[k.code]))}"
+            for k in KINDS if k is not PassKind.R or mem.recompute))
+    if mem.follows_tokens:
+        lines.append("  memory in tokens " + " ".join(
+            f"{name}={_fmt_per_stage(tuple(_fmt_polynomial(p) for p in row))}"
+            for name, row in zip(MEMORY_NAMES, mem.tokens, strict=True)
+            if name != "M_I" or mem.recompute))
     for device, order in enumerate(s.orders):
         show_stage = len(s.placement.chunks(device)) > 1
         lines.append(f"  rank {device}: " + format_order(order, show_stage))

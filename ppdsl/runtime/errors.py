@@ -3,7 +3,7 @@ bottom of ppdsl.runtime, importing nothing of it (docs/architecture.md)."""
 
 from __future__ import annotations
 
-__all__ = ["ModelError", "LossError", "PeerError", "first_line", "peer_failure"]
+__all__ = ["ModelError", "LossError", "ShapeError", "PeerError", "first_line", "peer_failure"]
 
 
 class ModelError(Exception):
@@ -13,6 +13,13 @@ class ModelError(Exception):
 class LossError(ModelError):
     """The user's loss failed, or returned no scalar tensor, on the rank that
     calls it (during a step: that rank stops every other)."""
+
+
+class ShapeError(LossError):
+    """A stage made a value of another shape than the step's lengths say its
+    receiver expects (variable-length microbatches): raised on the sending rank,
+    before anything is sent, so no receiver waits for a tensor of the wrong size;
+    like a failing loss, that rank stops every other."""
 
 
 class PeerError(RuntimeError):

@@ -34,7 +34,9 @@ def test_paper_blocks_are_proven_for_every_d(name):
     assert "deadlock-freedom of the lowered programs" in result.not_decided
 
 
-@pytest.mark.parametrize(("name", "why"), [("zb_v", "order form"), ("v_half", "not affine")])
+@pytest.mark.parametrize(("name", "why"), [
+    ("zb_v", "an order form, not a block"), ("v_half", "not affine"),
+])
 def test_files_outside_the_check_are_named(name, why):
     """An order-form file and a block with a conditional let are outside, with the reason."""
     result = _prove_file(EXAMPLES / f"{name}.pp")

@@ -1,6 +1,7 @@
 """Order-form loops evaluated for all values at once (issue 13's elaboration by
-arithmetic, `order_form._VectorLoop`) give exactly what running the loop value
-by value gives: the same orders, or the same located error, on random loop
+arithmetic, `order_form._VectorLoop`), and for all devices at once (issue 41,
+`order_form._DeviceLoops`), give exactly what running the loop value by value
+gives: the same orders, or the same located error, on random loop
 bodies of pass calls and `if`s over random integer expressions (division and
 modulo by zero, rationals, out-of-range microbatches and chunks, runaway
 orders and huge values included; R calls with and without stages marked
@@ -93,42 +94,103 @@ def programs(draw):
     )
 
 
-def _elaborate(text: str, vector: bool):
-    saved = order_form._VECTOR_MIN
-    order_form._VECTOR_MIN = 1 if vector else 10**9
+@st.composite
+def device_programs(draw):
+    """Order bodies of several loops whose ranges and passes depend on the
+    device `i`, their microbatches and chunks mostly in range (so that most
+    elaborate, and `_DeviceLoops` lays them out)."""
+    d = draw(st.integers(2, 5))
+    m = draw(st.integers(1, 30))
+    place, chunks = draw(st.sampled_from([("parallel", 1), ("vshape", 2), ("looped(3)", 3)]))
+
+    def call():
+        kind = draw(st.sampled_from(["F", "B", "W"]))
+        micro = f"({draw(_expr(1))}) % m" if draw(st.integers(0, 9)) else draw(_expr(1))
+        if chunks == 1 and draw(st.booleans()):
+            return f"{kind}({micro})"
+        return f"{kind}({micro}, ({draw(_expr(0))}) % {chunks})"
+
+    loops = []
+    for _ in range(draw(st.integers(1, 4))):
+        start = draw(st.sampled_from(["0", "i", "d - i", "-2"]))
+        end = draw(st.sampled_from(["i", "2*i + 1", "m - i", "d - i + 20", "m"]))
+        body = []
+        for _ in range(draw(st.integers(1, 3))):
+            if draw(st.booleans()):
+                body.append(f"if {draw(_cond(1))} {{ {call()} }} else {{ {call()} }}")
+            else:
+                body.append(call())
+        loops.append(f"  for t in {start}..{end} {{ {'; '.join(body)} }}\n")
+    return (
+        f"schedule r {{\n param d = {d}\n param m = {m}\n let big = 5\n place {place}\n"
+        f" backward split\n order {{\n{''.join(loops)} }}\n}}\n"
+    )
+
+
+def _elaborate(text: str, mode: str):
+    """The orders or the errors, with every device at once ("devices"), one
+    device at a time with vector loops ("vector"), or value by value ("values")."""
+    saved = order_form._VECTOR_MIN, order_form._device_loops
+    order_form._VECTOR_MIN = 10**9 if mode == "values" else 1
+    if mode != "devices":
+        order_form._device_loops = lambda *args: None
     try:
         return elaborate(parse(text, "r.pp"), {}).orders
     except CompileError as err:
         return [(d.message, d.span) for d in err.diagnostics]
     finally:
-        order_form._VECTOR_MIN = saved
+        order_form._VECTOR_MIN, order_form._device_loops = saved
 
 
 @settings(max_examples=150, deadline=None)
 @given(programs())
 def test_vector_loops_equal_value_by_value(text):
-    """All values at once == one value at a time: orders, or the located error."""
-    assert _elaborate(text, True) == _elaborate(text, False)
+    """All devices at once == all values at once == one value at a time: orders,
+    or the located error."""
+    by_values = _elaborate(text, "values")
+    assert _elaborate(text, "vector") == by_values
+    assert _elaborate(text, "devices") == by_values
+
+
+@settings(max_examples=150, deadline=None)
+@given(device_programs())
+def test_device_loops_equal_value_by_value(text):
+    """Several loops over every device at once == each device value by value."""
+    assert _elaborate(text, "devices") == _elaborate(text, "values")
+
+
+def _spy(owner, name, text, overrides):
+    """What `owner.name` returned while `text` was elaborated."""
+    returned = []
+    original = getattr(owner, name)
+
+    def spy(*args):
+        got = original(*args)
+        returned.append(got)
+        return got
+
+    setattr(owner, name, spy)
+    try:
+        elaborate(parse(text, "spied.pp"), overrides)
+    finally:
+        setattr(owner, name, original)
+    return returned
+
+
+def test_device_loops_are_taken():
+    """ZB-V's order body runs for all devices at once (the test above compares
+    something): every statement is a loop of pass calls and `if`s."""
+    text = (Path(__file__).resolve().parents[2] / "examples" / "zb_v.pp").read_text()
+    returned = _spy(order_form._DeviceLoops, "run", text, {"d": "4", "m": "64"})
+    assert returned and all(got is not None for got in returned)
 
 
 def test_vector_loop_is_taken():
-    """ZB-V's steady-state loop runs as a vector loop (the test above compares
-    something): its pass calls are guarded, its values many."""
-    text = (Path(__file__).resolve().parents[2] / "examples" / "zb_v.pp").read_text()
-    calls = []
-    original = order_form._VectorLoop.run
-
-    def spy(self, env, values, order):
-        done = original(self, env, values, order)
-        calls.append(done)
-        return done
-
-    order_form._VectorLoop.run = spy
-    try:
-        elaborate(parse(text, "zb_v.pp"), {"d": "4", "m": "64"})
-    finally:
-        order_form._VectorLoop.run = original
-    assert calls and all(calls)
+    """A long loop after a `let` runs as a vector loop, one device at a time."""
+    text = ("schedule s {\n param d = 2\n param m = 40\n backward fused\n order {\n"
+            "  let k = 1\n  for j in 0..m { F(j) }\n  for j in 0..m { BW(m - k - j) }\n }\n}\n")
+    returned = _spy(order_form._VectorLoop, "run", text, {})
+    assert returned and all(returned)
 
 
 def test_out_of_range_microbatch_names_its_loop():

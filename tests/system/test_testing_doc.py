@@ -14,7 +14,10 @@ from ppdsl.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "testing.md").read_text()
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", DOC, flags=re.S | re.M)
+# each body led by blank lines to its place in the page, so that its line numbers
+# (tracebacks, hypothesis reading a test's source) are the page's
+BLOCKS = [(found.group(1), "\n" * DOC.count("\n", 0, found.start(2)) + found.group(2))
+          for found in re.finditer(r"^```(\w*)\n(.*?)^```", DOC, flags=re.S | re.M)]
 COMMANDS = [line for lang, body in BLOCKS if lang == "sh" for line in body.splitlines()
             if line.startswith("ppdsl ")]
 

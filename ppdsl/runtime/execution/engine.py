@@ -3,11 +3,12 @@
 - F(mb, s): the stage's forward on the received (or locally handed-over) value;
   on the last stage also the loss, scaled by 1/m (and by the loss scale under
   fp16) so that gradients summed over microbatches are those of the batch's mean
-  loss. Under bf16/fp16 the forward and the loss run under autocast, whose
-  weight casts are made once per step: the step runs inside one (disabled)
-  autocast region, so autocast's cast cache lives until the step ends and every
-  microbatch's graph shares one low-precision copy of each weight (not one per
-  microbatch in flight).
+  loss (by its weight instead where a step gives them: documents' targets over
+  the step's, the loss per token). Under bf16/fp16 the forward and the loss run
+  under autocast, whose weight casts are made once per step: the step runs
+  inside one (disabled) autocast region, so autocast's cast cache lives until
+  the step ends and every microbatch's graph shares one low-precision copy of
+  each weight (not one per microbatch in flight).
 - B(mb, s): the stage's input gradients; the split layers' weight-gradient work
   goes into a W stash (`ppdsl.runtime.execution.split.backward_input`); the graph is freed.
 - W(mb, s): runs the stash: weight gradients only.
@@ -29,7 +30,9 @@
   for where its tensor is first used (the pass that takes it); sends finish in
   the background, their tensors kept alive, and are collected at later
   exchanges and at the step's end: no exchange stalls compute on its sends.
-  Two stages on one rank hand over without a transfer.
+  Two stages on one rank hand over without a transfer; a step given each
+  microbatch's tokens moves each transfer at the shape they give, checked by
+  its sender (`ppdsl.runtime.execution.shapes`).
 
 A value between stages is a tensor or a tuple/list/dict of tensors
 (`ppdsl.runtime.execution.structure`); each tensor moves on its own, floating-point ones
@@ -40,8 +43,11 @@ Hooks (`Hooks`) let a layer above (post-validation, data parallelism, ties) act
 at the points a step defines: before this rank's first pass, before a stage's
 first forward, when a stage's gradients are final (its last W or BW of the
 step), and after the last pass. Each pass runs as hooks, wait, compute, hooks;
-what is recorded around it (trace, timing, memory windows) is one
-`PassInstruments`, and everything a step holds is one `StepState` made per step.
+which hooks are due and which receive a pass takes are decided once from the
+order (`_OpPlan`), not per pass (host work a GPU would wait on:
+`ppdsl.runtime.measure.hostops` counts it); what is recorded around a pass
+(trace, timing, memory windows) is one `PassInstruments`, and everything a step
+holds is one `StepState` made per step.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from ppdsl.runtime.execution.buffers import kept_buffers
 from ppdsl.runtime.execution.group import LaneEnds, global_rank, transfer_tag
 from ppdsl.runtime.execution.instruments import PassInstruments
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
+from ppdsl.runtime.execution.shapes import TokenShapes
 from ppdsl.runtime.execution.split import WStash, backward_input
 from ppdsl.runtime.execution.step_state import Kept, Key, RngState, Saved, StepState
 from ppdsl.runtime.execution.structure import Spec, call_stage, flatten, unflatten
@@ -74,6 +81,10 @@ from ppdsl.runtime.worker import faults, progress
 from ppdsl.semantics import reduction_points
 
 __all__ = ["Engine", "Hooks", "PeerError", "StepResult"]
+
+_NOTHING = contextlib.nullcontext()
+"""One do-nothing context for every pass that needs none (reentrant): not one
+made per pass."""
 
 
 @dataclass
@@ -133,6 +144,51 @@ def _stage_points(ops: Sequence[Op]) -> tuple[dict[int, int], dict[int, int]]:
     return first_forward, grads_final
 
 
+@dataclass(frozen=True)
+class _OpPlan:
+    """One op of the rank's order and what the step does around it, decided once
+    from the order (not per pass)."""
+
+    op: Op
+    exchange: Exchange | None
+    """The op, when it is an exchange."""
+    compute: Compute | None
+    """The op, when it is a compute pass."""
+    next_exchange: Exchange | None = None
+    """An exchange's next exchange: its receives are posted a pass ahead."""
+    first_pass: bool = False
+    """The step's first pass: `Hooks.before_first_pass` runs before it."""
+    forward_of: int | None = None
+    """The stage whose first F this is: `Hooks.before_stage_forward` runs before it."""
+    final_of: int | None = None
+    """The stage whose gradients are final after this pass: `Hooks.stage_grads_ready`."""
+    arriving: Key | None = None
+    """The value this pass takes, which may be a pending receive: F's activation,
+    B's or BW's gradient."""
+
+
+def _op_plans(ops: Sequence[Op], first_compute: int | None, first_forward: dict[int, int],
+              grads_final: dict[int, int]) -> tuple[_OpPlan, ...]:
+    """Each op's `_OpPlan`."""
+    next_exchange = _next_exchanges(ops)
+    forward_at = {i: s for s, i in first_forward.items()}
+    final_at = {i: s for s, i in grads_final.items()}
+    plans = []
+    for index, op in enumerate(ops):
+        if isinstance(op, Exchange):
+            plans.append(_OpPlan(op, op, None, next_exchange[index]))
+            continue
+        p = op.pass_
+        arriving: Key | None = None
+        if p.kind is PassKind.F:
+            arriving = (TransferKind.ACT, p.microbatch, p.stage)
+        elif p.kind in (PassKind.B, PassKind.BW):
+            arriving = (TransferKind.GRAD, p.microbatch, p.stage)
+        plans.append(_OpPlan(op, None, op, None, index == first_compute, forward_at.get(index),
+                             final_at.get(index), arriving))
+    return tuple(plans)
+
+
 class Engine:
     """Runs one rank's ops on its stages."""
 
@@ -188,14 +244,14 @@ class Engine:
             for param in module.parameters():
                 params.setdefault(id(param), param)
         self.params = list(params.values())
-        self._next_exchange = _next_exchanges(self.ops)
-        """For each exchange's index, the next exchange: its receives are posted a pass ahead."""
         self._first_forward, self._grads_final = _stage_points(self.ops)
-        self._forward_at = {i: s for s, i in self._first_forward.items()}
-        self._final_at = {i: s for s, i in self._grads_final.items()}
         self._first_compute = next(
             (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
         )
+        self._plans = _op_plans(self.ops, self._first_compute, self._first_forward,
+                                self._grads_final)
+        """What each op does besides its pass, decided once (issue 39: no per-pass
+        decisions the GPU would wait on)."""
         self.recompute = memory.recompute
         """The stages marked `recompute`: their F keeps only its input, R restores."""
         self.meter = MemoryMeter(self.params)
@@ -206,6 +262,9 @@ class Engine:
         self.tracer: Tracer | None = None
         """When set, every pass, exchange and optimizer step is recorded in it."""
         self._num_leaves = 1
+        self.sent_bytes = 0  # to other stages' ranks, at true sizes: proves no padding
+        self._shapes = TokenShapes(None)
+        """The shape rule when microbatches vary in tokens (`set_specs`)."""
         self._current = StepState(None, None, None, False)
         """The running step's state (`StepState`); an empty one between steps."""
 
@@ -220,9 +279,11 @@ class Engine:
         which its weight gradients are final (derived from the compiled order)."""
         return dict(self._grads_final)
 
-    def set_specs(self, specs: dict[int, Spec]) -> None:
-        """Every stage's output spec (the same on every rank)."""
+    def set_specs(self, specs: dict[int, Spec], probe_tokens: int | None = None) -> None:
+        """Every stage's output spec (the same on every rank); `probe_tokens`: the
+        tokens of the microbatch probed, when they vary (`shapes.TokenShapes`)."""
         self.specs = dict(specs)
+        self._shapes = TokenShapes(probe_tokens)
         self._num_leaves = max((len(s.leaves()) for s in specs.values()), default=1) or 1
 
     def _peer(self, rank: int) -> int:
@@ -237,14 +298,17 @@ class Engine:
         *,
         measure: bool = False,
         loss_scale: torch.Tensor | float | None = None,
+        lengths: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
     ) -> StepResult:
         """One step's passes: `inputs` (on the rank holding stage 0) and `targets`
         (on the rank holding the last stage) are per-microbatch values, else None.
         Gradients accumulate into the parameters' `.grad`. `measure` runs the memory
         meter (its saved-tensor hooks cost Python time on every saved tensor; the
         activations of a step with static shapes are the same every step, so
-        measuring one step is enough)."""
-        self._current = StepState(inputs, targets, loss_scale, measure)
+        measuring one step is enough). `lengths`, `weights`: each microbatch's
+        tokens and share of the loss, when they vary (default 1/m)."""
+        self._current = StepState(inputs, targets, loss_scale, measure, lengths, weights)
         if measure:
             self.meter.reset_peak()
         start = time.perf_counter()
@@ -274,42 +338,38 @@ class Engine:
         autocast clears its cast cache only when its outermost region ends, so
         the forwards' nested regions share one cast of each weight per step."""
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NOTHING
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
 
     def _run_ops(self, instruments: PassInstruments) -> None:
         """The step's ops in order: an exchange is posted; a pass runs its hooks,
-        waits for its receive, computes, and runs its hooks."""
-        for index, op in enumerate(self.ops):
-            progress.at(op)
-            if isinstance(op, Exchange):
-                with instruments.exchange(op):
-                    self._exchange(op, self._next_exchange[index])
+        waits for its receive, computes, and runs its hooks. What each op needs
+        beyond the step's state was decided once (`_OpPlan`)."""
+        hooks = self.hooks
+        arriving = self._current.arriving
+        for plan in self._plans:
+            progress.at(plan.op)
+            if plan.exchange is not None:
+                with instruments.exchange(plan.exchange):
+                    self._exchange(plan.exchange, plan.next_exchange)
                 continue
-            self._hooks_before(index)
-            arriving = self._arriving_for(op.pass_)
-            if arriving is not None:  # its receive, waited for here: not the pass's time
-                with instruments.waiting(self._current.arriving[arriving][0]):
-                    self._receive(arriving)
+            op = plan.compute
+            assert op is not None
+            if plan.first_pass:
+                for before in hooks.before_first_pass:
+                    before()
+            if plan.forward_of is not None:
+                for before_stage in hooks.before_stage_forward:
+                    before_stage(plan.forward_of)
+            if plan.arriving is not None and plan.arriving in arriving:
+                # its receive, waited for here: not the pass's time
+                with instruments.waiting(arriving[plan.arriving][0]):
+                    self._receive(plan.arriving)
             with instruments.pass_(op.pass_):
                 self._compute(op)
-            self._hooks_after(index)
-
-    def _hooks_before(self, index: int) -> None:
-        """The hooks due before the pass at `index`: the step's first pass, a
-        stage's first forward."""
-        if index == self._first_compute:
-            for before in self.hooks.before_first_pass:
-                before()
-        if index in self._forward_at:
-            for before_stage in self.hooks.before_stage_forward:
-                before_stage(self._forward_at[index])
-
-    def _hooks_after(self, index: int) -> None:
-        """The hooks due after the pass at `index`: a stage's gradients final."""
-        if index in self._final_at:
-            for ready in self.hooks.stage_grads_ready:
-                ready(self._final_at[index])
+            if plan.final_of is not None:
+                for ready in hooks.stage_grads_ready:
+                    ready(plan.final_of)
 
     def _compute(self, op: Compute) -> None:
         p = op.pass_
@@ -333,7 +393,7 @@ class Engine:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward's precision context (autocast under bf16/fp16)."""
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NOTHING
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _is_first(self, s: int) -> bool:
@@ -397,15 +457,17 @@ class Engine:
         """The stage (and on the last one the loss) on `value`; keeps what B needs
         and, if `send`, hands the output to the next stage (the loss once)."""
         last = self._is_last(s)
-        with self.meter.saving((mb, s)) if self._current.measure else contextlib.nullcontext():
+        with self.meter.saving((mb, s)) if self._current.measure else _NOTHING:
             with self.autocast():
                 out = call_stage(self.stages[s], value)
                 if last:
                     loss = self._loss(mb, s, out)
             if last:
+                w, m = self._current.weights, self.num_microbatches
                 if send:
-                    self._current.losses.append(loss.detach().float() / self.num_microbatches)
-                scaled = loss / self.num_microbatches
+                    share = loss.detach().float()
+                    self._current.losses.append(share / m if w is None else share * w[mb])
+                scaled = loss / m if w is None else loss * w[mb]
                 if self._current.loss_scale is not None:
                     scaled = scaled * self._current.loss_scale
                 self._current.saved[(mb, s)] = Saved(inputs, [0], [scaled])
@@ -458,18 +520,10 @@ class Engine:
         if self.stage_device[dst] == self.rank:
             self._current.inbox[(kind, mb, dst)] = value  # the V's turn: no transfer
         else:
+            if self._current.lengths is not None:
+                self._shapes.check(kind, value, self.specs, mb, src, dst,
+                                   self._current.lengths[mb], self.stage_device[dst])
             self._current.outbox[(kind, mb, src)] = [v.contiguous() for v in value]
-
-    def _arriving_for(self, p: Any) -> Key | None:
-        """The pending receive pass `p` takes, if any: F's activation, B's or BW's
-        gradient."""
-        if p.kind is PassKind.F:
-            key = (TransferKind.ACT, p.microbatch, p.stage)
-        elif p.kind in (PassKind.B, PassKind.BW):
-            key = (TransferKind.GRAD, p.microbatch, p.stage)
-        else:
-            return None
-        return key if key in self._current.arriving else None
 
     def _receive(self, key: Key) -> None:
         """Wait for a pending receive; its tensors go to the inbox."""
@@ -493,7 +547,9 @@ class Engine:
 
     def _recv_specs(self, t: Transfer) -> list[tuple[torch.Size, torch.dtype, int, int, Transfer]]:
         m, n, k = self.num_microbatches, self.num_stages, self._num_leaves
-        return [(torch.Size(leaf.shape), leaf.dtype, self._peer(t.src_rank), transfer_tag(t, i, m, n, k), t)
+        tokens = None if self._current.lengths is None else self._current.lengths[t.microbatch]
+        return [(self._shapes.expected(leaf.shape, tokens), leaf.dtype, self._peer(t.src_rank),
+                 transfer_tag(t, i, m, n, k), t)
                 for i, leaf in enumerate(self._leaves_of(t))]
 
     def _post(self, sends: list[tuple[list[torch.Tensor], Transfer]], recvs: Sequence[Transfer]) -> None:
@@ -503,6 +559,7 @@ class Engine:
         send_specs = [(v, self._peer(t.dst_rank), transfer_tag(t, i, m, n, k), t)
                       for values, t in sends for i, v in enumerate(values)]
         recv_specs = [spec for t in recvs for spec in self._recv_specs(t)]
+        self.sent_bytes += sum(v.numel() * v.element_size() for v, _, _, _ in send_specs)
         try:
             pending_sends, pending_recvs = self.transport.post(send_specs, recv_specs)
         except RuntimeError as exc:

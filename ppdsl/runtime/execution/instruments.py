@@ -39,6 +39,10 @@ class PassInstruments:
         self.compute = 0.0
         """Seconds in passes (on CUDA, once `finish` has read the events)."""
         self._events: list[tuple[PassKind, Any, Any]] = []
+        self._pass = Pass(PassKind.F, 0, 0)
+        self._window: Any = None
+        self._begin: Any = None
+        self._t0 = 0.0
 
     @contextlib.contextmanager
     def exchange(self, op: Exchange) -> Iterator[None]:
@@ -62,26 +66,42 @@ class PassInstruments:
         yield
         self.tracer.end("wait", "exchange", {"recvs": [str(transfer)]}, None)
 
-    @contextlib.contextmanager
-    def pass_(self, done: Pass) -> Iterator[None]:
-        """Around a pass: its trace slice, its time and its memory window."""
+    def pass_(self, done: Pass) -> PassInstruments:
+        """Around a pass (``with instruments.pass_(p):``): its trace slice, its time
+        and its memory window. The instruments are their own context manager
+        (passes do not nest): a generator-made one costs the host several Python
+        calls a pass (issue 39)."""
+        self._pass = done
+        return self
+
+    def __enter__(self) -> None:
         if self.tracer is not None:
             self.tracer.begin()
-        window = (self.device_peak.pass_window(done.kind, done.stage)
-                  if self.device_peak is not None else contextlib.nullcontext())
         if self.cuda:  # the GPU's time, read at the step's end
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record()
-            with window:
-                yield
+            self._begin = torch.cuda.Event(enable_timing=True)
+            self._begin.record()
+        if self.device_peak is not None:
+            self._window = self.device_peak.pass_window(self._pass.kind, self._pass.stage)
+            self._window.__enter__()
+        if not self.cuda:
+            self._t0 = time.perf_counter()
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        done = self._pass
+        if self.cuda:
+            if self._window is not None:
+                self._window.__exit__(kind, value, traceback)
+            if kind is not None:
+                return
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._events.append((done.kind, begin, end))
+            self._events.append((done.kind, self._begin, end))
         else:
-            t0 = time.perf_counter()
-            with window:
-                yield
-            dt = time.perf_counter() - t0
+            dt = time.perf_counter() - self._t0
+            if self._window is not None:
+                self._window.__exit__(kind, value, traceback)
+            if kind is not None:
+                return
             self.compute += dt
             self.compute_time[done.kind] += dt
         if self.tracer is not None:

@@ -31,20 +31,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ppdsl.backend.plan import Plan, plan_from_schedule
-from ppdsl.ir.rank import Op
-from ppdsl.ir.schedule import MemoryModel, torch_actions
+from ppdsl.ir.schedule import MemoryModel
 from ppdsl.runtime.errors import ModelError
 from ppdsl.runtime.execution.buffers import kept_buffers
+from ppdsl.runtime.execution.compiled import CompiledPipeline, ScheduleError, load_schedule
 from ppdsl.runtime.execution.data_parallel import (
     MODES,
     DataParallel,
@@ -56,6 +53,7 @@ from ppdsl.runtime.execution.engine import Engine, Hooks, StepResult
 from ppdsl.runtime.execution.group import LaneEnds, agree, differing, global_rank
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
 from ppdsl.runtime.execution.precision import LossScaler, autocast_dtype, cast_parameters
+from ppdsl.runtime.execution.shapes import given_microbatches
 from ppdsl.runtime.execution.split import uncovered_in
 from ppdsl.runtime.execution.structure import (
     Spec,
@@ -76,71 +74,6 @@ __all__ = [
     "load_schedule",
     "tie_parameters",
 ]
-
-class ScheduleError(ValueError):
-    """The `.pp` file does not compile; the message holds every located finding."""
-
-
-@dataclass(frozen=True)
-class CompiledPipeline:
-    """A compiled schedule as the runtime needs it: the plan every rank shares and
-    the rank programs (all of them, or only this rank's in a generated program)."""
-
-    plan: Plan
-    ops: Mapping[int, Sequence[Op]]
-    """Per rank: its ops (compute passes and exchanges), in order."""
-    fingerprint: str
-    """The compiled schedule's fingerprint; ranks must agree on it."""
-
-    @property
-    def num_ranks(self) -> int:
-        """Pipeline ranks (the schedule's devices)."""
-        return self.plan.num_devices
-
-    @property
-    def num_stages(self) -> int:
-        """Model stages."""
-        return self.plan.num_stages
-
-    @property
-    def num_microbatches(self) -> int:
-        """Microbatches per step (each step's batch is cut into that many)."""
-        return self.plan.num_microbatches
-
-    def stages_of(self, rank: int) -> tuple[int, ...]:
-        """The stages `rank` holds, in model order."""
-        return tuple(s for s, r in enumerate(self.plan.stage_device) if r == rank)
-
-    def torch_actions(self) -> list[list[str]]:
-        """Per rank, torch.distributed.pipelining's action strings (`0F1`, `0I1`,
-        `0W1`, `0B1`)."""
-        return [torch_actions(order.passes) for order in self.plan.orders]
-
-
-def load_schedule(
-    path: str | Path,
-    params: Mapping[str, int | str] | None = None,
-    *,
-    costs_from: str | Path | None = None,
-) -> CompiledPipeline:
-    """Compile the `.pp` file at `path` with `params` overriding its parameters (as
-    `-D name=value` does, e.g. {"d": 4, "m": 8}); `costs_from`: a costs file
-    (`ppdsl profile -o`). Raises ScheduleError with every located finding."""
-    from ppdsl.compiler import compile_file
-    from ppdsl.costs_file import load_costs_file
-    from ppdsl.diagnostics import CompileError, render_all
-
-    try:
-        costs = load_costs_file(costs_from) if costs_from is not None else None
-        compiled = compile_file(path, {k: str(v) for k, v in (params or {}).items()}, costs=costs)
-    except CompileError as exc:
-        raise ScheduleError(render_all(exc.diagnostics, sys.stderr)) from None
-    plan = plan_from_schedule(compiled.schedule, compiled.programs, compiled.timeline,
-                              compiled.costs_from)
-    return CompiledPipeline(
-        plan, {r: p.ops for r, p in enumerate(compiled.programs)}, plan.fingerprint
-    )
-
 
 def _default_note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
@@ -445,16 +378,22 @@ class PipelineRunner:
 
     # -- one step ----------------------------------------------------------------
 
-    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False) -> torch.Tensor | None:
+    def step(self, inputs: Any = None, targets: Any = None, *, measure_memory: bool = False,
+             lengths: Sequence[int] | None = None,
+             weights: Sequence[float] | None = None) -> torch.Tensor | None:
         """One training step's passes. `inputs` (the rank holding stage 0) and
         `targets` (the rank holding the last stage) are the whole batch: a tensor or
         a tuple/list/dict of tensors, cut along dim 0 into the schedule's
         microbatches; other ranks pass None (what they pass is not used).
         Gradients accumulate into `.grad` (zero them between steps). Returns the
         batch's mean loss (detached, unscaled) on the last stage's rank, else None.
-        `measure_memory` runs the memory meter for this step (`engine.meter`)."""
-        input_mbs, target_mbs = self._microbatches(inputs, targets, "step()")
-        if input_mbs is not None and self._input_spec is not None:
+        `measure_memory` runs the memory meter for this step (`engine.meter`).
+
+        Documents (docs/runtime.md): `lengths`, each microbatch's tokens (every
+        rank alike), with `inputs`/`targets` as lists of the m microbatches;
+        `weights`, each one's share of the step's loss (default 1/m)."""
+        input_mbs, target_mbs = self._microbatches(inputs, targets, "step()", lengths)
+        if input_mbs is not None and self._input_spec is not None and lengths is None:
             spec = flatten(input_mbs[0], "the inputs")[1]
             if spec != self._input_spec:
                 raise ValueError(
@@ -462,11 +401,28 @@ class PipelineRunner:
                     f"{self._input_spec} at its first step; shapes between stages are fixed"
                 )
         scale = self.scaler.scale if self.scaler is not None else None
-        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale)
+        result = self.engine.step(input_mbs, target_mbs, measure=measure_memory, loss_scale=scale,
+                                  lengths=lengths, weights=weights)
         result.loss = self._batch_loss(result.loss)
         self.steps_run += 1
         self.last_result = result
         return result.loss
+
+    def _given_microbatches(self, inputs: Any, targets: Any,
+                            lengths: Sequence[int]) -> tuple[list[Any] | None, list[Any] | None]:
+        """A varying-length step's microbatches as given, on this device; the
+        first call probes the stages with microbatch 0."""
+        m = self.plan.num_microbatches
+        if len(lengths) != m:
+            raise ValueError(f"step() was given {len(lengths)} lengths for {m} microbatches")
+        input_mbs, target_mbs = (
+            None if given is None else self._to_device(given, dtype) for given, dtype in (
+                (given_microbatches(inputs, self.is_first, m, "inputs", self.rank),
+                 self.param_dtype),
+                (given_microbatches(targets, self.is_last, m, "targets", self.rank), None)))
+        if self.specs is None:
+            self._probe(input_mbs[0] if input_mbs else None, probe_tokens=int(lengths[0]))
+        return input_mbs, target_mbs
 
     def evaluate(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
         """A forward-only step (a validation loss): `inputs` and `targets` as for
@@ -496,11 +452,15 @@ class PipelineRunner:
                     module.reshard()  # type: ignore[operator]
         return self._batch_loss(result.loss)
 
-    def _microbatches(self, inputs: Any, targets: Any, caller: str) -> tuple[list[Any] | None,
-                                                                               list[Any] | None]:
+    def _microbatches(self, inputs: Any, targets: Any, caller: str,
+                      lengths: Sequence[int] | None = None) -> tuple[list[Any] | None,
+                                                                     list[Any] | None]:
         """A step's opening: the inputs (on a rank holding a first stage) and the
         targets (on one holding a last stage) cut into the schedule's microbatches
-        on this device, else None; the first call probes the stages' shapes."""
+        (given as such with `lengths`) on this device, else None; the first call
+        probes the stages' shapes."""
+        if lengths is not None:
+            return self._given_microbatches(inputs, targets, lengths)
         m = self.plan.num_microbatches
         input_mbs = target_mbs = None
         if self.is_first:
@@ -560,7 +520,7 @@ class PipelineRunner:
                      else t.dtype, non_blocking=True) for t in leaves]))
         return out
 
-    def _probe(self, first_input: Any) -> None:
+    def _probe(self, first_input: Any, probe_tokens: int | None = None) -> None:
         """Run microbatch 0 through every stage once, stage by stage, on the rank
         holding it, each later stage on zeros of the previous one's output; every
         rank learns each stage's output structure (or the first error, the same on
@@ -619,7 +579,7 @@ class PipelineRunner:
             if s in self.stages:
                 self.uncovered[s] = list(uncovered)
         self.specs = specs
-        engine.set_specs(specs)
+        engine.set_specs(specs, probe_tokens)
         unsplit = [f"stage {s}: {', '.join(n)}" for s, n in sorted(self.uncovered.items()) if n]
         if unsplit:
             self.note(

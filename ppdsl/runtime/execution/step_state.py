@@ -75,6 +75,12 @@ class StepState:
     targets: Sequence[Any] | None
     loss_scale: torch.Tensor | float | None
     measure: bool
+    lengths: Sequence[int] | None = None
+    """Each microbatch's tokens (variable-length microbatches), or None: shapes
+    are those the probe found."""
+    weights: Sequence[float] | None = None
+    """Each microbatch's share of the step's loss (its targets over the step's),
+    or None: 1/m each."""
     inbox: dict[Key, list[torch.Tensor]] = field(default_factory=dict)
     """Values ready for the pass that takes them (handed over or received)."""
     outbox: dict[Key, list[torch.Tensor]] = field(default_factory=dict)

@@ -7,7 +7,8 @@ One module per job: `records` (what was measured, its JSON and table),
 (transfers and collectives measured alone), `gloo_worker` (the programs run in
 several gloo processes), `launch` (their launcher), `engine_profile` (the passes through
 the runtime's engine, the step besides passes), `profile` (`ppdsl profile`'s
-driver), `costs_pp` (the costs file) and `cut` (the per-layer profile and the cut).
+driver), `costs_pp` (the costs file), `cut` (the per-layer profile and the cut) and
+`hostops` (the host's work per pass, counted).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ from ppdsl.runtime.measure.transfers import (
     measure_receive,
     measure_transfer,
 )
-from ppdsl.runtime.models.model import build_model
+from ppdsl.runtime.models.model import ModelError, build_model
 
 __all__ = ["profile_model"]
 
@@ -76,6 +77,7 @@ def profile_model(
     precision: str = "fp32",
     optimizer: str | None = "adam",
     devices: int | None = None,
+    seq_len: int | None = None,
 ) -> Profile:
     """Profile every stage of the model `spec` (FILE.py:FACTORY) cut into
     `num_stages`, on microbatches of `microbatch_size` samples. On CPU with one
@@ -92,15 +94,15 @@ def profile_model(
     passes are timed on (`measure_pipeline`, CPU only; 1: `measure_engine`,
     this process), as a run of that many ranks runs them; None: on CPU the
     most that divide `num_stages` without outnumbering the cores this process
-    may use (`pipeline_devices`), on CUDA 1."""
-    if norms not in NORMS:
-        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
+    may use (`pipeline_devices`), on CUDA 1. `seq_len`: each sample's first
+    `seq_len` tokens only (the model's token inputs and targets cut along
+    their second dimension: `ppdsl profile --lengths`; the step besides passes
+    is then not measured)."""
+    _check_choices(norms, precision, seq_len, optimizer)
     watch = stage_stopwatch(device)
     stages = _stage_runs(spec, num_stages, microbatch_size, device, watch.host_clock,
                          warmup=warmup, repeats=repeats, norms=norms, precision=precision,
-                         progress=progress)
+                         progress=progress, seq_len=seq_len)
     sizes = [s.boundary_bytes for s in stages if s.boundary_bytes]
     by_size, method, late = _transfers(sizes, device, transfer, progress)
     collectives, collective_method = _collectives([s.param_bytes for s in stages], dp, device,
@@ -137,17 +139,35 @@ def profile_model(
         step=step,
         recv_ms=statistics.fmean(late) if late else None,
         devices=(devices or 1) if step is not None else 1,
+        seq_len=seq_len,
     )
+
+
+def _check_choices(norms: str, precision: str, seq_len: int | None,
+                   optimizer: str | None) -> None:
+    """Raise ValueError for a choice `profile_model` does not know, or for a
+    `seq_len` with an optimizer (the step's costs are the model's own length's)."""
+    if seq_len is not None and optimizer is not None:
+        raise ValueError("seq_len: the passes only (optimizer=None); the step's costs are "
+                         "measured at the model's own length")
+    if norms not in NORMS:
+        raise ValueError(f"norms must be 'in-b' or 'deferred', not {norms!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
 
 
 def _stage_runs(spec: str, num_stages: int, microbatch_size: int, device: torch.device,
                 clock: Callable[[], float], *, warmup: int, repeats: int, norms: str,
-                precision: str, progress: Progress | None) -> list[_Stage]:
+                precision: str, progress: Progress | None,
+                seq_len: int | None = None) -> list[_Stage]:
     """Each stage of the model measured on one microbatch of its first batch
-    (`measure_chain`), what B computes of its weight gradients, and its
-    parameter bytes; the stages are built one at a time."""
+    (`measure_chain`; `seq_len`: cut to its first tokens), what B computes of
+    its weight gradients, and its parameter bytes; the stages are built one at
+    a time."""
     model = build_model(spec, num_stages)
     inputs, targets = model.batch(0, microbatch_size)
+    if seq_len is not None:
+        inputs, targets = _first_tokens(inputs, seq_len, spec), _first_tokens(targets, seq_len, spec)
     inputs, targets = inputs.to(device), targets.to(device)
 
     def loss(y: torch.Tensor) -> torch.Tensor:
@@ -160,6 +180,17 @@ def _stage_runs(spec: str, num_stages: int, microbatch_size: int, device: torch.
     return [_Stage(link.timing, link.boundary_bytes, _uncovered(link, device, precision),
                    sum(p.numel() * p.element_size() for p in link.module.parameters()))
             for link in links]
+
+
+def _first_tokens(tensor: Any, seq_len: int, spec: str) -> torch.Tensor:
+    """A batch's samples cut to their first `seq_len` tokens (dimension 1)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+        raise ModelError(f"--lengths: the batches of --model {spec!r} are not token tensors "
+                         "(samples x tokens); give a model whose inputs are tokens")
+    if tensor.shape[1] < seq_len:
+        raise ModelError(f"--lengths: the samples of --model {spec!r} hold {tensor.shape[1]} tokens; "
+                         f"measure lengths up to that, not {seq_len}")
+    return tensor[:, :seq_len].contiguous()
 
 
 def _uncovered(link: ChainLink, device: torch.device, precision: str) -> tuple[str, ...]:

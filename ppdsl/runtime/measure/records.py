@@ -156,6 +156,9 @@ class Profile:
     its data was sent, from posting to holding the tensor, between two gloo
     processes (`measure_receive`; the mean over the stage boundaries; None: not
     measured, e.g. on CUDA or with --no-transfer)."""
+    seq_len: int | None = None
+    """The tokens per sample the passes were measured at (`ppdsl profile
+    --lengths`), or None: the model's own batches."""
 
     def memory_unit_bytes(self) -> float:
         """Bytes of one memory unit of the costs file: the mean stage's M_B."""

@@ -42,6 +42,7 @@ from torch import nn
 
 from ppdsl.runtime.errors import first_line
 from ppdsl.runtime.models.data import DataError, batch_tokens, open_tokens
+from ppdsl.runtime.models.documents import IGNORED, is_documents, open_batches
 from ppdsl.runtime.models.model import ModelError, PipelineModel
 
 __all__ = [
@@ -91,6 +92,10 @@ class HFOptions:
     """Element type of a raw `.bin` token file (`--data-dtype`)."""
     cut: str | Sequence[int] = "equal"
     """`equal`, or the first decoder layer of each stage (`--cut 0,5,11`)."""
+    max_seq_len: int | None = None
+    """Documents (`--data FILE.npz`) cut to L tokens (`--max-seq-len`, `ppdsl.lengths`)."""
+    pack: int | None = None
+    """Documents packed into microbatches of at most T tokens (`--pack`)."""
     eval_data: str | None = None
     """A token file of held-out data (`--eval-data`, same format and dtype as
     `data`): evaluation batch k takes its sequences by the training batches' rule;
@@ -331,19 +336,21 @@ class HFStage(nn.Module):
             masks.append(made[kind])
         return masks
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> Any:
+        """Hidden states (logits last); `positions` (documents) restart per document."""
+        documents = positions is not None
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)[None]
         if self.first:
             ids = x
             if self.anatomy.gpt2:
                 wte, wpe, drop = self.embeddings
-                positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
                 x = drop(wte(ids) + wpe(positions))
             else:
                 for module in self.embeddings:
                     x = module(x)
         hidden = x
         if len(self.layers):
-            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
             extra: dict[str, Any] = {}
             if not self.anatomy.gpt2:
                 extra["position_ids"] = positions
@@ -354,12 +361,14 @@ class HFStage(nn.Module):
                 hidden = out[0] if isinstance(out, tuple) else out
         for module in self.finals:
             hidden = module(hidden)
-        return hidden
+        return (hidden, positions) if documents and not self.last else hidden
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The causal-LM cross-entropy (mean over tokens); targets are already shifted."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Causal-LM cross-entropy, the mean over the targets (-100 at a document's end)."""
+    flat = targets.reshape(-1)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=IGNORED,
+                           reduction="sum") / (flat != IGNORED).sum().clamp(min=1)
 
 
 def _tied_head(model: Any, anatomy: Anatomy) -> tuple[str, str] | None:
@@ -441,8 +450,9 @@ def preflight(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
+    open_batches(options, _vocab_size(raw), max_positions)
     for path in (options.data, options.eval_data):
-        if path is not None:
+        if path is not None and not is_documents(path):
             try:
                 open_tokens(path, options.seq_len, _vocab_size(raw), options.data_dtype)
             except DataError as exc:
@@ -462,7 +472,7 @@ def pipeline_model(directory: str | Path, num_stages: int,
     vocab = _vocab_size(raw)
     data = held_out = None
     try:
-        if options.data is not None:
+        if options.data is not None and not is_documents(options.data):
             data = open_tokens(options.data, options.seq_len, vocab, options.data_dtype)
         if options.eval_data is not None:
             held_out = open_tokens(options.eval_data, options.seq_len, vocab, options.data_dtype)
@@ -481,6 +491,7 @@ def pipeline_model(directory: str | Path, num_stages: int,
     if max_positions is not None and options.seq_len > max_positions:
         raise ModelError(f"--seq-len {options.seq_len}: the model takes at most {max_positions} "
                          "positions (its config's max_position_embeddings / n_positions)")
+    documents = open_batches(options, vocab, max_positions)
     vocab_size = int(model.config.vocab_size)
     ends = starts[1:] + (num_layers,)
     seq_len, seed = options.seq_len, options.seed
@@ -507,9 +518,9 @@ def pipeline_model(directory: str | Path, num_stages: int,
     tied = _tied_head(model, anatomy)
     ties = ({0: tied[0], num_stages - 1: tied[1]},) if tied and num_stages > 1 else ()
     return HFPipelineModel(num_stages=num_stages, stage=stage, loss=_loss, batch=batch,
-                           tokens_per_sample=seq_len, tied=ties,
+                           tokens_per_sample=None if documents else seq_len, tied=ties,
                            eval_batch=eval_batch if held_out is not None else None,
-                           cut=starts, hf_model=model)
+                           documents=documents, cut=starts, hf_model=model)
 
 
 def check_cut(model: Any, stages: Sequence[HFStage], seq_len: int = 8,

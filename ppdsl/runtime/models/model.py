@@ -14,8 +14,10 @@ four members):
   a tensor or a tuple/dict of tensors.
 
 and optionally ``tokens_per_sample`` (inputs are tokens: report tokens/s),
-``tied`` (parameters shared between stages) and ``eval_batch(index,
-batch_size) -> (inputs, targets)`` (held-out data for `--eval-every`).
+``tied`` (parameters shared between stages), ``eval_batch(index,
+batch_size) -> (inputs, targets)`` (held-out data for `--eval-every`) and
+``documents`` (microbatches of varying length, each step's from a document
+file: `ppdsl.runtime.models.documents`; `batch` is then not called).
 
 `split_layers` cuts a list of layers into contiguous, balanced stages.
 """
@@ -61,6 +63,10 @@ class PipelineModel:
     `index` (0 .. --eval-batches - 1), held out from training, the same wherever
     it is called; None: the model has no evaluation data (`--eval-every` then
     stops at start-up)."""
+    documents: Any = None
+    """Documents as microbatches of varying length
+    (`ppdsl.runtime.models.documents.DocumentBatches`), or None: the step's
+    batch comes from `batch` and every microbatch has the same shape."""
 
 
 def split_layers(layers: Sequence[Any], num_stages: int) -> list[list[Any]]:

@@ -138,6 +138,22 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
     ("--data-dtype", "data_dtype", {
         "choices": DATA_DTYPES,
         "help": "element type of a raw .bin token file (default uint16)"}, "uint16"),
+    ("--max-seq-len", "max_seq_len", {
+        "type": int, "metavar": "L",
+        "help": "with --data FILE.npz (documents: tokens and offsets): step k's microbatch j is "
+                "document (k*m + j) mod N cut to its first L tokens (default: whole documents)"},
+     None),
+    ("--pack", "pack", {
+        "type": int, "metavar": "T",
+        "help": "with --data FILE.npz: pack documents greedily in order into microbatches of at "
+                "most T tokens (a longer one cut to T); each document attends only within "
+                "itself, its positions from 0"}, None),
+    ("--reorder", "reorder", {
+        "action": "store_true",
+        "help": "with --data FILE.npz: each step runs its microbatches in the order of the "
+                "schedule's slots that the simulator finds shortest under the per-token costs "
+                "(ppdsl.analysis.reorder.choose_order, within 50 ms; any permutation keeps the "
+                "compiled proofs)"}, False),
     ("--seq-len", "seq_len", {
         "type": int, "metavar": "L", "help": "with --model hf:DIR: tokens per sample (default 64)"},
      64),
@@ -257,6 +273,16 @@ def check_training_options(args: argparse.Namespace) -> str | None:
     if given("param_dtype") == "bf16" and given("precision") == "fp16":
         return ("--param-dtype bf16 with --precision fp16 would compute in fp16 from bf16 "
                 "weights; use --precision bf16 (or fp32) with bf16 parameters")
+    for dest, flag in (("max_seq_len", "--max-seq-len"), ("pack", "--pack")):
+        if given(dest) is not None:
+            if given(dest) < 1:
+                return f"{flag} must be at least 1, not {given(dest)}"
+            if not str(given("data") or "").endswith(".npz"):
+                return f"{flag} is for documents: --data FILE.npz (tokens and offsets)"
+    if given("reorder") and not str(given("data") or "").endswith(".npz"):
+        return "--reorder is for documents: --data FILE.npz (tokens and offsets)"
+    if given("max_seq_len") is not None and given("pack") is not None:
+        return "--max-seq-len and --pack exclude each other: --pack T cuts documents to T tokens"
     if given("seq_len") is not None and given("seq_len") < 1:
         return f"--seq-len must be at least 1, not {given('seq_len')}"
     if given("resume") and not given("checkpoint_dir"):

@@ -52,7 +52,8 @@ def _build_model(opts: argparse.Namespace, num_stages: int) -> Any:
     if not is_hf_spec(opts.model):
         return build_model(opts.model, num_stages)
     options = HFOptions(seq_len=opts.seq_len, seed=opts.seed, data=opts.data,
-                        data_dtype=opts.data_dtype, cut=opts.cut, eval_data=opts.eval_data)
+                        data_dtype=opts.data_dtype, cut=opts.cut, eval_data=opts.eval_data,
+                        max_seq_len=opts.max_seq_len, pack=opts.pack)
     return pipeline_model(opts.model[len(PREFIX):], num_stages, options)
 
 
@@ -166,6 +167,9 @@ def _model(plan: Plan, opts: argparse.Namespace, batch_size: int) -> tuple[Any, 
                 + (f" on each of {dp} replicas" if dp > 1 else "")
                 + f"; use a multiple of {m * dp}"
             )
+        if getattr(model, "documents", None) is not None and dp > 1:
+            raise ModelError("documents (--data FILE.npz) with --dp are not supported yet: "
+                             "train them on one pipeline")
         if opts.eval_every is not None and getattr(model, "eval_batch", None) is None:
             raise ModelError(
                 f"--eval-every needs evaluation data, but --model {opts.model!r} has no "
@@ -290,6 +294,9 @@ class Run:
     """The meter's largest activation peak, in bytes."""
     peak_units: Fraction = Fraction(0)
     """The same peak in the compiler's units (M_B)."""
+    reorders: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per step under `--reorder` (rank 0's): seconds choose_order took, the
+    predicted step in the order given and in the order chosen."""
     last_saved: int | None = None
     """The step of the last checkpoint saved (or resumed from), or None."""
     pending: tuple[Any, torch.Tensor, int] | None = None

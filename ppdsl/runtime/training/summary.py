@@ -88,6 +88,7 @@ def summary(run: Run) -> None:
     measurements (`--json`) and the trace (`--trace`); collective."""
     opts, plan, rank = run.opts, run.plan, run.rank
     _optimizer_line(run)
+    _reorder_line(run)
     mine = _measurements(run)
     mine.update(predictions(plan, gather(run.tracer.durations), run.step_times))
     if opts.trace:
@@ -106,6 +107,25 @@ def summary(run: Run) -> None:
             print(f"wrote the trace of every rank to {opts.trace} (open it in ui.perfetto.dev; "
                   f"`ppdsl trace {opts.trace}` checks it against the proof and lays it beside "
                   "the simulation, `-o own.pp` writes this run's own costs)", flush=True)
+
+
+def _reorder_line(run: Run) -> None:
+    """Under `--reorder`: how long choosing each step's order took (the issue's
+    bound is 50 ms) and the predicted steps it chose between."""
+    if not run.reorders:
+        return
+    took = [t for t, _, _ in run.reorders]
+    given = sum(b for _, b, _ in run.reorders)
+    chosen = sum(p for _, _, p in run.reorders)
+    # the first call prepares the program (and compiles the search's kernel
+    # once per machine): shown apart from the steps' budget
+    later = took[1:] or took
+    line = (f"reorder: {len(took)} steps, choose_order {sum(later) / len(later) * 1e3:.1f} ms mean, "
+            f"{max(later) * 1e3:.1f} ms max (budget 50 ms; the first step's {took[0] * 1e3:.0f} ms "
+            "prepares the program)")
+    if given:
+        line += f"; predicted {chosen:.4g} against {given:.4g} in the order given ({chosen / given:.3f})"
+    say(run.rank, line)
 
 
 def _optimizer_line(run: Run) -> None:

@@ -45,6 +45,7 @@ from ppdsl.runtime.execution.pipeline import PipelineRunner
 from ppdsl.runtime.execution.structure import flatten, unflatten
 from ppdsl.runtime.models.model import LossError, ModelError
 from ppdsl.runtime.training.options import add_training_options, check_training_options
+from ppdsl.runtime.training.reorder import agreed_order
 from ppdsl.runtime.training.startup import Run, say, start, startup_error
 from ppdsl.runtime.training.summary import summary
 from ppdsl.runtime.worker import faults, progress
@@ -138,13 +139,17 @@ def _loop(run: Run) -> int | None:
     for step in range(run.first_step, run.last_step):
         faults.set_step(step + 1)
         progress.at(f"step {step + 1}: building its batch and starting")
-        inputs, targets = _batch(run, step)
-        if step == run.first_step:
-            error = agree(_batch_problem(inputs, step, run.batch_size))
-            if error is not None:
-                return startup_error(run.rank, error)
+        shapes: dict[str, Any] = {}
+        if getattr(run.model, "documents", None) is not None:
+            inputs, targets, shapes = _documents(run, step)
+        else:
+            inputs, targets = _batch(run, step)
+            if step == run.first_step:
+                error = agree(_batch_problem(inputs, step, run.batch_size))
+                if error is not None:
+                    return startup_error(run.rank, error)
         try:
-            loss, t0 = _step(run, step, inputs, targets)
+            loss, t0 = _step(run, step, inputs, targets, shapes)
         except ModelError as exc:  # the probe at the first step: the same on every rank
             return startup_error(run.rank, str(exc))
         # The step before's line is printed before its checkpoint can become visible:
@@ -172,6 +177,41 @@ def _batch(run: Run, step: int) -> tuple[Any, Any]:
     return inputs, targets
 
 
+def _documents(run: Run, step: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A document step's microbatches (`model.documents`, `ppdsl.lengths`' rule):
+    the inputs and targets as lists of the m microbatches where they are used
+    (None elsewhere), and on every rank alike each microbatch's tokens and
+    share of the step's loss (`runner.step`'s `lengths` and `weights`)."""
+    runner, tracer, batches = run.runner, run.tracer, run.model.documents
+    tracer.step = step
+    tracer.timed = run.timed(step)
+    microbatches = batches.step(step, runner.plan.num_microbatches)
+    if run.opts.reorder:
+        microbatches = _reordered(run, microbatches)
+    shapes = {"lengths": batches.lengths(microbatches), "weights": batches.weights(microbatches)}
+    if not (runner.is_first or runner.is_last):
+        return None, None, shapes
+    tracer.begin()
+    pairs = [batches.tensors(mb) for mb in microbatches]
+    tracer.end("data", "data", {}, None)
+    return [p[0] for p in pairs], [p[1] for p in pairs], shapes
+
+
+def _reordered(run: Run, microbatches: list[Any]) -> list[Any]:
+    """The step's microbatches in the order of the schedule's slots chosen
+    under the plan's per-token costs (`ppdsl.runtime.training.reorder`, the
+    same on every rank); its time and predictions kept for the summary."""
+    runner = run.runner
+    if not run.reorders and runner.rank == 0 and not runner.plan.cost_model().follows_tokens:
+        say(run.rank, "ppdsl: note: --reorder: the schedule's costs do not follow the tokens "
+                      "(no per-token costs), so every order predicts the same step")
+    choice = agreed_order(runner.plan, run.model.documents.lengths(microbatches), runner.group)
+    if choice.seconds is not None:
+        assert choice.given is not None and choice.predicted is not None
+        run.reorders.append((choice.seconds, choice.given, choice.predicted))
+    return [microbatches[j] for j in choice.slots]
+
+
 def _batch_problem(inputs: Any, step: int, batch_size: int) -> str | None:
     """What is wrong with the first step's batch on this rank, or None."""
     if inputs is None:
@@ -183,10 +223,13 @@ def _batch_problem(inputs: Any, step: int, batch_size: int) -> str | None:
     return None
 
 
-def _step(run: Run, step: int, inputs: Any, targets: Any) -> tuple[Any, float]:
+def _step(run: Run, step: int, inputs: Any, targets: Any,
+          shapes: dict[str, Any]) -> tuple[Any, float]:
     """The step's passes and optimizer step: the loss (on the last stage's rank)
-    and when the step started (`time.perf_counter`). A `ModelError` from the
-    runner's probe propagates; a failing loss stops every rank."""
+    and when the step started (`time.perf_counter`). `shapes`: a document step's
+    lengths and loss weights (`runner.step`'s), else empty. A `ModelError` from
+    the runner's probe propagates; a failing loss, or a stage's output of a
+    shape the lengths do not give (`ShapeError`), stops every rank."""
     runner, rank = run.runner, run.rank
     # Memory is measured on the first step (shapes are static, so every step holds
     # the same); later steps run without the meter's hooks, for clean timings.
@@ -203,8 +246,8 @@ def _step(run: Run, step: int, inputs: Any, targets: Any) -> tuple[Any, float]:
     try:
         loss = runner.step(inputs if runner.is_first else None,
                            targets if runner.is_last else None,
-                           measure_memory=step == run.first_step)
-    except LossError as exc:  # on the last stage's rank alone: it stops the others
+                           measure_memory=step == run.first_step, **shapes)
+    except LossError as exc:  # one rank's (a ShapeError is one too): it stops the others
         fail(run.watchdog, rank, str(exc))
     if peak_window is not None:  # the passes' peak, before the optimizer allocates
         peak_window.stop()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ppdsl.costs_file import evaluate_costs, load_costs_file
-from ppdsl.runtime.measure.costs_pp import to_costs_pp
-from ppdsl.runtime.measure.records import StepCosts
+from ppdsl.runtime.measure.costs_pp import fit_in_tokens, to_costs_pp, to_costs_pp_in_tokens
+from ppdsl.runtime.measure.records import Profile, StepCosts
 from ppdsl.semantics import pass_jitter
 from tests.runtime.measure.examples import small_profile
 
@@ -89,3 +89,38 @@ def test_recv_and_collectives_are_stated_only_when_measured(tmp_path: Path) -> N
     assert "cost reduce = reduce-scatter of a stage's gradients" in text
     c, _ = evaluate_costs(load_costs_file(path), 2, "parallel")
     assert c.recv == 0.375 and c.collective("reduce", 1) == 0.5 and c.collective("gather", 0) == 0.5
+
+
+def _at_length(length: int) -> Profile:
+    """small_profile measured at `length` tokens: T_F = 0.5 + 0.01*t + 1e-4*t^2
+    ms, the other passes linear, M_B = 100 bytes a token, M_W half of it."""
+    base = small_profile()
+    forward = 0.5 + 0.01 * length + 1e-4 * length * length
+    stages = tuple(replace(s, timing=replace(s.timing, forward_ms=forward,
+                                             input_ms=0.02 * length, weight_ms=1 + 0.005 * length,
+                                             fused_ms=1 + 0.025 * length,
+                                             activation_bytes=100 * length,
+                                             weight_bytes=50 * length))
+                   for s in base.stages)
+    return replace(base, stages=stages, seq_len=length)
+
+
+def test_costs_in_tokens_round_trip(tmp_path: Path) -> None:
+    """`profile --lengths` writes costs and memory in tokens that the compiler
+    reads back as the measured polynomials (docs/language.md, Costs in tokens)."""
+    path = tmp_path / "tokens.pp"
+    path.write_text(to_costs_pp_in_tokens([_at_length(t) for t in (64, 256, 128, 512)]))
+    c, m = evaluate_costs(load_costs_file(path), 2, "parallel")
+    a, b, q = c.tokens[0][0]  # F on stage 0
+    assert math.isclose(a, 0.5, rel_tol=1e-3) and math.isclose(b, 0.01, rel_tol=1e-3)
+    assert math.isclose(q, 1e-4, rel_tol=1e-3)
+    assert c.tokens[1][1] == (0.0, 0.02, 0.0)  # B: linear, no noise terms
+    assert m.tokens[0][0] == (0, 100, 0) and m.tokens[1][1] == (0, 50, 0)
+
+
+def test_fit_in_tokens_is_never_negative() -> None:
+    """The fit keeps every term >= 0 (a cost must be >= 0 at every length):
+    a falling measurement fits a constant, an exact quadratic is recovered."""
+    assert fit_in_tokens([8, 16, 32], [3.0, 2.0, 1.0]) == pytest.approx((2.0, 0.0, 0.0))
+    assert fit_in_tokens([1, 2, 3, 4], [6, 11, 18, 27]) == pytest.approx((3.0, 2.0, 1.0))
+    assert fit_in_tokens([10, 20], [1.0, 2.0]) == pytest.approx((0.0, 0.1, 0.0))

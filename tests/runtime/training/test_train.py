@@ -32,8 +32,10 @@ def _ppdsl(*args: str, timeout: float = 240, env: dict | None = None) -> subproc
         (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is SGD's"),
         (["--optimizer", "lion"], "invalid choice: 'lion'"),
         (["--precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--pack", "64"], "--pack is for documents: --data FILE.npz"),
+        (["--reorder"], "--reorder is for documents: --data FILE.npz"),
     ],
-    ids=["resume", "clip", "every", "momentum", "optimizer", "precision"],
+    ids=["resume", "clip", "every", "momentum", "optimizer", "precision", "pack", "reorder"],
 )
 def test_training_options_usage_errors(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
