@@ -8,7 +8,7 @@ from __future__ import annotations
 from ppdsl.semantics import DP_MODES
 
 __all__ = ["DEVICES", "RELEASES", "OPTIMIZERS", "LR_SCHEDULES", "VALIDATIONS", "PRECISIONS",
-           "DP_MODES", "DATA_DTYPES", "CUT_RULES"]
+           "DP_MODES", "DATA_DTYPES", "CUT_RULES", "PARAM_DTYPES", "REDUCE_DTYPES"]
 
 DEVICES = ("auto", "cpu", "cuda")
 """`--device`: auto (CUDA with a GPU per local rank, else CPU), cpu, cuda."""
@@ -23,6 +23,11 @@ VALIDATIONS = ("sync", "post")
 (the zero-bubble paper's post-validation)."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 """`--precision`: fp32, or the forward and loss under bf16/fp16 autocast."""
+PARAM_DTYPES = ("fp32", "bf16")
+"""`--param-dtype`: the dtype the stages' parameters are kept and computed in
+(the optimizer steps fp32 master weights either way)."""
+REDUCE_DTYPES = ("fp32", "bf16")
+"""`--reduce-dtype`: the dtype data parallelism reduces gradients in."""
 DATA_DTYPES = ("uint16", "uint32")
 """`--data-dtype`: the element type of a raw .bin token file."""
 CUT_RULES = ("equal", "balanced")

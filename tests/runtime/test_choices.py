@@ -17,8 +17,9 @@ def test_each_choice_list_is_a_tuple_of_distinct_values():
 
 
 def test_the_training_flags_take_exactly_the_declared_values():
-    """`--device`, `--optimizer`, `--precision`, `--lr-schedule`, `--release` and
-    `--optimizer-validation` offer the tuples of choices.py, no other list."""
+    """`--device`, `--optimizer`, `--precision`, `--param-dtype`, `--reduce-dtype`,
+    `--lr-schedule`, `--release` and `--optimizer-validation` offer the tuples of
+    choices.py, no other list."""
     parser = argparse.ArgumentParser()
     add_training_options(parser)
     offered = {a.option_strings[0]: tuple(a.choices) for a in parser._actions
@@ -26,6 +27,8 @@ def test_the_training_flags_take_exactly_the_declared_values():
     assert offered["--device"] == choices.DEVICES
     assert offered["--optimizer"] == choices.OPTIMIZERS
     assert offered["--precision"] == choices.PRECISIONS
+    assert offered["--param-dtype"] == choices.PARAM_DTYPES
+    assert offered["--reduce-dtype"] == choices.REDUCE_DTYPES
     assert offered["--lr-schedule"] == choices.LR_SCHEDULES
     assert offered["--release"] == choices.RELEASES
     assert offered["--optimizer-validation"] == choices.VALIDATIONS

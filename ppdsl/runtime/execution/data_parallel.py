@@ -90,10 +90,30 @@ def broadcast_replica_zero(modules: dict[int, nn.Module], dp_group: dist.Process
                 dist.broadcast(t.data, src=src, group=dp_group)
 
 
-def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
+def _mixed_precision(param_dtype: torch.dtype | None) -> Any:
+    """FSDP2's MixedPrecisionPolicy gathering the stage in `param_dtype` (None:
+    none). FSDP's own reduction is switched off here (`DataParallel` reduces in
+    its `reduce_dtype`), so the policy's reduce dtype is `param_dtype`: FSDP
+    then leaves the gathered gradients where autograd put them (with another
+    one it moves them to a buffer of its own at each backward's end, out of
+    reach of the W passes that run after it)."""
+    if param_dtype is None:
+        return None
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # pragma: no cover - torch < 2.6
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy  # type: ignore[no-redef]
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=param_dtype)
+
+
+def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any, *,
+                 param_dtype: torch.dtype | None = None) -> None:
     """Wrap every stage with FSDP2 on `dp_mesh`, its gathers and reductions left to
-    `DataParallel` (module docstring)."""
+    `DataParallel` (module docstring); with `param_dtype`, under FSDP2's
+    MixedPrecisionPolicy: the shards keep the model's dtype (fp32: the master
+    weights the optimizer steps), a gathered stage is `param_dtype`."""
     fully_shard = _fsdp()
+    policy = _mixed_precision(param_dtype)
     # FSDP2 warns when a stage returns a view (an in-place op on it would skip its
     # pre-backward gather); the stage stays gathered from its first F to its last
     # W here, so that gather is never needed.
@@ -109,7 +129,8 @@ def shard_stages(stages: dict[int, nn.Module], dp_mesh: Any) -> None:
             if not p.is_contiguous():
                 p.data = p.data.contiguous()
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=False,
-                    ignored_params=scalars or None)
+                    ignored_params=scalars or None,
+                    **({"mp_policy": policy} if policy is not None else {}))
         for api in ("set_requires_gradient_sync", "set_reshard_after_backward", "unshard", "reshard"):
             if not hasattr(module, api):  # pragma: no cover - an FSDP2 older than torch 2.5
                 raise RuntimeError(f"--dp-mode shard needs FSDP2's {api} (torch >= 2.5); "
@@ -144,7 +165,9 @@ class DataParallel:
     `dp_mesh`: the 1-D "dp" sub-mesh. `stages`: this rank's stage modules.
     `grads_final`: per stage, the index in this rank's ops of its last W/BW
     (`Engine.grads_final`); a parameter shared by two local stages is reduced with
-    the later one. `first_forward`: per stage, the index of its first F."""
+    the later one. `first_forward`: per stage, the index of its first F.
+    `reduce_dtype`: the dtype gradients are reduced in (None: their own); the
+    result is put back in each gradient's dtype (a shard's: fp32)."""
 
     def __init__(
         self,
@@ -153,10 +176,13 @@ class DataParallel:
         stages: dict[int, nn.Module],
         grads_final: dict[int, int],
         first_forward: dict[int, int],
+        *,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"dp mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode = mode
+        self.reduce_dtype = reduce_dtype
         self.mesh = dp_mesh
         self.group = dp_mesh.get_group()
         """The DP group of this rank's pipeline rank."""
@@ -180,6 +206,9 @@ class DataParallel:
             p.is_cuda for module in stages.values() for p in module.parameters())
         self.on_gather: list[Any] = []
         """Callbacks with a stage's gathered parameters (the memory meter's)."""
+        self.gathered_dtypes: set[torch.dtype] = set()
+        """shard: the dtypes the gathered stages' parameters had (FSDP2's
+        `param_dtype`: what the passes compute with)."""
 
     @property
     def wait_time(self) -> float:
@@ -238,6 +267,7 @@ class DataParallel:
         if at + 1 < len(self._gather_order):
             self._start_gather(self._gather_order[at + 1])
         gathered = list(self.stages[stage].parameters())
+        self.gathered_dtypes.update(p.dtype for p in gathered)
         for callback in self.on_gather:
             callback(gathered)
 
@@ -252,9 +282,11 @@ class DataParallel:
         # replicate: every parameter; shard: those FSDP keeps whole (0-dim ones)
         whole = [p for _, p in params if self.mode == "replicate" or not is_sharded(p)]
         if whole:
-            flags = torch.tensor([p.grad is not None for p in whole], dtype=whole[0].dtype,
+            dtype = self.reduce_dtype or whole[0].dtype
+            flags = torch.tensor([p.grad is not None for p in whole], dtype=dtype,
                                  device=whole[0].device)
-            buffer = torch.cat([_grad_or_zeros(p, p).reshape(-1) for p in whole] + [flags])
+            buffer = torch.cat([_grad_or_zeros(p, p).reshape(-1).to(dtype) for p in whole]
+                               + [flags])
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
             self._pending.append(_Reduction(stage, work, buffer, [(p, None) for p in whole]))
         if self.mode == "shard":
@@ -274,7 +306,8 @@ class DataParallel:
             grad = _grad_or_zeros(whole, whole.detach())
             rows = -(-grad.shape[0] // self.size) if grad.dim() else 1
             flat = grad.reshape(grad.shape[0] if grad.dim() else 1, -1)
-            padded = torch.zeros((rows * self.size, flat.shape[1]), dtype=grad.dtype, device=grad.device)
+            padded = torch.zeros((rows * self.size, flat.shape[1]),
+                                 dtype=self.reduce_dtype or grad.dtype, device=grad.device)
             padded[: flat.shape[0]] = flat
             for r, block in enumerate(padded.split(rows)):
                 blocks[r].append(block.reshape(-1))
@@ -312,7 +345,7 @@ class DataParallel:
                     if not flag:  # no replica's microbatches used it
                         continue
                     if param.grad is None:
-                        param.grad = piece.clone()
+                        param.grad = piece.to(param.dtype, copy=True)
                     else:
                         param.grad.copy_(piece)
                 continue
@@ -328,7 +361,7 @@ class DataParallel:
                     grad = piece.view(rows, *sharded.shape[1:])[:local_rows]
                 else:
                     grad = piece.view(())
-                self._set_shard_grad(sharded, grad.clone())
+                self._set_shard_grad(sharded, grad.to(sharded.dtype, copy=True))
         # the replicas' buffers (BatchNorm's statistics, updated on each replica's
         # share) end the step as replica 0's: DDP's broadcast_buffers policy
         broadcast_buffers([m for _, m in sorted(self.stages.items())], self.group)

@@ -52,7 +52,7 @@ from ppdsl.runtime.execution.dtensor import is_sharded
 from ppdsl.runtime.execution.engine import Engine, Hooks, StepResult
 from ppdsl.runtime.execution.group import LaneEnds, agree, differing, global_rank
 from ppdsl.runtime.execution.memory import DevicePeak, MemoryMeter
-from ppdsl.runtime.execution.precision import LossScaler, autocast_dtype
+from ppdsl.runtime.execution.precision import LossScaler, autocast_dtype, cast_parameters
 from ppdsl.runtime.execution.shapes import given_microbatches
 from ppdsl.runtime.execution.split import uncovered_in
 from ppdsl.runtime.execution.structure import (
@@ -131,6 +131,14 @@ class PipelineRunner:
     pinned host memory over gloo (`ppdsl.runtime.execution.transport`); the group must have
     a CPU backend. `transfer_mode` forces a transport mode ("tagged", "ordered",
     "staged"; tests run the NCCL and staged paths on CPU tensors over gloo).
+    `param_dtype`: the dtype the stages' parameters are kept and computed in
+    (None: as the model built them); bf16 takes fp32 master weights in the
+    optimizer (`ppdsl.runtime.execution.precision.MasterWeights`), and the
+    inputs' floating-point tensors are cast to it, as FSDP2's
+    MixedPrecisionPolicy casts a module's inputs; in shard mode that policy
+    itself does it (its shards, what the optimizer holds, stay fp32).
+    `reduce_dtype`: the dtype data parallelism reduces gradients in (None: the
+    gradients' own).
     Construction is collective over `group` (the ranks check they run the same
     schedule)."""
 
@@ -151,8 +159,14 @@ class PipelineRunner:
         dp_mode: str = "replicate",
         share_gpu: bool = False,
         transfer_mode: str | None = None,
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         group, dp_mesh = _validate_arguments(group, mesh, dp_mode)
+        self.param_dtype = param_dtype
+        """The stages' parameter dtype (None: the model's own)."""
+        self.reduce_dtype = reduce_dtype
+        """The dtype of data parallelism's gradient reductions (None: the gradients')."""
         self.schedule = schedule
         self.plan = schedule.plan
         self.group = group
@@ -214,6 +228,8 @@ class PipelineRunner:
                     if not isinstance(module, nn.Module):
                         raise ModelError(f"stage {s} is {type(module).__name__}, not a torch.nn.Module")
                     modules[s] = module.to(self.device)
+                    if self.param_dtype is not None and not (dp_mesh is not None and dp_mode == "shard"):
+                        cast_parameters(modules[s], self.param_dtype)
                 check_ties(self.tied, self.plan.num_stages, modules)
                 tie_parameters(modules, self.tied)
                 tie_parameters(modules, copy_groups(self.plan, modules))
@@ -235,7 +251,7 @@ class PipelineRunner:
         if dp_mesh is not None:
             broadcast_replica_zero(modules, dp_mesh.get_group())
             if dp_mode == "shard":
-                shard_stages(modules, dp_mesh)
+                shard_stages(modules, dp_mesh, param_dtype=self.param_dtype)
         return modules
 
     def _wire(self, release: str, timeout: float, dp_mesh: Any, dp_mode: str) -> None:
@@ -260,7 +276,8 @@ class PipelineRunner:
         """The data-parallel layer (with `mesh`), else None."""
         if dp_mesh is not None:
             self.data_parallel = DataParallel(dp_mode, dp_mesh, self.stages, self.engine.grads_final,
-                                              self.engine.first_forward)
+                                              self.engine.first_forward,
+                                              reduce_dtype=self.reduce_dtype)
             self.data_parallel.on_gather.append(self.engine.meter.add_parameters)
             self.data_parallel.attach(self.hooks)
 
@@ -299,6 +316,15 @@ class PipelineRunner:
                     seen.add(id(p))
                     found.append((f"stage{s}.{name}", p))
         return found
+
+    def compute_dtypes(self) -> set[torch.dtype]:
+        """The dtypes this rank's parameters have inside the passes: in shard mode
+        those of the stages as gathered (FSDP2's `param_dtype`, known once a step
+        has run), else those of `parameters()`."""
+        dp = self.data_parallel
+        if dp is not None and dp.mode == "shard":
+            return set(dp.gathered_dtypes)
+        return {p.dtype for p in self.engine.params}
 
     def norm_parameters(self) -> list[nn.Parameter]:
         """The parameters whose gradients this rank counts in the global gradient
@@ -390,9 +416,10 @@ class PipelineRunner:
         if len(lengths) != m:
             raise ValueError(f"step() was given {len(lengths)} lengths for {m} microbatches")
         input_mbs, target_mbs = (
-            None if given is None else self._to_device(given) for given in (
-                given_microbatches(inputs, self.is_first, m, "inputs", self.rank),
-                given_microbatches(targets, self.is_last, m, "targets", self.rank)))
+            None if given is None else self._to_device(given, dtype) for given, dtype in (
+                (given_microbatches(inputs, self.is_first, m, "inputs", self.rank),
+                 self.param_dtype),
+                (given_microbatches(targets, self.is_last, m, "targets", self.rank), None)))
         if self.specs is None:
             self._probe(input_mbs[0] if input_mbs else None, probe_tokens=int(lengths[0]))
         return input_mbs, target_mbs
@@ -439,7 +466,8 @@ class PipelineRunner:
         if self.is_first:
             if inputs is None:
                 raise ValueError(f"rank {self.rank} holds a first stage: {caller} needs the inputs")
-            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"))
+            input_mbs = self._to_device(split_microbatches(inputs, m, "the inputs"),
+                                        self.param_dtype)
         if self.is_last:
             if targets is None:
                 raise ValueError(f"rank {self.rank} holds the last stage: {caller} needs the targets")
@@ -482,11 +510,14 @@ class PipelineRunner:
             self._eval_engine.set_specs(self.specs)
         return self._eval_engine
 
-    def _to_device(self, mbs: list[Any]) -> list[Any]:
+    def _to_device(self, mbs: list[Any], dtype: torch.dtype | None = None) -> list[Any]:
+        """`mbs` on this device, their floating-point tensors cast to `dtype` if given."""
         out = []
         for mb in mbs:
             leaves, spec = flatten(mb)
-            out.append(unflatten(spec, [t.to(self.device, non_blocking=True) for t in leaves]))
+            out.append(unflatten(spec, [
+                t.to(self.device, dtype=dtype if dtype is not None and t.is_floating_point()
+                     else t.dtype, non_blocking=True) for t in leaves]))
         return out
 
     def _probe(self, first_input: Any, probe_tokens: int | None = None) -> None:

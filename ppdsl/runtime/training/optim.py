@@ -39,6 +39,7 @@ import torch.distributed as dist
 from ppdsl.runtime.choices import LR_SCHEDULES, OPTIMIZERS, VALIDATIONS
 from ppdsl.runtime.execution import autograd_access as access
 from ppdsl.runtime.execution.dtensor import local_tensor
+from ppdsl.runtime.execution.precision import MasterWeights
 
 __all__ = [
     "OPTIMIZERS",
@@ -129,7 +130,10 @@ class OptimizerStep:
     mode, where each rank holds a shard of the gradients).
     `norm_parameters`: whose gradients count in the norm (default:
     `runner.norm_parameters()`, each tied parameter once). With fp16 the runner's
-    loss scaler is unscaled and updated here."""
+    loss scaler is unscaled and updated here. `master`: the fp32 master weights
+    of parameters kept in bf16 (`ppdsl.runtime.execution.precision.MasterWeights`),
+    when the optimizer holds those: each step takes the gradients onto them
+    first, and every change to them (a step, a roll-back) is copied back."""
 
     def __init__(
         self,
@@ -140,6 +144,7 @@ class OptimizerStep:
         validation: str = "sync",
         norm_groups: Sequence[dist.ProcessGroup | None] | None = None,
         norm_parameters: Sequence[torch.nn.Parameter] | None = None,
+        master: MasterWeights | None = None,
     ) -> None:
         if validation not in VALIDATIONS:
             raise ValueError(f"validation must be 'sync' or 'post', not {validation!r}")
@@ -151,8 +156,10 @@ class OptimizerStep:
         self.validation = validation
         self.norm_groups = list(norm_groups) if norm_groups is not None else \
             list(getattr(runner, "norm_groups", [runner.group]))
-        self._norm_ids = {id(p) for p in (norm_parameters if norm_parameters is not None
-                                          else runner.norm_parameters())}
+        self.master = master
+        """The fp32 master weights the optimizer steps, or None."""
+        counted = norm_parameters if norm_parameters is not None else runner.norm_parameters()
+        self._norm_ids = {id(master.of(p) if master is not None else p) for p in counted}
         self.scaler = runner.scaler
         self.device = runner.device
         self.steps = 0
@@ -190,6 +197,8 @@ class OptimizerStep:
         `runner.step`). sync: returns the outcome; post: steps optimistically and
         returns None (the outcome comes with `resolve`)."""
         self.resolve()  # a step not yet validated (no runner.step in between)
+        if self.master is not None:
+            self.master.take_gradients()
         params = [p for p in self._params() if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_([p.grad for p in params])  # type: ignore[misc]
@@ -217,7 +226,7 @@ class OptimizerStep:
             }
             pending.hyper = [{k: v for k, v in g.items() if k != "params"}
                              for g in self.optimizer.param_groups]
-            self.optimizer.step()
+            self._optimizer_step()
             pending.stepped = True
         self._pending = pending
         return None
@@ -249,7 +258,7 @@ class OptimizerStep:
             if not invalid:
                 if coef is not None:
                     access.foreach_mul_([p.grad for p in params], coef)  # type: ignore[misc]
-                self.optimizer.step()
+                self._optimizer_step()
         elif invalid or coef is not None:
             if pending.stepped:
                 self._roll_back(pending)
@@ -262,10 +271,17 @@ class OptimizerStep:
         self.outcomes.append(outcome)
         return outcome
 
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.master is not None:
+            self.master.copy_back()
+
     def _roll_back(self, pending: _Pending) -> None:
         with torch.no_grad():
             for p, value in zip(pending.params, pending.values, strict=True):
                 p.copy_(value)
+            if self.master is not None:
+                self.master.copy_back()
         state = self.optimizer.state
         for p in pending.params:
             before = pending.state.get(p)
@@ -300,7 +316,7 @@ class OptimizerStep:
             access.foreach_mul_(pending.grads, coef)
             for p, g in zip(pending.params, pending.grads, strict=True):
                 p.grad = g
-            self.optimizer.step()
+            self._optimizer_step()
         finally:
             for p, now in zip(pending.params, current, strict=True):
                 p.grad = now

@@ -20,7 +20,9 @@ from ppdsl.runtime.choices import (
     DP_MODES,
     LR_SCHEDULES,
     OPTIMIZERS,
+    PARAM_DTYPES,
     PRECISIONS,
+    REDUCE_DTYPES,
     RELEASES,
     VALIDATIONS,
 )
@@ -75,7 +77,17 @@ _OPTIONS: list[tuple[str, str, dict[str, Any], Any]] = [
     ("--precision", "precision", {
         "choices": PRECISIONS,
         "help": "fp32 (default); bf16 or fp16 autocast (fp16 with dynamic loss scaling, one "
-                "inf/NaN decision for all ranks)"}, "fp32"),
+                "inf/NaN decision for all ranks); autocast decides each op's dtype inside "
+                "the forward, on top of --param-dtype"}, "fp32"),
+    ("--param-dtype", "param_dtype", {
+        "choices": PARAM_DTYPES,
+        "help": "the dtype the stages' parameters are kept and computed in: fp32 (default) "
+                "or bf16, with fp32 master weights and optimizer state (FSDP2's "
+                "MixedPrecisionPolicy under --dp-mode shard, the same semantics without "
+                "it); composes with --precision bf16, not with fp16"}, "fp32"),
+    ("--reduce-dtype", "reduce_dtype", {
+        "choices": REDUCE_DTYPES,
+        "help": "the dtype data-parallel gradient reductions run in (default fp32)"}, "fp32"),
     ("--seed", "seed", {
         "type": int,
         "help": "seed of torch's and Python's RNGs on every rank, before the model is built "
@@ -258,6 +270,9 @@ def check_training_options(args: argparse.Namespace) -> str | None:
     if given("eval_every") is not None and model.startswith("hf:") and not given("eval_data"):
         return ("--eval-every with --model hf:DIR needs --eval-data FILE (held-out token ids, "
                 "the same format as --data)")
+    if given("param_dtype") == "bf16" and given("precision") == "fp16":
+        return ("--param-dtype bf16 with --precision fp16 would compute in fp16 from bf16 "
+                "weights; use --precision bf16 (or fp32) with bf16 parameters")
     for dest, flag in (("max_seq_len", "--max-seq-len"), ("pack", "--pack")):
         if given(dest) is not None:
             if given(dest) < 1:

@@ -9,6 +9,7 @@ the closing tables (`ppdsl.runtime.training.summary`) read."""
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from ppdsl.runtime.execution.data_parallel import dp_pp_mesh
 from ppdsl.runtime.execution.group import agree, differing, placement_of
 from ppdsl.runtime.execution.memory import DevicePeak
 from ppdsl.runtime.execution.pipeline import CompiledPipeline, PipelineRunner
+from ppdsl.runtime.execution.precision import MasterWeights, dtype_of
 from ppdsl.runtime.execution.trace import Tracer
 from ppdsl.runtime.models.hf import PREFIX, HFOptions, import_library, is_hf_spec, pipeline_model
 from ppdsl.runtime.models.model import ModelError, build_model
@@ -85,13 +87,15 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
         runner = _runner(plan, ops, fingerprint, opts, model, worker.device, pp_rank)
     except ModelError as exc:  # the same message on every rank
         return startup_error(rank, str(exc))
-    optimizer = make_optimizer(opts.optimizer, runner.parameters(), opts.lr, opts.weight_decay,
-                               opts.momentum)
+    # bf16 parameters: the optimizer steps their fp32 masters (its state is fp32 too)
+    master = MasterWeights(runner.parameters()) if runner.param_dtype is not None else None
+    trained = master.parameters(runner.parameters()) if master is not None else runner.parameters()
+    optimizer = make_optimizer(opts.optimizer, trained, opts.lr, opts.weight_decay, opts.momentum)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(opts.lr_schedule, opts.steps, opts.warmup_steps)
     )
     stepper = OptimizerStep(runner, optimizer, max_norm=opts.clip_grad_norm,
-                            validation=opts.optimizer_validation)
+                            validation=opts.optimizer_validation, master=master)
     last_step = opts.steps if opts.stop_after is None else min(opts.steps, opts.stop_after)
     # --save-model with checkpoints: each checkpoint also holds the model as a
     # transformers checkpoint (its `hf` folder), written before it becomes visible
@@ -103,7 +107,9 @@ def start(plan: Plan, fingerprint: str, ops: Sequence[Op], opts: argparse.Namesp
         checkpointer = Checkpointer(
             opts.checkpoint_dir, runner, optimizer, stepper=stepper, scheduler=scheduler,
             identity=run_identity(plan, runner, model=opts.model, world_size=worker.world,
-                                  dp=opts.dp, dp_mode=opts.dp_mode),
+                                  dp=opts.dp, dp_mode=opts.dp_mode,
+                                  architecture=_architecture(opts.model),
+                                  cut=getattr(model, "cut", None)),
             keep=opts.keep_checkpoints, asynchronous=not opts.sync_checkpoints,
             on_event=lambda point, at: faults.reached(point, at),
         )
@@ -192,6 +198,8 @@ def _runner(plan: Plan, ops: Sequence[Op], fingerprint: str, opts: argparse.Name
         release=opts.release, tied=tuple(getattr(model, "tied", ()) or ()),
         timeout=group_timeout(opts.timeout), mesh=mesh, dp_mode=opts.dp_mode,
         share_gpu=opts.share_gpu,
+        param_dtype=dtype_of(opts.param_dtype) if opts.param_dtype != "fp32" else None,
+        reduce_dtype=dtype_of(opts.reduce_dtype),
     )
 
 
@@ -206,8 +214,22 @@ def _resume(checkpointer: Checkpointer, opts: argparse.Namespace, rank: int) -> 
         say(rank, f"ppdsl: no checkpoint in {opts.checkpoint_dir} yet: starting at step 1"
             + attempt_note())
         return 0
-    say(rank, f"ppdsl: resumed from {resumed[1]} (after step {resumed[0]})" + attempt_note())
+    say(rank, f"ppdsl: resumed from {resumed[1]} (after step {resumed[0]})"
+        + (f", {checkpointer.resharded}" if checkpointer.resharded else "") + attempt_note())
     return resumed[0]
+
+
+def _architecture(spec: str) -> str:
+    """What a checkpoint's model must be to resume: a transformers folder's
+    architecture (config.json's `model_type`, which a folder of weights and one
+    of a config alone both hold), else the factory `--model` names."""
+    if not is_hf_spec(spec):
+        return spec
+    try:
+        config = json.loads((Path(spec[len(PREFIX):]) / "config.json").read_text())
+    except (OSError, ValueError):
+        return spec
+    return str(config.get("model_type", spec))
 
 
 def _opening_lines(plan: Plan, opts: argparse.Namespace, worker: Worker, model: Any,
@@ -225,6 +247,8 @@ def _opening_lines(plan: Plan, opts: argparse.Namespace, worker: Worker, model: 
         + (" (gloo, shared GPU: transfers staged through host memory)" if opts.share_gpu
            else " (gloo)" if device.type == "cpu" else " (nccl)")
         + f", {opts.optimizer}" + (f", {opts.precision}" if opts.precision != "fp32" else "")
+        + (f", {opts.param_dtype} parameters (fp32 master weights)"
+           if opts.param_dtype != "fp32" else "")
         + (f", clip {opts.clip_grad_norm:g} ({opts.optimizer_validation})"
            if opts.clip_grad_norm is not None else ""),
     )

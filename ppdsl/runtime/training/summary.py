@@ -62,6 +62,11 @@ def _parameters_digest(runner: PipelineRunner, *, whole: bool = False) -> str:
     return _digest((name, value(p)) for name, p in runner.named_parameters())
 
 
+def _dtypes(tensors: Iterable[torch.Tensor]) -> list[str]:
+    """The dtypes among `tensors`, sorted, as torch names them without the prefix."""
+    return sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+
+
 def replicas_summary(ranks: list[dict[str, Any]], num_ranks: int, mode: str) -> str:
     """Whether the DP replicas of each pipeline rank ended with the same parameters
     (and buffers, where the stages hold any)."""
@@ -180,6 +185,14 @@ def _measurements(run: Run) -> dict[str, Any]:
         "parameters_sha256": _parameters_digest(runner),
         "whole_parameters_sha256": _parameters_digest(runner, whole=True) if run.dp > 1 else None,
         "buffers_sha256": _digest(buffers) if buffers else None,
+        "parameter_dtypes": _dtypes(local_tensor(p.detach()) for p in runner.parameters()),
+        "compute_parameter_dtypes": sorted(str(d).removeprefix("torch.")
+                                           for d in runner.compute_dtypes()),
+        "optimizer_state_dtypes": _dtypes(
+            local_tensor(v) for state in run.optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point()),
+        "optimizer_parameter_dtypes": _dtypes(
+            local_tensor(p.detach()) for g in run.optimizer.param_groups for p in g["params"]),
         "optimizer_steps": [
             {"step": o.step + 1, "grad_norm": o.grad_norm, "clipped": o.clipped,
              "skipped": o.skipped, "rolled_back": o.rolled_back} for o in run.stepper.outcomes

@@ -71,3 +71,36 @@ def test_loss_scale_follows_grad_scaler() -> None:
     other = LossScaler(torch.device("cpu"))
     other.load_state_dict(scaler.state_dict())
     assert float(other.scale) == 65536.0
+
+
+def test_bf16_parameters_step_fp32_masters(one_rank, tmp_path: Path) -> None:
+    """--param-dtype bf16 on one rank: the stages' parameters are bf16 (so are
+    their gradients and the activations), the optimizer holds fp32 masters whose
+    Adam state is fp32, and after each step every parameter is its master
+    rounded to bf16 (docs/runtime.md, parameter dtype)."""
+    from ppdsl.runtime.execution.precision import MasterWeights
+    from ppdsl.runtime.training.optim import OptimizerStep
+
+    path = tmp_path / "two.pp"
+    path.write_text(SOURCE)
+    runner = PipelineRunner(load_schedule(path), _stage, lambda y, t: ((y.float() - t) ** 2).mean(),
+                            device="cpu", note=lambda _: None, param_dtype=torch.bfloat16)
+    master = MasterWeights(runner.parameters())
+    optimizer = torch.optim.Adam(master.parameters(runner.parameters()), lr=1e-3)
+    stepper = OptimizerStep(runner, optimizer, master=master)
+    torch.manual_seed(9)
+    inputs, targets = torch.randn(8, HIDDEN), torch.randn(8, HIDDEN)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        runner.step(inputs, targets)
+        assert {p.grad.dtype for p, _ in master.pairs} == {torch.bfloat16}
+        stepper.step()
+    assert {p.dtype for p in runner.parameters()} == {torch.bfloat16}
+    assert len(master.pairs) == len(runner.parameters())
+    states = [v for s in optimizer.state.values() for v in s.values() if v.is_floating_point()]
+    assert states and {v.dtype for v in states} == {torch.float32}
+    for p, m in master.pairs:
+        assert m.dtype == torch.float32 and torch.equal(p, m.to(torch.bfloat16))
+    # the masters moved by less than a bf16 rounding step somewhere: they are not
+    # themselves rounded (an optimizer over the bf16 parameters would be)
+    assert any(not torch.equal(m, p.float()) for p, m in master.pairs)

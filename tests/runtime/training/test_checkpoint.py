@@ -115,9 +115,10 @@ def test_the_same_step_saved_again_replaces_the_old(one_rank, tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
 
 
-def test_resume_refuses_a_checkpoint_of_another_run_setup(one_rank, tmp_path: Path) -> None:
-    """A checkpoint saved by another model factory and parameter shapes is refused
-    at resume, naming each difference and what to do."""
+def test_resume_refuses_a_checkpoint_of_another_model(one_rank, tmp_path: Path) -> None:
+    """A checkpoint saved by another model (factory, a parameter's shape) is
+    refused at resume, naming each difference and what to do; a layout change
+    alone is not a difference (docs/runtime.md, "Checkpoints")."""
     runner, optimizer, scheduler = _runner()
     saver = Checkpointer(tmp_path, runner, optimizer, identity=_identity(runner),
                          asynchronous=False)
@@ -128,10 +129,31 @@ def test_resume_refuses_a_checkpoint_of_another_run_setup(one_rank, tmp_path: Pa
     with pytest.raises(CheckpointError) as refused:
         resumer.resume()
     text = str(refused.value)
-    assert "it was saved by another run set-up" in text
-    assert "model: 'tests:linear' in the checkpoint, 'tests:wider' in this run" in text
-    assert ("model parameters: stage 0's parameter 'bias' is float32 [4] in the checkpoint, "
-            "float32 [5] in this run") in text
+    assert "its model differs from this run's" in text
+    assert "architecture: 'tests:linear' in the checkpoint, 'tests:wider' in this run" in text
+    assert "tensor 'stage0.bias' is [4] in the checkpoint, [5] in this run" in text
+    assert "tensor 'stage0.weight' is [4, 4] in the checkpoint, [5, 4] in this run" in text
     assert "give another --checkpoint-dir to start afresh" in text
     with pytest.raises(CheckpointError, match="--resume: no complete checkpoint"):
         Checkpointer(tmp_path / "empty", runner, optimizer).resume(require=True)
+    # without its ppdsl.json the shapes are still checked, against torch's metadata
+    with pytest.raises(CheckpointError, match=r"stage0.bias is \[4\] in the checkpoint, \[5\]"):
+        load_checkpoint(checkpoint_path(tmp_path, 1), other, other_optimizer)
+
+
+def test_a_checkpoint_of_the_earlier_format_is_refused(one_rank, tmp_path: Path) -> None:
+    """A checkpoint keyed by stage (what ppdsl wrote before checkpoints were keyed
+    by the model's names: `process{rank}` records, an identity without a
+    format) is refused with a message saying so, at resume and at load."""
+    import torch.distributed.checkpoint as dcp
+
+    runner, optimizer, _ = _runner()
+    old = checkpoint_path(tmp_path, 1)
+    dcp.save({"model": {"stage0.weight": runner.parameters()[0].detach()},
+              "process0": b"old"}, checkpoint_id=str(old))
+    (old / IDENTITY_FILE).write_text('{"schedule": "one_f_one_b"}')
+    with pytest.raises(CheckpointError, match="written by an earlier ppdsl, which keyed "
+                                              "checkpoints by stage"):
+        Checkpointer(tmp_path, runner, optimizer, identity=_identity(runner)).resume()
+    with pytest.raises(CheckpointError, match="written by an earlier ppdsl"):
+        load_checkpoint(old, runner, optimizer)

@@ -128,6 +128,8 @@ def test_generated_launcher_shows_the_options(tmp_path: Path) -> None:
         ({"stop_after": 2}, "--stop-after needs --checkpoint-dir"),
         ({"optimizer": "adamw", "momentum": 0.9}, "--momentum is SGD's"),
         ({"warmup_steps": -1}, "--warmup-steps must not be negative"),
+        ({"param_dtype": "bf16", "precision": "fp16"},
+         "--param-dtype bf16 with --precision fp16 would compute in fp16"),
     ],
 )
 def test_training_option_limits(given: dict, message: str) -> None:

@@ -139,54 +139,74 @@ def test_killed_rank_restarts_and_ends_bit_identical(
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_checkpoint_of_another_run_setup_is_refused(
+def test_checkpoint_of_another_model_is_refused(
     tmp_path: Path, uninterrupted: tuple[str, Path]
 ) -> None:
-    """Resuming from a checkpoint that another schedule, model, stage placement or
-    world size saved stops at start-up (exit 1, no traceback) with a message
-    naming each difference; the same set-up resumes from it (a copy of the
-    uninterrupted run's checkpoints: ZB-H1, the logged tiny_gpt, 2 ranks)."""
+    """Resuming from a checkpoint that another model saved stops at start-up (exit
+    1, no traceback) with a message naming each difference, though the
+    schedule, placement and world size changed too (those alone are resharded,
+    docs/runtime.md "Checkpoints"); the same set-up resumes from it (a copy of
+    the uninterrupted run's checkpoints: ZB-H1, the logged tiny_gpt, 2 ranks)."""
     import shutil
 
     shutil.copytree(uninterrupted[1], tmp_path / "ckpt")
-    # one run that differs in all four ways: each difference is named on its own line
+    # one run that differs in every way: the model's differences are named, one a line
     proc, _ = _run(tmp_path, "ckpt", "--steps", str(STEPS + 2), "--dp", "2",
                    schedule="examples/interleaved_1f1b.pp", model=f"{TINY}:stages_long")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert "cannot resume from" in proc.stderr, proc.stderr
+    assert "cannot resume from" in proc.stderr and "its model differs" in proc.stderr
     for message in (
-        "  - schedule: saved by 'zb_h1' (examples/zb_h1.pp), this run is "
-        "'interleaved_1f1b' (examples/interleaved_1f1b.pp)\n",
-        "  - stage placement: stage -> rank [0, 1] in the checkpoint, [0, 1, 0, 1] in this run\n",
-        "  - world size: 2 ranks (1 data-parallel replicas) in the checkpoint, 4 ranks "
-        "(2 replicas) in this run; resuming with another --dp is not supported\n",
-        f"  - model: '{LOGGED}' in the checkpoint, '{TINY}:stages_long' in this run\n",
-        "  - model parameters: stage 0's parameter '0.positions.weight' is float32 [16, 32] "
-        "in the checkpoint, float32 [128, 32] in this run\n",
+        f"  - architecture: '{LOGGED}' in the checkpoint, '{TINY}:stages_long' in this run\n",
+        "  - tensor 'stage0.0.positions.weight' is [16, 32] in the checkpoint, [128, 32] in "
+        "this run\n",
     ):
         assert message in proc.stderr, (message, proc.stderr)
+    assert "schedule" not in proc.stderr and "world size" not in proc.stderr, proc.stderr
     again, _ = _run(tmp_path, "ckpt", "--steps", str(STEPS + 1))
     assert again.returncode == 0 and f"(after step {STEPS})" in again.stdout, (
         again.stdout + again.stderr)
+    assert "resharded" not in again.stdout, again.stdout
 
 
-def test_identity_differences_name_dp_mode_and_fingerprint() -> None:
-    """The set-up comparison names a changed --dp-mode and a schedule compiled
-    differently under the same name, and finds nothing when all agree."""
-    from ppdsl.runtime.training.checkpoint import identity_differences
+def _identity(**changes: object) -> dict:
+    """A run's identity (`run_identity`'s form): 2 stages on 2 ranks, `changes` applied."""
+    base: dict = {"format": 2, "schedule": "zb_h1", "schedule_file": "zb_h1.pp",
+                  "fingerprint": "a" * 64, "placement": [0, 1], "pipeline_ranks": 2,
+                  "world_size": 4, "dp": 2, "dp_mode": "replicate", "cut": None,
+                  "model": "m.py:f", "architecture": "m.py:f",
+                  "stages": {"0": {"rank": 0, "model_stage": 0, "names": ["stage0.w"]},
+                             "1": {"rank": 1, "model_stage": 1, "names": ["stage1.w"]}},
+                  "tensors": {"stage0.w": [2, 2], "stage1.w": [2]}}
+    base.update(changes)
+    return base
 
-    base = {"schedule": "zb_h1", "schedule_file": "zb_h1.pp", "fingerprint": "a" * 64,
-            "placement": [0, 1], "world_size": 4, "dp": 2, "dp_mode": "replicate",
-            "model": "m.py:f", "parameters": {"0": [["w", [2, 2], "float32"]]}}
-    assert identity_differences(base, dict(base)) == []
-    other = dict(base, dp_mode="shard", fingerprint="b" * 64)
-    found = identity_differences(base, other)
-    assert found == [
-        "schedule 'zb_h1' compiled differently (fingerprint aaaaaaaaaaaa in the checkpoint, "
-        "bbbbbbbbbbbb now: other -D values or costs?)",
-        "--dp-mode: replicate in the checkpoint, shard in this run",
+
+def test_identity_differences_are_the_models_and_resharding_the_layouts() -> None:
+    """Another --dp-mode, -D values or stage placement are no difference the model
+    cannot survive, and `resharding` names the layout change and counts the
+    tensors that changed ranks; another architecture, a missing tensor and
+    another shape are each named; an identity of the earlier format is refused."""
+    from ppdsl.runtime.training.checkpoint import identity_differences, resharding
+
+    base = _identity()
+    assert identity_differences(base, dict(base)) == [] and resharding(base, dict(base)) is None
+    assert resharding(base, _identity(fingerprint="b" * 64)) is None
+    moved = _identity(dp_mode="shard", schedule="one_f_one_b", stages={
+        "0": {"rank": 0, "model_stage": 0, "names": ["stage0.w"]},
+        "1": {"rank": 0, "model_stage": 1, "names": ["stage1.w"]}})
+    assert identity_differences(base, moved) == []
+    assert resharding(base, moved) == ("resharded from d=2 zb_h1 x 2 replicate replicas to "
+                                       "d=2 one_f_one_b x 2 shard replicas: 1 tensor moved")
+    other = _identity(architecture="n.py:g", tensors={"stage0.w": [3, 2], "stage2.w": [1]})
+    assert identity_differences(base, other) == [
+        "architecture: 'm.py:f' in the checkpoint, 'n.py:g' in this run",
+        "tensor 'stage1.w' is in the checkpoint, not in this run's model",
+        "tensor 'stage2.w' of this run's model is not in the checkpoint",
+        "tensor 'stage0.w' is [2, 2] in the checkpoint, [3, 2] in this run",
     ]
+    old = {k: v for k, v in base.items() if k != "format"}
+    assert "written by an earlier ppdsl" in identity_differences(old, base)[0]
 
 
 def test_partial_and_old_checkpoints() -> None:
