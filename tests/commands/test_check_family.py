@@ -112,7 +112,7 @@ def test_symbolic_falls_back_to_enumeration_outside(capsys):
     code, out, err = _run(capsys, "check", str(EXAMPLES / "zb_v.pp"), "--for", "d=2..3",
                           "--for", "m=2*d..2*d+1", "--symbolic")
     assert code == 0
-    assert "outside what the symbolic check decides: it has no block (order form)" in err
+    assert "outside what the symbolic check decides: it is an order form, not a block" in err
     assert "4 checked" in out
 
 

@@ -147,7 +147,7 @@ class Engine:
         frees all but the layer inputs its W needs) or "at-w" (the whole autograd graph
         is kept until W, as torch.distributed.pipelining's split does and as the
         controllable-memory paper counts: M_W = M_B)."""
-        self.ops = tuple(ops)
+        self.ops = ops
         self.stage_device = tuple(stage_device)
         self.num_stages = len(stage_device)
         self.lane_ends = lane_ends
@@ -173,14 +173,6 @@ class Engine:
             for param in module.parameters():
                 params.setdefault(id(param), param)
         self.params = list(params.values())
-        self._first_forward, self._grads_final = stage_points(self.ops)
-        self._first_compute = next(
-            (i for i, op in enumerate(self.ops) if isinstance(op, Compute)), None
-        )
-        self._plans = op_plans(self.ops, self._first_compute, self._first_forward,
-                                self._grads_final)
-        """What each op does besides its pass, decided once (issue 39: no per-pass
-        decisions the GPU would wait on)."""
         self.recompute = memory.recompute
         """The stages marked `recompute`: their F keeps only its input, R restores."""
         self.meter = MemoryMeter(self.params)
@@ -196,6 +188,21 @@ class Engine:
         """The shape rule when microbatches vary in tokens (`set_specs`)."""
         self._current = StepState(None, None, None, False)
         """The running step's state (`StepState`); an empty one between steps."""
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """This rank's order; setting it decides each op's plan again, once
+        (`op_plan`: no per-pass decisions a GPU would wait on)."""
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops: Sequence[Op]) -> None:
+        self._ops = tuple(ops)
+        self._first_forward, self._grads_final = stage_points(self._ops)
+        self._first_compute = next(
+            (i for i, op in enumerate(self._ops) if isinstance(op, Compute)), None)
+        self._plans = op_plans(self._ops, self._first_compute, self._first_forward,
+                               self._grads_final)
 
     @property
     def first_forward(self) -> dict[int, int]:
