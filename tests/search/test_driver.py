@@ -278,6 +278,7 @@ def test_same_arguments_and_seed_write_the_same_file_in_two_processes(tmp_path):
     assert text.replace(str(first), "X") == second.read_text().replace(str(second), "X")
 
 
+@pytest.mark.slow
 def test_heuristic_search_is_deterministic_in_its_seed():
     """The refinement and the local search draw every choice from the seed."""
     problem = _problem(d=4, m=8, place="vshape", memory="0.5x1f1b", costs="F=3,B=4,W=2,comm=0.3")

@@ -103,6 +103,7 @@ def _run(args, cwd):
     )
 
 
+@pytest.mark.slow
 def test_cli_frontier_writes_json_svg_and_pp_files_the_same_in_two_processes(tmp_path):
     """`ppdsl search --frontier --json --svg --pp-dir`: every point's .pp compiles with its
     peak and bubble, the SVG is one well-formed figure, and a second process writes
@@ -217,6 +218,7 @@ def test_cli_recompute_needs_the_makespan_objective(capsys):
     assert "add --objective makespan" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_frontier_dp_counts_the_exposed_reduction_and_looped_bfs_hides_half(tmp_path):
     """--dp 2 with `reduce=` (docs/runtime.md's reduction lane: a stage's all-reduce
     after its last W): each point's step is its written file's makespan plus the
@@ -287,6 +289,7 @@ def test_dualpipe_stages_are_whole_model_stages_each_running_its_lanes_microbatc
     assert top_budget(problem) == 8
 
 
+@pytest.mark.slow
 def test_cli_frontier_dualpipe_points_compile_with_their_memory_and_bubble(tmp_path):
     """`ppdsl search --frontier --placement dualpipe --parameter-memory 1/2`: every
     point's .pp file proves (`ppdsl check`) with the JSON's activation peak and
