@@ -18,7 +18,7 @@ demo: $(STAMP)
 # Two workers (pytest-xdist): the distributed tests spend much of their time
 # waiting on their processes, so two keep both cores of a small machine busy.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
 
 # The edit-test loop: the unit tests, without the ones that start processes
 # (distributed), take seconds each (slow) or need CUDA (gpu); 1.4 min on 2 cores.
