@@ -20,10 +20,10 @@ infeasible question is a proof. The warm-up and cool-down step of
 `frontend/blocks.py` keeps the block's dependencies and never raises its peak,
 so the proof covers the compiled orders. Not decided here: deadlock-freedom of
 the lowered programs, and `expect` bubble, idle, makespan and lifespan, and
-bounds on one device: the enumeration (`--for`) checks them. A file outside
-this (an order form, which gives orders, not start times: `_ORDER_FORM`; `W fill`, a grouped block, recomputation, a start that is not
-affine, a per-stage cost, a placement other than parallel or vshape) is named
-as such with the reason.
+bounds on one device: the enumeration (`--for`) checks them. An order form
+is `symbolic_order`'s. A file outside this (`W fill`, a grouped block,
+recomputation, a start that is not affine, a per-stage cost, a placement other
+than parallel or vshape) is named as such with the reason.
 """
 
 from __future__ import annotations
@@ -62,9 +62,12 @@ class SymbolicResult:
     counterexample: dict[str, int] = field(default_factory=dict)
     """d and the device i that break a property."""
     seconds: float = 0.0
+    m_range: str = ""
+    """The m proven (an order form's: its requires, the m range, the cap);
+    empty for a block, proven for every m."""
 
 
-class _Outside(Exception):
+class Outside(Exception):
     """The file is outside what the symbolic check decides."""
 
 
@@ -87,26 +90,26 @@ def _constant_of(a: Affine) -> Fraction | None:
     return a.get("1", Fraction(0)) if all(v == 0 for k, v in a.items() if k != "1") else None
 
 
-def _affine(expr: ast.Expr, env: dict[str, Affine], lets: dict[str, ast.Expr]) -> Affine:
-    """`expr` as an affine form over d and i, or _Outside naming what is not."""
+def affine(expr: ast.Expr, env: dict[str, Affine], lets: dict[str, ast.Expr]) -> Affine:
+    """`expr` as an affine form over d and i, or Outside naming what is not."""
     if isinstance(expr, ast.Number):
         return _const(Fraction(expr.value))
     if isinstance(expr, ast.Name):
         if expr.id in env:
             return env[expr.id]
         if expr.id in lets:
-            return _affine(lets[expr.id], env, lets)
-        raise _Outside(f"{expr.span.line}:{expr.span.column}: '{expr.id}' is not a constant, "
+            return affine(lets[expr.id], env, lets)
+        raise Outside(f"{expr.span.line}:{expr.span.column}: '{expr.id}' is not a constant, "
                        "d, s, i or an affine let")
     if isinstance(expr, ast.Unary) and expr.op == "-":
-        return _scale(_affine(expr.operand, env, lets), Fraction(-1))
+        return _scale(affine(expr.operand, env, lets), Fraction(-1))
     if isinstance(expr, ast.Unary) and expr.op == "+":
-        return _affine(expr.operand, env, lets)
+        return affine(expr.operand, env, lets)
     if isinstance(expr, ast.Binary) and expr.op in ("+", "-"):
-        left, right = _affine(expr.left, env, lets), _affine(expr.right, env, lets)
+        left, right = affine(expr.left, env, lets), affine(expr.right, env, lets)
         return _add(left, right, 1 if expr.op == "+" else -1)
     if isinstance(expr, ast.Binary) and expr.op in ("*", "/"):
-        left, right = _affine(expr.left, env, lets), _affine(expr.right, env, lets)
+        left, right = affine(expr.left, env, lets), affine(expr.right, env, lets)
         k_right, k_left = _constant_of(right), _constant_of(left)
         if expr.op == "*" and k_right is not None:
             return _scale(left, k_right)
@@ -115,7 +118,7 @@ def _affine(expr: ast.Expr, env: dict[str, Affine], lets: dict[str, ast.Expr]) -
         if expr.op == "/" and k_right:
             return _scale(left, 1 / k_right)
     where = f"{expr.span.line}:{expr.span.column}" if getattr(expr, "span", None) else "?"
-    raise _Outside(f"{where}: '{ast.format_expr(expr)}' is not affine in s, i and d")
+    raise Outside(f"{where}: '{ast.format_expr(expr)}' is not affine in s, i and d")
 
 
 @dataclass(frozen=True)
@@ -134,29 +137,26 @@ def _stage(chunk: int) -> Affine:
 
 
 _ORDER_FORM = (
-    "it is an order form, not a block: the symbolic check answers linear questions about "
-    "start times (a block slot's, affine in s, i and d, plus j*T), and an order form gives "
-    "each device's order, not start times: that it holds each pass once is a question about "
-    "loops whose ranges and ifs depend on i, d and m covering every microbatch exactly once, "
-    "and that it meets every dependency without deadlock is one about how the devices' "
-    "orders interleave when they run"
+    "it is an order form, not a block: a block's questions are about start times (a slot's, "
+    "affine in s, i and d, plus j*T); an order form's are about each device's order, which "
+    "`symbolic_order.prove_order` decides"
 )
-"""Why an order-form file is outside (issue 41 asked whether ZB-V's could be proven)."""
+"""Why `prove_block` leaves an order-form file to `symbolic_order`."""
 
 
 def _slots(module: ast.Module, schedule: Schedule) -> tuple[list[_Slot], Fraction]:
     """The block's slots as affine forms per chunk, and the period."""
     block_decls = [s for s in module.stmts if isinstance(s, ast.BlockDecl)]
     if not block_decls:
-        raise _Outside(_ORDER_FORM)
+        raise Outside(_ORDER_FORM)
     decl = block_decls[0]
     place = schedule.placement.kind
     if place not in ("parallel", "vshape"):
-        raise _Outside(f"placement {place}: only parallel and vshape are decided")
+        raise Outside(f"placement {place}: only parallel and vshape are decided")
     if decl.group is not None:
-        raise _Outside("a grouped block (`group G every U`) is not decided")
+        raise Outside("a grouped block (`group G every U`) is not decided")
     if schedule.memory.kept_input and any(x is not None for x in schedule.memory.kept_input):
-        raise _Outside("recomputed stages are not decided")
+        raise Outside("recomputed stages are not decided")
     lets = {s.name: s.value for s in module.stmts if isinstance(s, ast.Let)}
     constants: dict[str, Affine] = {}
     for name, value in schedule.params:
@@ -165,17 +165,17 @@ def _slots(module: ast.Module, schedule: Schedule) -> tuple[list[_Slot], Fractio
     durations: dict[PassKind, Fraction] = {}
     for placed in (schedule.block.slots if schedule.block else ()):
         if durations.setdefault(placed.kind, placed.duration) != placed.duration:
-            raise _Outside(f"{placed.kind.value} lasts differently on different stages")
+            raise Outside(f"{placed.kind.value} lasts differently on different stages")
     for kind, value in durations.items():
         constants[f"T_{kind.value}"] = _const(value)
     chunks = 2 if place == "vshape" else 1
-    period = _constant_of(_affine(decl.period, constants, lets))
+    period = _constant_of(affine(decl.period, constants, lets))
     if period is None:
-        raise _Outside("the period depends on d")
+        raise Outside("the period depends on d")
     found: dict[tuple[PassKind, int], _Slot] = {}
     for line in decl.lines:
         if isinstance(line, ast.Fill):
-            raise _Outside("`W fill` places W greedily, not by an affine slot")
+            raise Outside("`W fill` places W greedily, not by an affine slot")
         targets = [line.chunk] if isinstance(line.chunk, int) else list(range(chunks))
         for c in targets:
             env = {**constants, "d": {"d": Fraction(1)}, "i": {"i": Fraction(1)},
@@ -187,7 +187,7 @@ def _slots(module: ast.Module, schedule: Schedule) -> tuple[list[_Slot], Fractio
                 key = (kind, c)
                 if key in found and isinstance(line.chunk, int) is False:
                     continue  # a numbered chunk's own line wins over a general one
-                found[key] = _Slot(kind, c, _affine(slot.start, env, lets), durations[kind])
+                found[key] = _Slot(kind, c, affine(slot.start, env, lets), durations[kind])
     return list(found.values()), period
 
 
@@ -197,7 +197,7 @@ def _bounds(module: ast.Module, schedule: Schedule) -> tuple[list[tuple[Affine, 
     lets = {s.name: s.value for s in module.stmts if isinstance(s, ast.Let)}
     activation = set(schedule.memory.activation)
     if len(activation) != 1:
-        raise _Outside("M_B differs between stages")
+        raise Outside("M_B differs between stages")
     unit = activation.pop()
     env = {"M_B": _const(unit), "M_W": _const(schedule.memory.weight_retained[0]),
            "d": {"d": Fraction(1)}}
@@ -207,8 +207,8 @@ def _bounds(module: ast.Module, schedule: Schedule) -> tuple[list[tuple[Affine, 
             continue
         if stmt.metric == "peak_memory" and stmt.device is None and stmt.op in ("<=", "<"):
             try:
-                bound = _scale(_affine(stmt.bound, env, lets), 1 / unit)
-            except _Outside:
+                bound = _scale(affine(stmt.bound, env, lets), 1 / unit)
+            except Outside:
                 left.append(f"expect {stmt.text}")
                 continue
             if stmt.op == "<":
@@ -252,7 +252,7 @@ class _Model:
             found = {"d": solver.value(self.d), "i": solver.value(self.i)}
             return found | {k: solver.value(v) for k, v in (extra or {}).items()}
         if status != self.cp.INFEASIBLE:
-            raise _Outside("CP-SAT could not decide a question within 30 s")
+            raise Outside("CP-SAT could not decide a question within 30 s")
         return None
 
 
@@ -287,7 +287,7 @@ def _collision(slots, period, low, high, scale) -> tuple[dict, str] | None:
     return None
 
 
-def _need_cases(placement: str, chunk: int, offset: int) -> list[tuple[int, int, str]]:
+def need_cases(placement: str, chunk: int, offset: int) -> list[tuple[int, int, str]]:
     """Where the pass at stage s + offset sits, seen from chunk `chunk` on device
     i: (its chunk, its device minus i, "range" when it exists only for some i,
     "turn" when it is the V's other chunk on the last device)."""
@@ -308,12 +308,12 @@ def _dependencies(slots, placement, low, high, scale) -> tuple[dict, str] | None
     at = {(s.kind, s.chunk): s for s in slots}
     for (kind, chunk), slot in at.items():
         for need in NEEDS[kind]:
-            for need_chunk, shift, how in _need_cases(placement, chunk, need.stage_offset):
+            for need_chunk, shift, how in need_cases(placement, chunk, need.stage_offset):
                 other = at.get((need.kind, need_chunk))
                 if other is None:
                     if need.optional:
                         continue
-                    raise _Outside(f"no slot for {need.kind.value} of chunk {need_chunk}")
+                    raise Outside(f"no slot for {need.kind.value} of chunk {need_chunk}")
                 m = _Model(low, high, scale)
                 if how == "turn":
                     m.model.add(m.i == m.d - 1)
@@ -385,7 +385,7 @@ def prove_block(module: ast.Module, schedule: Schedule, d_low: int, d_high: int)
                                       tuple(undecided), hit[1], hit[0],
                                       time.monotonic() - start)
             proven.append(name)
-    except _Outside as why:
+    except Outside as why:
         return SymbolicResult("outside", d_low, d_high, reason=str(why),
                               seconds=time.monotonic() - start)
     return SymbolicResult("proven", d_low, d_high, tuple(proven), tuple(undecided),

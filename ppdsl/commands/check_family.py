@@ -54,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--symbolic", action="store_true",
-        help="first try to prove a block-form file for the whole --for d range at once "
-        "(CP-SAT: collisions, dependencies, peak memory bounds, every m); where it cannot, "
+        help="first try to prove the file for the whole --for d range at once (a block: "
+        "collisions, dependencies, peak memory bounds, every m; an order form: each pass "
+        "once, dependencies, peak memory bounds, over the --for m range); where it cannot, "
         "say why and enumerate",
     )
     group.add_argument("--seed", type=int, default=0, metavar="S",
@@ -152,10 +153,11 @@ def run(args: argparse.Namespace) -> ExitCode:
 def _symbolic(
     args: argparse.Namespace, family: FamilyFile, ranges: tuple[ParamRange, ...]
 ) -> ExitCode | None:
-    """The symbolic proof over the d range: its exit code when it decides (proven,
-    or a collision shown on its instance), None to fall back to the enumeration."""
+    """The symbolic proof over the d range (a block's for every m, an order
+    form's over the m range): its exit code when it decides (proven, or a
+    counterexample shown on its instance), None to fall back to the enumeration."""
     from ppdsl.analysis.symbolic import prove_block
-    from ppdsl.frontend.elaborate import elaborate
+    from ppdsl.analysis.symbolic_order import prove_order
 
     by_name = {r.name: r for r in ranges}
     if "d" not in by_name or ranges[0].name != "d" or not by_name["d"].inclusive_range:
@@ -164,36 +166,78 @@ def _symbolic(
     if not d_values:
         raise UsageError(f"--for d={by_name['d'].text} is empty")
     low, high = min(d_values), max(d_values)
-    first = next(instances(ranges))
-    schedule = elaborate(family.module, {**family.fixed, **{k: str(v) for k, v in first.items()}})
-    proof = prove_block(family.module, schedule, low, high)
+    schedule = _first_schedule(family, ranges)
+    if schedule is None:
+        print(f"{args.file}: not proven symbolically: none of the first instances compiles; "
+              "enumerating instead", file=sys.stderr)
+        return None
+    is_order = any(isinstance(s, ast.OrderDecl) for s in family.module.stmts)
+    if is_order:
+        proof = prove_order(family.module, schedule, low, high, _m_range(by_name.get("m")))
+    else:
+        proof = prove_block(family.module, schedule, low, high)
     where = f"{low} <= d <= {high}"
     if proof.status == "proven":
-        requires = [ast.format_expr(s.cond) for s in family.module.stmts
-                    if isinstance(s, ast.Require)]
-        allowed = f" ({', '.join(requires)})" if requires else ""
-        print(f"{args.file}: proven for {where} and every m the file allows{allowed}: "
-              f"{', '.join(proof.proven)} (CP-SAT, {proof.seconds:.1f} s)")
+        method = "CP-SAT"
+        if is_order:
+            allowed = f"every m with {proof.m_range}"
+            method = "Fourier-Motzkin"
+        else:
+            requires = [ast.format_expr(s.cond) for s in family.module.stmts
+                        if isinstance(s, ast.Require)]
+            allowed = "every m the file allows" + (f" ({', '.join(requires)})" if requires else "")
+        print(f"{args.file}: proven for {where} and {allowed}: "
+              f"{', '.join(proof.proven)} ({method}, {proof.seconds:.1f} s)")
         print(f"{args.file}: not decided symbolically: {'; '.join(proof.not_decided)}; "
               "enumerate a range with --for to check them")
         return ExitCode.OK
-    if proof.status == "counterexample":
+    if proof.status == "counterexample" or (is_order and proof.counterexample):
         d, m = proof.counterexample["d"], proof.counterexample["m"]
         params = {"d": d}
-        if "m" in by_name:
+        if not is_order and "m" in by_name:  # a block's collision is real for every larger m
             m_values = by_name["m"].values(params)
             m = max(m, min(m_values)) if m_values else m
         params["m"] = m
         outcome = family.check(params)
-        if outcome.diagnostics:
-            print(render_all(outcome.diagnostics, sys.stderr), file=sys.stderr)
-        print(f"{args.file}: counterexample at d={d}: {proof.reason}; reproduce with: "
-              f"{_reproduce(args, params)}", file=sys.stderr)
-        return ExitCode.INVALID
+        if outcome.failed or proof.status == "counterexample":
+            if outcome.diagnostics:
+                print(render_all(outcome.diagnostics, sys.stderr), file=sys.stderr)
+            confirmed = ("" if outcome.failed
+                         else " (the instance itself compiles: report this as a bug)")
+            print(f"{args.file}: counterexample at d={d} m={m}: {proof.reason}{confirmed}; "
+                  f"reproduce with: {_reproduce(args, params)}", file=sys.stderr)
+            return ExitCode.INVALID
     what = "outside what the symbolic check decides" if proof.status == "outside" \
         else "not proven symbolically"
     print(f"{args.file}: {what}: {proof.reason}; enumerating instead", file=sys.stderr)
     return None
+
+
+def _first_schedule(family: FamilyFile, ranges: tuple[ParamRange, ...]):
+    """The schedule of the first instance that elaborates (the proofs read its
+    placement, memory model and params; an order form's also its orders, for
+    a potential), or None among the first 100."""
+    from ppdsl.frontend.elaborate import elaborate
+
+    for n, params in enumerate(instances(ranges)):
+        if n == 100:
+            break
+        try:
+            return elaborate(family.module,
+                             {**family.fixed, **{k: str(v) for k, v in params.items()}})
+        except CompileError:
+            continue
+    return None
+
+
+def _m_range(found: ParamRange | None) -> tuple[ast.Expr, ast.Expr] | None:
+    """`--for m=LOW..HIGH`'s ends as expressions over d (None: no such range)."""
+    if found is None or not found.inclusive_range:
+        return None
+    from ppdsl.frontend.parse import parse_expression
+
+    low, high = found.text.split("..")
+    return (parse_expression(low.strip(), "--for m"), parse_expression(high.strip(), "--for m"))
 
 
 def _summary(result: SweepResult) -> str:

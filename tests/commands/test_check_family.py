@@ -108,12 +108,32 @@ def test_symbolic_proves_zb_h1_for_every_d(capsys):
 
 
 def test_symbolic_falls_back_to_enumeration_outside(capsys):
-    """An order-form file is named outside the symbolic check, then enumerated."""
-    code, out, err = _run(capsys, "check", str(EXAMPLES / "zb_v.pp"), "--for", "d=2..3",
-                          "--for", "m=2*d..2*d+1", "--symbolic")
+    """A file outside the symbolic check (a looped placement) is named as such, then enumerated."""
+    code, out, err = _run(capsys, "check", str(EXAMPLES / "looped_bfs.pp"), "--for", "d=2..3",
+                          "--for", "m=d..d+1", "--symbolic")
     assert code == 0
-    assert "outside what the symbolic check decides: it is an order form, not a block" in err
+    assert "outside what the symbolic check decides: placement looped" in err
     assert "4 checked" in out
+
+
+def test_symbolic_proves_zb_v_order_for_every_d_and_m(capsys):
+    """`--symbolic` proves ZB-V's order form for 2 <= d <= 10000 over the m range and requires."""
+    code, out, _ = _run(capsys, "check", str(EXAMPLES / "zb_v.pp"), "--for", "d=2..10000",
+                        "--for", "m=d..4*d", "--symbolic")
+    assert code == 0
+    assert ("proven for 2 <= d <= 10000 and every m with m >= 2 * d - 1, d <= m <= 4 * d: "
+            "each pass once, dependencies, peak_memory <= 2 * d * M_B") in out
+
+
+def test_symbolic_order_counterexample_prints_the_instance_errors(capsys, tmp_path):
+    """ZB-V with W before its B is refuted at a witness instance, with its located errors."""
+    path = tmp_path / "zb_v_swapped.pp"
+    path.write_text((EXAMPLES / "zb_v.pp").read_text()
+                    .replace("B(t, 0); W(t, 0)", "W(t, 0); B(t, 0)"))
+    code, _, err = _run(capsys, "check", str(path), "--for", "d=2..10000", "--symbolic")
+    assert code == 1
+    assert "counterexample at d=2 m=3: 22:13: W(t, 0) on device i = 1" in err
+    assert f"{path}:22:" in err and "error:" in err and "Traceback" not in err
 
 
 def test_symbolic_collision_prints_the_instance_errors(capsys, tmp_path):
