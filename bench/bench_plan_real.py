@@ -20,10 +20,13 @@ COMMAND = ["--devices", "8", "--microbatches", "32", "--seq-len", "4096", "--mic
            "1", "--memory", "80GiB", "--gpu", "h100", "--json"]
 
 
-def _plan(folder: str, *extra: str) -> tuple[dict, float, float, float]:
-    """The plan's JSON, its wall and CPU (user + system) seconds and its peak
-    host memory (GiB); exit 1 (nothing fits) still prints the JSON."""
+def _plan(folder: str, *extra: str) -> tuple[dict, float, float, float, str]:
+    """The plan's JSON, its wall and CPU (user + system) seconds, its peak
+    host memory (GiB) and the 1-minute load average before and after it (the
+    machine is shared: wall time is CPU time over this process's share); exit 1
+    (nothing fits) still prints the JSON."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    load = os.getloadavg()[0]
     argv = ["/usr/bin/time", "-v", sys.executable, "-m", "ppdsl", "plan", "--model",
             f"hf:{MODELS / folder}", *COMMAND, *extra]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -35,7 +38,8 @@ def _plan(folder: str, *extra: str) -> tuple[dict, float, float, float]:
     seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
     cpu = sum(float(re.search(rf"{k} time \(seconds\): (\S+)", done.stderr).group(1))  # type: ignore[union-attr]
               for k in ("User", "System"))
-    return json.loads(done.stdout), seconds, cpu, int(rss.group(1)) / 2**20
+    loads = f"{load:.1f} before, {os.getloadavg()[0]:.1f} after, niceness {os.nice(0)}"
+    return json.loads(done.stdout), seconds, cpu, int(rss.group(1)) / 2**20, loads
 
 
 def megatron(config: dict, pp: int, seq: int, micro: int) -> tuple[float, float]:
@@ -128,11 +132,11 @@ def main() -> None:
               "`/usr/bin/time -v`.", ""]
     runs = {}
     for folder in ("llama3_8b", "llama3_70b"):
-        found, seconds, cpu, rss = _plan(folder)
+        found, seconds, cpu, rss, loads = _plan(folder)
         runs[folder] = found
         lines += [f"## {folder}: {found['schedule']}, cut {found['cut']}, fits {found['fits']}",
-                  "", f"{seconds:.0f} s wall ({cpu:.0f} s of CPU, user + system), {rss:.2f} GiB peak "
-                  "host memory; predicted step "
+                  "", f"{seconds:.0f} s wall ({cpu:.1f} s of CPU, user + system; load average "
+                  f"{loads}), {rss:.2f} GiB peak host memory; predicted step "
                   f"{found['predicted_step_ms']:.0f} ms on an H100 at 50% of peak", "",
                   "| rank | peak GiB | parameters | gradients | optimizer | activations | "
                   "stash grads | recv | send | working | reserve |", "|" + "---|" * 11]

@@ -238,6 +238,11 @@ def shared_schedules(cuda: bool, work: Path) -> list[Row]:
                                             "predicted_cuda_peak_bytes", "predicted_peak_bytes",
                                             "stash_gradient_bytes", "stage_bytes", "working_bytes")}
                      for r in per_rank], indent=1))
+    snapshots = _Budget.logs / "snapshots" if _Budget.logs is not None else None
+    if cuda and snapshots is not None and snapshots.is_dir():
+        # the pickles are large; what explains row (c)'s misses fits in a small JSON
+        summary = summarise_snapshots(snapshots, _Budget.logs / "c-snapshots.json")  # type: ignore[operator]
+        rows.append(Row("c", "allocator snapshots at each rank's peak", str(summary), "-", "info"))
     trace = work / "zb_v_trace.json"
     done = _run([sys.executable, "-m", "ppdsl", "run", str(ROOT / "examples" / "zb_v.pp"), "-D", "d=4",
                  "--model", GPT, "--share-gpu", "--steps", "2", "--trace", str(trace),
@@ -258,6 +263,70 @@ def shared_schedules(cuda: bool, work: Path) -> list[Row]:
                         "; ".join(costs) if costs else _tail(done.stderr + done.stdout),
                         "conforms, a costs file", "ok" if costs else "FAIL"))
     return rows
+
+
+def snapshot_summary(snapshot: dict, top: int = 12) -> dict:
+    """One rank's allocator snapshot (`torch.cuda.memory._snapshot()`, as
+    `_dump_snapshot` pickles it) reduced to what explains a peak: the trace
+    replayed (an alloc adds its block, a completed free removes it) to its
+    largest allocated total, the blocks live then grouped by where they were
+    made (the innermost ppdsl frame, else the innermost frame), and the
+    segments' reserved and allocated bytes at the dump."""
+    live: dict[int, tuple[int, str]] = {}
+    now = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
+            if action == "alloc":
+                live[addr] = (size, _where(event.get("frames", [])))
+                now += size
+                if now > peak:
+                    peak, at_peak = now, dict(live)
+            elif action == "free_completed" and addr in live:
+                now -= live.pop(addr)[0]
+    groups: dict[str, list[int]] = {}
+    for size, where in at_peak.values():
+        group = groups.setdefault(where, [0, 0])
+        group[0] += size
+        group[1] += 1
+    segments = snapshot.get("segments", [])
+    return {
+        "peak_allocated": peak,
+        "reserved": sum(int(seg.get("total_size", 0)) for seg in segments),
+        "allocated_at_dump": sum(int(seg.get("allocated_size", 0)) for seg in segments),
+        "segments": len(segments),
+        "at_peak": [{"where": where, "bytes": b, "blocks": n} for where, (b, n) in
+                    sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]],
+    }
+
+
+def _where(frames: list[dict]) -> str:
+    """The innermost frame in ppdsl (or the model, or the test worker), else the
+    innermost frame: `file:line name`."""
+    for frame in frames:
+        name = str(frame.get("filename", ""))
+        if "ppdsl" in name or "gpu_gpt" in name or "tests/dist" in name:
+            return f"{Path(name).name}:{frame.get('line')} {frame.get('name')}"
+    if frames:
+        return f"{Path(str(frames[0].get('filename'))).name}:{frames[0].get('line')} " \
+               f"{frames[0].get('name')}"
+    return "(no stack)"
+
+
+def summarise_snapshots(folder: Path, out: Path) -> Path | None:
+    """Every `*.pickle` snapshot in `folder` reduced (`snapshot_summary`) into
+    one small JSON at `out`, keyed by file name; None when there is none."""
+    import pickle
+
+    found = {}
+    for path in sorted(folder.glob("*.pickle")):
+        with path.open("rb") as f:
+            found[path.stem] = snapshot_summary(pickle.load(f))
+    if not found:
+        return None
+    out.write_text(json.dumps(found, indent=1))
+    return out
 
 
 # --- (d) ------------------------------------------------------------------------------

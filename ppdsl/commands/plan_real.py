@@ -16,11 +16,14 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ppdsl import json_text
+from ppdsl.analysis.checks import reductions
 from ppdsl.analysis.device_bytes import (
     DeviceOptions,
     ModelBytes,
@@ -29,13 +32,15 @@ from ppdsl.analysis.device_bytes import (
     device_bytes,
     format_bytes,
 )
+from ppdsl.analysis.simulate import simulate
 from ppdsl.commands.common import ExitCode, UsageError, device_options, output_file, write_output
-from ppdsl.compiler import Compiled, compile_source
-from ppdsl.costs_file import load_costs_file
+from ppdsl.compiler import Compiled, compile_module
+from ppdsl.costs_file import CostsFile, load_costs_file, schedule_with_costs
 from ppdsl.diagnostics import CompileError
+from ppdsl.frontend.ast import Module
 from ppdsl.frontend.elaborate import elaborate
 from ppdsl.frontend.parse import parse
-from ppdsl.ir.schedule import PassKind
+from ppdsl.ir.schedule import PassKind, Schedule
 
 __all__ = ["run_real"]
 
@@ -83,21 +88,47 @@ def _model_bytes(size: Any, cut: tuple[int, ...], unit_bytes: float,
     return ModelBytes(tuple(stages), unit_bytes, batch, batch)
 
 
-def _compile(name: str, source: str, overrides: dict[str, str], costs: str) -> Compiled | None:
+def _costs(costs: str) -> CostsFile:
     with tempfile.TemporaryDirectory(prefix="ppdsl-plan-") as tmp:
         path = Path(tmp) / "costs.pp"
         path.write_text(costs)
-        try:
-            return compile_source(source, f"{name}.pp", overrides, costs=load_costs_file(path))
-        except CompileError:
+        return load_costs_file(path)
+
+
+def _same_orders(a: Schedule, b: Schedule) -> bool:
+    return a.placement == b.placement and len(a.orders) == len(b.orders) and all(
+        np.array_equal(x.kind, y.kind) and np.array_equal(x.microbatch, y.microbatch)
+        and np.array_equal(x.stage, y.stage)
+        and (x.overlapped is None) == (y.overlapped is None)
+        and (x.overlapped is None or np.array_equal(x.overlapped, y.overlapped))
+        for x, y in zip(a.orders, b.orders, strict=True))
+
+
+def _compile(module: Module, overrides: dict[str, str], costs: str,
+             proven: Compiled | None) -> Compiled | None:
+    """The schedule under `costs`. A costs file changes the costs and memory
+    model, never the orders (`costs_file.schedule_with_costs`), so the rank
+    programs `proven` lowered and proved deadlock-free for the same orders under
+    another cut are reused: only the time line is simulated again."""
+    try:
+        if proven is None:
+            return compile_module(module, overrides, costs=_costs(costs))
+        schedule, _ = schedule_with_costs(module, overrides, _costs(costs))
+        if not _same_orders(schedule, proven.schedule):
+            return compile_module(module, overrides, costs=_costs(costs))
+        timeline = simulate(schedule)
+        if any(d.severity == "error" for d in reductions.check(schedule, timeline)):
             return None
+        return replace(proven, schedule=schedule, timeline=timeline)
+    except CompileError:
+        return None
 
 
-def _model_stages(source: str, name: str, overrides: dict[str, str]) -> int | None:
+def _model_stages(module: Module, overrides: dict[str, str]) -> int | None:
     """The schedule's model stages at these parameters, from its elaboration
     alone (None when it does not elaborate there, or runs two lanes)."""
     try:
-        schedule = elaborate(parse(source, f"{name}.pp"), overrides)
+        schedule = elaborate(module, overrides)
     except CompileError:
         return None
     placement = schedule.placement
@@ -131,17 +162,23 @@ def run_real(args: argparse.Namespace, sources: dict[str, str], budget: int,
     command = "ppdsl " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
     candidates: list[_Candidate] = []
     for name, source in sources.items():
-        stages = _model_stages(source, name, overrides)
+        try:
+            module = parse(source, f"{name}.pp")
+        except CompileError:
+            continue
+        stages = _model_stages(module, overrides)
         if stages is None or stages > size.num_layers:
             continue
+        proven: Compiled | None = None
         cuts = {equal_cut(size.num_layers, stages): "equal"}
         cuts.setdefault(balanced_cut(profile, stages), "balanced")
         for cut, rule in cuts.items():
             stage_costs = stage_profile(profile, cut, args.model, transfer_ms, device=spec.name)
             costs = to_costs_pp(stage_costs, command)
-            compiled = _compile(name, source, overrides, costs)
+            compiled = _compile(module, overrides, costs, proven)
             if compiled is None:
                 continue
+            proven = compiled
             model = _model_bytes(size, cut, stage_costs.memory_unit_bytes(), args.microbatches)
             ranks = device_bytes(compiled.schedule, compiled.lowered, model, options)
             candidates.append(_Candidate(name, source, cut, rule,
