@@ -95,12 +95,14 @@ def _costs(costs: str) -> CostsFile:
         return load_costs_file(path)
 
 
+def _same_overlap(x: np.ndarray | None, y: np.ndarray | None) -> bool:
+    return x is None and y is None or x is not None and y is not None and np.array_equal(x, y)
+
+
 def _same_orders(a: Schedule, b: Schedule) -> bool:
     return a.placement == b.placement and len(a.orders) == len(b.orders) and all(
         np.array_equal(x.kind, y.kind) and np.array_equal(x.microbatch, y.microbatch)
-        and np.array_equal(x.stage, y.stage)
-        and (x.overlapped is None) == (y.overlapped is None)
-        and (x.overlapped is None or np.array_equal(x.overlapped, y.overlapped))
+        and np.array_equal(x.stage, y.stage) and _same_overlap(x.overlapped, y.overlapped)
         for x, y in zip(a.orders, b.orders, strict=True))
 
 
