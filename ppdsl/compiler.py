@@ -33,6 +33,7 @@ from ppdsl.lowering.early_receives import pull_receives_forward
 from ppdsl.lowering.lower import lower_arrays
 from ppdsl.lowering.send_order import receives_in_send_order
 from ppdsl.semantics import PassKind
+from ppdsl.topology import Topology
 
 if TYPE_CHECKING:
     from ppdsl.backend.codegen import GeneratedFiles
@@ -140,9 +141,12 @@ def compile_source(
     early_receives: bool = True,
     costs: CostsFile | None = None,
     comm_model: str = "rendezvous",
+    topology: Topology | None = None,
+    dp: int = 1,
 ) -> Compiled:
     """Compile `.pp` text. `overrides` are the command line's `-D name=value`;
-    `costs` (`--costs-from`) replaces the file's cost and memory statements.
+    `costs` (`--costs-from`) replaces the file's cost and memory statements;
+    `topology` (`--topology`) times its transfers over the links of `dp` replicas.
     Text past `limits`' source size is refused before parsing; a compile that runs
     long reports its phase on stderr (`limits.progress`)."""
     limits.check_source(len(text.encode("utf-8", "surrogatepass")), file)
@@ -153,7 +157,7 @@ def compile_source(
         module = parse(text, file)
         return compile_module(
             module, overrides, early_receives=early_receives, costs=costs, phase=phase,
-            comm_model=comm_model,
+            comm_model=comm_model, topology=topology, dp=dp,
         )
 
 
@@ -165,16 +169,19 @@ def compile_module(
     costs: CostsFile | None = None,
     phase: Callable[[str], None] = lambda name: None,
     comm_model: str = "rendezvous",
+    topology: Topology | None = None,
+    dp: int = 1,
 ) -> Compiled:
     """The passes after parsing (`compile_source` without the text): what the
     fix search (`ppdsl.fixes`) runs on an edited AST before it proves a fix on
     the edited text."""
     phase("elaborate")
     if costs is None:
-        schedule = elaborate(module, overrides or {})
+        schedule = _over_links(elaborate(module, overrides or {}), topology, dp)
         return compile_schedule(schedule, early_receives=early_receives, phase=phase,
                                 comm_model=comm_model)
     schedule, expects = schedule_with_costs(module, overrides or {}, costs)
+    schedule = _over_links(schedule, topology, dp)
     bounded = any(e.metric == "peak_memory" for e in expects)
     compiled = compile_schedule(
         schedule, early_receives=early_receives, warn_unbounded=not bounded, phase=phase,
@@ -184,6 +191,18 @@ def compile_module(
     return replace(compiled, costs_from=costs.path, warnings=compiled.warnings + late)
 
 
+def _over_links(schedule: Schedule, topology: Topology | None, dp: int) -> Schedule:
+    """The schedule's transfers (and reductions) timed over `topology`'s links
+    (`ppdsl.topology`); itself without one. Ranks that do not fit its GPUs are an
+    error at the schedule's name."""
+    if topology is None:
+        return schedule
+    why = topology.check_fits(schedule.num_devices, dp)
+    if why:
+        raise CompileError([Diagnostic("error", why, schedule.span)])
+    return topology.apply_to(schedule, dp)
+
+
 def compile_file(
     path: str | Path,
     overrides: dict[str, str] | None = None,
@@ -191,6 +210,8 @@ def compile_file(
     early_receives: bool = True,
     costs: CostsFile | None = None,
     comm_model: str = "rendezvous",
+    topology: Topology | None = None,
+    dp: int = 1,
 ) -> Compiled:
     """Compile a `.pp` file; a missing, unreadable, oversized or empty file is a
     located error."""
@@ -212,7 +233,7 @@ def compile_file(
             [Diagnostic("error", "empty file: expected 'schedule NAME { ... }'", span)]
         )
     return compile_source(text, file, overrides, early_receives=early_receives, costs=costs,
-                          comm_model=comm_model)
+                          comm_model=comm_model, topology=topology, dp=dp)
 
 
 def generate(compiled: Compiled, dp: int = 1, dp_mode: str = "replicate") -> GeneratedFiles:

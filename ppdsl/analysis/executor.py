@@ -35,7 +35,16 @@ __all__ = [
     "Metrics",
     "evaluate",
     "timed",
+    "edge_array",
 ]
+
+
+def edge_array(comm: float | np.ndarray, num_stages: int) -> np.ndarray:
+    """The kernels' transfer costs: per edge b (stages b and b + 1), float64;
+    one float is the same cost on every edge."""
+    if isinstance(comm, np.ndarray):
+        return np.ascontiguousarray(comm, dtype=np.float64)
+    return np.full(max(num_stages - 1, 0), float(comm), dtype=np.float64)
 
 
 @kernel
@@ -123,7 +132,8 @@ def run_orders(
     max(device free, end of each needed pass, plus `comm` when that pass ran on
     another device: the transfer rule, and no earlier than `recv` after the
     device is free when it needs a pass of another device: the receiver's own
-    part of a transfer, paid even when the data was sent long before); a device
+    part of a transfer, paid even when the data was sent long before; `comm[b]`:
+    a transfer between stages b and b + 1, `Costs.edge_costs`); a device
     whose next pass needs an
     unfinished pass waits. `duration[kind, stage]` is a pass's cost,
     `duration[kind + num_kinds, stage]` (num_kinds: the rows of `need_kind`)
@@ -170,7 +180,8 @@ def run_orders(
                             blocked = True
                             break
                         if device[a] != dev:
-                            ready = max(ready, end[a] + comm, free[dev] + recv)
+                            edge = ns if ns < stage[p] else stage[p]
+                            ready = max(ready, end[a] + comm[edge], free[dev] + recv)
                         else:
                             ready = max(ready, end[a])
                     if blocked:
@@ -194,11 +205,12 @@ def run_orders(
     return start, end, position, missing
 
 
-def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
+def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float | np.ndarray,
              device_start: np.ndarray | None = None, recv: float = 0.0,
              scale: np.ndarray | None = None):
     """`run_orders` over `flat` (`duration` with 2 * NUM_KINDS rows when a pair
-    is overlapped; `device_start`: per device, when it may start, default 0;
+    is overlapped; `comm[b]`: a transfer between stages b and b + 1, or one
+    float for every edge; `device_start`: per device, when it may start, default 0;
     `recv`: the receiver's part of a transfer, `cost recv`; `scale`: per flat
     pass, a factor on its duration, default none).
     Assumes microbatches and stages are in range."""
@@ -208,7 +220,8 @@ def run_flat(flat: FlatSchedule, duration: np.ndarray, comm: float,
     return run_orders(
         flat.offsets, flat.kind, flat.microbatch, flat.stage,
         flat.device, flat.index_table(), _lane_length(flat), NEED_KIND, NEED_STAGE_OFFSET,
-        NEED_OPTIONAL, joined, duration, comm, np.asarray(device_start, dtype=np.float64),
+        NEED_OPTIONAL, joined, duration, edge_array(comm, flat.num_stages),
+        np.asarray(device_start, dtype=np.float64),
         float(recv), np.zeros(0) if scale is None else np.asarray(scale, dtype=np.float64),
     )
 
@@ -313,18 +326,20 @@ def evaluate(
     stage: np.ndarray,
     stage_device: np.ndarray,
     duration: np.ndarray,
-    comm: float,
+    comm: float | np.ndarray,
     delta: np.ndarray,
     num_microbatches: int,
     lanes: int = 1,
 ) -> Metrics:
     """Time flat orders as soon as possible (`run_orders` under the dependency
     relation and the transfer rule) and `measure` them, in one kernel call (a
-    search times thousands of candidates). `duration[kind code, stage]` and
+    search times thousands of candidates). `comm`: per edge (`Costs.edge_costs`)
+    or one float for every edge. `duration[kind code, stage]` and
     `delta[kind code, stage]` as in `measure`; `lanes`: the placement's pipelines."""
     ok, makespan, bubble, idle, peak = _evaluate(
-        offsets, kind, microbatch, stage, stage_device, duration, float(comm), delta,
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
+        offsets, kind, microbatch, stage, stage_device, duration,
+        edge_array(comm, stage_device.shape[0]), delta, num_microbatches, NEED_KIND,
+        NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )
     return Metrics(makespan, bubble, idle, peak, ok)
 
@@ -336,13 +351,14 @@ def timed(
     stage: np.ndarray,
     stage_device: np.ndarray,
     duration: np.ndarray,
-    comm: float,
+    comm: float | np.ndarray,
     num_microbatches: int,
     lanes: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(start, end, ok) of flat orders timed as soon as possible (`lanes`: the
     placement's pipelines)."""
     return _timed(
-        offsets, kind, microbatch, stage, stage_device, duration, float(comm),
-        num_microbatches, NEED_KIND, NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
+        offsets, kind, microbatch, stage, stage_device, duration,
+        edge_array(comm, stage_device.shape[0]), num_microbatches, NEED_KIND,
+        NEED_STAGE_OFFSET, NEED_OPTIONAL, NUM_KINDS, lanes,
     )

@@ -275,6 +275,7 @@ class _Search:
                               flat.num_stages, flat.num_stages // flat.lanes, NEED_KIND,
                               NEED_STAGE_OFFSET, NEED_OPTIONAL)
         paired = np.zeros(n, dtype=np.bool_)
+        consumer = np.repeat(flat.stage[:, None].astype(np.int64), needs.shape[1], axis=1)
         if flat.joined is not None:
             # an overlapped pair starts as one unit: its first pass waits for
             # the second's needs too (`run_orders`)
@@ -282,6 +283,9 @@ class _Search:
             extra = np.full_like(needs, -1)
             extra[second - 1] = needs[second]
             needs = np.concatenate([needs, extra], axis=1)
+            after = consumer.copy()
+            after[second - 1] = consumer[second]
+            consumer = np.concatenate([consumer, after], axis=1)
             paired = flat.joined[:n] | np.append(flat.joined[1:n], False)
         self._needs = np.ascontiguousarray(needs, dtype=np.int64)
         offsets = flat.offsets.astype(np.int64)
@@ -290,6 +294,11 @@ class _Search:
         self._device = flat.device.astype(np.int64)
         self._topo = _topological(self._prev, self._needs)
         self._microbatch = flat.microbatch.astype(np.int64)
+        # per need, the cost of its transfer where it crosses devices: the edge
+        # between the needed pass's stage and the stage that waits for it
+        edges = np.append(costs.edge_costs(flat.num_stages), 0.0)
+        edge = np.minimum(flat.stage.astype(np.int64)[np.maximum(needs, 0)], consumer)
+        self._lag = np.ascontiguousarray(np.where(needs >= 0, edges[edge], 0.0))
         self._optimizer = np.zeros(schedule.num_devices)
         if costs.optimizer:
             for stage, device in enumerate(schedule.placement.stage_device):
@@ -332,7 +341,8 @@ class _Search:
         a, b, c, o = self._time
         last, fits = self._timed_step(
             self._topo, self._prev, self._needs, self._device, self._microbatch, slots,
-            a, b, c, o, self._factor, self._paired, costs.comm, costs.recv, self._optimizer,
+            a, b, c, o, self._factor, self._paired, self._lag, costs.recv,
+            self._optimizer,
             self._memory, self._offsets, limits,
         )
         if not costs.models_step:
@@ -370,13 +380,13 @@ def _topological(prev: np.ndarray, needs: np.ndarray) -> np.ndarray:
 
 @kernel
 def _timed_step(
-    topo, prev, needs, device, microbatch, slots, a, b, c, o, factor, paired, comm, recv,
-    device_start, memory, offsets, limits,
+    topo, prev, needs, device, microbatch, slots, a, b, c, o, factor, paired, lag,
+    recv, device_start, memory, offsets, limits,
 ):  # pragma: no cover - numba
     """Per device, the end of its last pass (its start where it has none), and
     whether every device's memory stays within `limits[dev]` (floats, room
     1e-9). The transfer rule of `executor.run_orders`: a pass starts at
-    max(device free, each needed pass's end, plus `comm` and no earlier than
+    max(device free, each needed pass's end, plus its transfer `lag[k, slot]` and no earlier than
     `recv` after the device is free where that pass ran on another device)."""
     n = topo.shape[0]
     num_devices = offsets.shape[0] - 1
@@ -391,7 +401,7 @@ def _timed_step(
             if q < 0:
                 continue
             if device[q] != dev:
-                ready = max(ready, end[q] + comm, free + recv)
+                ready = max(ready, end[q] + lag[k, slot], free + recv)
             else:
                 ready = max(ready, end[q])
         t = slots[microbatch[k]]

@@ -43,7 +43,7 @@ def mean_costs(
         pick("BW", fallback.fused_backward),
         fallback.comm,
     ).with_step_costs(fallback.overhead, fallback.optimizer, fallback.norm, fallback.jitter
-                      ).with_receive_cost(fallback.recv)
+                      ).with_receive_cost(fallback.recv).with_transfers_of(fallback)
 
 
 def simulated_timeline(

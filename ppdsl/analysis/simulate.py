@@ -1,9 +1,10 @@
 """Timed simulation of a schedule's per-device orders under its cost model.
 
 Each device runs its passes in its order. A pass starts as soon as its device
-is free and every pass it depends on has ended, plus `costs.comm` when that
-pass ran on another device (a transfer; none between two stages on one
-device), and then no earlier than `costs.recv` after its device is free (the
+is free and every pass it depends on has ended, plus the transfer's cost when
+that pass ran on another device (`Costs.edge_costs`: `cost comm`, latency +
+bytes / bandwidth per edge, or a topology's link; none between two stages on
+one device), and then no earlier than `costs.recv` after its device is free (the
 receiver's own part of a transfer, `semantics.DEFAULT_RECV`; 0 unless the file
 says `cost recv`). Nothing else waits: this is the "squeeze" of the controllable-memory
 paper, which re-times a fixed order as early as possible. A pass holds its
@@ -116,7 +117,8 @@ def simulate(schedule: Schedule, *, memory_over_time: bool = False,
     if per_pass is not None:
         # each pass its own duration: a table of ones, scaled pass by pass
         table = np.ones_like(table)
-    start, end, position, _ = run_flat(flat, table, schedule.costs.comm,
+    start, end, position, _ = run_flat(flat, table,
+                                       schedule.costs.edge_costs(schedule.num_stages),
                                        recv=schedule.costs.recv, scale=per_pass)
     stuck = [dev for dev in range(schedule.num_devices) if position[dev] < flat.offsets[dev + 1]]
     if stuck:
@@ -180,7 +182,7 @@ def _step_time(schedule: Schedule, flat: FlatSchedule, table: np.ndarray,
     bounds = list(itertools.pairwise(flat.offsets.tolist()))
 
     def one_step(scale: np.ndarray | None) -> float:
-        _, end, _, _ = run_flat(flat, table, costs.comm, optimizer, costs.recv, scale)
+        _, end, _, _ = run_flat(flat, table, costs.edge_costs(schedule.num_stages), optimizer, costs.recv, scale)
         last = [max([float(optimizer[dev]), *end[a:b].tolist()])
                 for dev, (a, b) in enumerate(bounds)]
         return semantics.step_time(last, costs.norm)

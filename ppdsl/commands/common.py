@@ -15,6 +15,7 @@ from ppdsl.compiler import Compiled, compile_file
 from ppdsl.costs_file import CostsFile, load_costs_file
 from ppdsl.runtime.choices import OPTIMIZERS, PRECISIONS
 from ppdsl.semantics import DP_MODES
+from ppdsl.topology import Topology, load_topology
 
 __all__ = [
     "add_lengths_arguments",
@@ -347,4 +348,24 @@ def compile_from_args(args: argparse.Namespace) -> Compiled:
     return compile_file(
         args.file, parse_defines(args.defines), early_receives=early, costs=costs_from_args(args),
         comm_model=getattr(args, "comm_model", "rendezvous"),
+        topology=topology_from_args(args), dp=getattr(args, "dp", 1),
     )
+
+
+def add_topology_argument(parser: argparse.ArgumentParser) -> None:
+    """`--topology FILE` (read by `topology_from_args`)."""
+    parser.add_argument(
+        "--topology", metavar="FILE", default=None,
+        help="time each transfer over the link between its ranks' GPUs (latency + bytes / "
+        "bandwidth, bytes from `memory bytes[s]`) and, with --dp and `memory grad_bytes[s]`, "
+        "each stage's reduction as a ring over its replicas: a file of nodes, gpus_per_node, "
+        "intra_/inter_latency and _bandwidth (ppdsl/topology.py), or those pairs "
+        "comma-separated",
+    )
+
+
+def topology_from_args(args: argparse.Namespace) -> Topology | None:
+    """The `--topology` file or pairs, parsed (None without the option); a bad
+    one raises its located `TopologyError`."""
+    spec = getattr(args, "topology", None)
+    return load_topology(spec) if spec else None

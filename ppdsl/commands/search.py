@@ -20,7 +20,14 @@ from dataclasses import replace
 from fractions import Fraction
 
 from ppdsl.commands.budget import activation_budget, add_budget_arguments
-from ppdsl.commands.common import ExitCode, UsageError, output_file, write_output
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    add_topology_argument,
+    output_file,
+    topology_from_args,
+    write_output,
+)
 from ppdsl.compiler import compile_source
 from ppdsl.costs_file import evaluate_costs, load_costs_file
 from ppdsl.diagnostics import CompileError, Diagnostic
@@ -38,7 +45,7 @@ from ppdsl.search.combined import (
 from ppdsl.search.driver import DEFAULT_EVALUATIONS
 from ppdsl.search.exact import OBJECTIVES
 from ppdsl.search.frontier import FRONTIER_EVALUATIONS
-from ppdsl.search.problem import build_problem, measured_unit, parse_placement
+from ppdsl.search.problem import build_problem, measured_unit, parse_placement, with_topology
 from ppdsl.search.progress import ProgressBar
 from ppdsl.semantics import format_short
 
@@ -109,6 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "running after the last pass, and the frontier compares step times (needs "
         "--objective makespan)",
     )
+    add_topology_argument(parser)
     parser.add_argument(
         "--kept-input", metavar="FRACTION", default="1/16",
         help="with --recompute: M_I / M_B, what a recomputed stage's F keeps (default 1/16)",
@@ -127,7 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--costs",
         default=None,
         metavar="F=..,B=..,W=..,comm=..",
-        help="pass durations and transfer cost (default 1, 1, 1, 0); per stage: F=1:1:2:2",
+        help="pass durations and transfer cost (default 1, 1, 1, 0); per stage: F=1:1:2:2; "
+        "bytes= and grad_bytes=: what a stage sends on and reduces, for --topology",
     )
     parser.add_argument(
         "--costs-from",
@@ -361,6 +370,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             weight_fraction=args.weight_memory or "1/2",
             measured=measured,
         )
+        problem = with_topology(problem, topology_from_args(args))
     except SearchInputError as err:
         raise UsageError(str(err)) from None
     passes = problem.num_stages * problem.num_microbatches * 3

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
-from ppdsl.commands.common import ExitCode, UsageError, output_directory, output_file, write_output
+from ppdsl.commands.common import (
+    ExitCode,
+    UsageError,
+    output_directory,
+    output_file,
+    topology_from_args,
+    write_output,
+)
 from ppdsl.ir.schedule import Costs, MemoryModel
 from ppdsl.search import SearchInputError, emit_pp
 from ppdsl.search.combined import SearchOptions
@@ -35,6 +42,7 @@ from ppdsl.search.problem import (
     chunk_costs,
     parse_budget,
     parse_placement,
+    with_topology,
 )
 from ppdsl.search.progress import ProgressBar
 from ppdsl.semantics import format_short
@@ -88,6 +96,7 @@ def _problems(args: argparse.Namespace, measured_for: Callable[[str], tuple[Cost
             raise UsageError(str(err)) from None
         if args.costs_from is None:
             problem = _with_chunk_costs(problem)
+        problem = _over_links(args, problem)
         passes = problem.num_stages * problem.num_microbatches * 3
         if passes > args.max_passes:
             raise UsageError(
@@ -173,7 +182,8 @@ def _named(args: argparse.Namespace, problems: list[SearchProblem], problem_for)
         if not Path(path).is_file():
             raise UsageError(f"--named {path}: no such file")
         out.append(compile_named(path, problem_for, args.devices, args.microbatches, args.dp,
-                                 Fraction(args.parameter_memory or 0)))
+                                 Fraction(args.parameter_memory or 0),
+                                 topology=topology_from_args(args)))
     return out
 
 
@@ -333,4 +343,12 @@ def _problems_for_named(args: argparse.Namespace, spelling: str, measured_for) -
         )
     except SearchInputError as err:
         raise UsageError(f"--named: {err}") from None
-    return problem if args.costs_from is not None else _with_chunk_costs(problem)
+    return _over_links(args, problem if args.costs_from is not None else _with_chunk_costs(problem))
+
+
+def _over_links(args: argparse.Namespace, problem: SearchProblem) -> SearchProblem:
+    """`--topology`: the problem's transfers and reductions timed over its links."""
+    try:
+        return with_topology(problem, topology_from_args(args), args.dp)
+    except SearchInputError as err:
+        raise UsageError(str(err)) from None

@@ -25,6 +25,7 @@ from ppdsl.commands.common import (
     add_dp_arguments,
     add_lengths_arguments,
     add_schedule_arguments,
+    add_topology_argument,
     check_dp_arguments,
     compile_from_args,
     device_options,
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print a machine-readable result (with each device's memory over time)",
     )
     add_dp_arguments(parser)
+    add_topology_argument(parser)
     parser.add_argument(
         "--params", type=float, default=None, metavar="N",
         help="with this many model parameters, also report parameter, gradient and "

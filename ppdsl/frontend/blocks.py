@@ -427,8 +427,11 @@ def _tightened(
     # how far down its order a device looks for a pass to run early: far enough
     # for a V-shape warm-up, which hoists up to 2S forwards past 3 passes each
     window = 8 * num_stages + 16
+    # one transfer cost for every edge: the slowest, where edges differ (a heuristic's
+    # order; the simulator then times it edge by edge)
+    comm = float(costs.edge_costs(num_stages).max(initial=costs.comm))
     changed, order = _tighten(
-        bounds, kind, stage, duration, needs, _EXTREME, recomputed, float(costs.comm), window
+        bounds, kind, stage, duration, needs, _EXTREME, recomputed, comm, window
     )
     return order if changed else None
 

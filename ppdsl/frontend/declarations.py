@@ -57,6 +57,13 @@ _COST_NAMES = (tuple(k.value for k in KINDS) + ("overlap",) + semantics.COLLECTI
 _Poly = tuple[Fraction, Fraction, Fraction]
 """(a, b, c): a + b*tokens + c*tokens^2, exact."""
 _MEMORY_NAMES = MEMORY_NAMES
+_BYTES = "bytes"
+"""A transfer's size, bound in `cost comm` (`cost comm = latency + bytes / bandwidth`);
+`memory bytes[s]` states what stage s sends on."""
+_GRAD_BYTES = "grad_bytes"
+"""`memory grad_bytes[s]`: the bytes of stage s's gradients (its data-parallel reduction)."""
+_BYTES_PROBES = (2, 7, 1000, 10**6, 10**12)
+"""Sizes where `cost comm` must equal its line through bytes = 0 and 1."""
 _TOKENS = "tokens"
 """A microbatch's length, bound in `cost` and `memory` (docs/language.md)."""
 _FOLLOW_TOKENS = frozenset([k.value for k in KINDS] + list(MEMORY_NAMES))
@@ -90,7 +97,13 @@ class Declarations:
     costs: dict[PassKind, list[Num]] = field(default_factory=dict)
     """Per pass kind, its cost on each stage (given or by default)."""
     comm: Num = semantics.DEFAULT_COMM
-    """The cost of one transfer between devices."""
+    """The cost of one transfer between devices: its latency when `cost comm`
+    names the transfer's `bytes`."""
+    comm_per_byte: Num = 0
+    """`cost comm = a + b * bytes`: b, a transfer's time per byte (0: a plain number)."""
+    stage_bytes: dict[str, list[Num]] = field(default_factory=dict)
+    """`memory bytes[s]` (what stage s sends on) and `memory grad_bytes[s]` (its
+    gradients, what its data-parallel reduction moves), per stage, where given."""
     recv: Num = semantics.DEFAULT_RECV
     """The receiver's own part of a transfer (`cost recv`)."""
     overlap: Num = semantics.DEFAULT_OVERLAP
@@ -188,7 +201,11 @@ class Declarations:
             [float(x) for x in self.step.get("optimizer", ())],
             float(self.step["norm"][0]) if "norm" in self.step else 0.0,
             float(self.step["jitter"][0]) if "jitter" in self.step else 0.0,
-        ).with_receive_cost(float(self.recv))
+        ).with_receive_cost(float(self.recv)).with_bytes(
+            float(self.comm_per_byte),
+            [float(x) for x in self.stage_bytes.get(_BYTES, ())],
+            [float(x) for x in self.stage_bytes.get(_GRAD_BYTES, ())],
+        )
 
     def memory_model(self) -> MemoryModel:
         """The memory model in force, as the IR states it (with M_I of the stages
@@ -492,7 +509,11 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
     if stmt.name == "comm":
         if stmt.index is not None:
             raise ElaborationError("the transfer cost 'comm' is one value, not per stage", stmt.span)
-        state.comm = _per_stage_values(stmt, state, "a cost")[0]
+        if _BYTES in _names(stmt.value):
+            ensure_placement(state)
+            state.comm, state.comm_per_byte = _latency_and_per_byte(stmt, state)
+        else:
+            state.comm, state.comm_per_byte = _per_stage_values(stmt, state, "a cost")[0], 0
     elif stmt.name == "recv":
         if stmt.index is not None:
             raise ElaborationError(
@@ -533,13 +554,52 @@ def declare_cost(stmt: ast.Cost, state: Declarations) -> None:
 
 
 def declare_memory(stmt: ast.Memory, state: Declarations) -> None:
-    """`memory M_B = x`, `memory M_W[s] = f(s)`."""
+    """`memory M_B = x`, `memory M_W[s] = f(s)`, and the sizes in bytes:
+    `memory bytes[s] = ...` (what stage s sends on), `memory grad_bytes[s] = ...`."""
+    if stmt.name in (_BYTES, _GRAD_BYTES):
+        state.stage_bytes[stmt.name] = _per_stage_values(stmt, state, "a size in bytes")
+        return
     if stmt.name not in _MEMORY_NAMES:
-        hint = did_you_mean(stmt.name, _MEMORY_NAMES) or "; the memory model has M_B and M_W"
+        names = (*_MEMORY_NAMES, _BYTES, _GRAD_BYTES)
+        hint = did_you_mean(stmt.name, names) or (
+            "; the memory model has M_B and M_W, and sizes in bytes are 'bytes' (what a "
+            "stage sends on) and 'grad_bytes' (its gradients)")
         raise ElaborationError(f"unknown memory quantity '{stmt.name}'{hint}", stmt.name_span)
     state.memory[stmt.name] = _per_stage_values(stmt, state, "a memory amount")
     state.explicit.add(stmt.name)
     _refresh_names(state)
+
+
+def _latency_and_per_byte(stmt: ast.Cost, state: Declarations) -> tuple[Num, Num]:
+    """`cost comm = a + b * bytes`: (a, b), the latency every transfer pays and its
+    time per byte. It must be a line in `bytes` (checked exactly at more sizes than
+    fix it) with a >= 0 and b >= 0."""
+    expr = stmt.value
+    if _BYTES in state.env:
+        raise ElaborationError(
+            f"'{_BYTES}' is already defined; in `cost comm` it is the transfer's size, so "
+            "name the definition something else", state.defined.get(_BYTES) or stmt.span)
+    fn = compile_expr(expr, Scope([_BYTES], state.scope()))
+    env = dict(state.env)
+
+    def at(size: int) -> Fraction:
+        env[_BYTES] = size
+        return Fraction(number(fn(env), expr.span, "a transfer's cost in bytes"))
+
+    latency = at(0)
+    per_byte = at(1) - latency
+    for size in _BYTES_PROBES:
+        got = at(size)
+        if got != latency + per_byte * size:
+            raise ElaborationError(
+                f"a transfer's cost is latency + bytes / bandwidth, a line in 'bytes', and this "
+                f"one is not: at bytes = {size} it is {show(norm(got))}, where the line through "
+                f"bytes = 0 and 1 gives {show(norm(latency + per_byte * size))}", expr.span)
+    if latency < 0 or per_byte < 0:
+        raise ElaborationError(
+            f"a transfer's latency and time per byte must be >= 0, got latency "
+            f"{show(norm(latency))} and {show(norm(per_byte))} per byte", expr.span)
+    return norm(latency), norm(per_byte)
 
 
 def declare_recompute(stmt: ast.Recompute, state: Declarations) -> None:

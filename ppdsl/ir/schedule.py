@@ -292,6 +292,65 @@ class Costs:
     tokens ...`, docs/language.md); empty: no cost depends on tokens, and
     `durations` hold for every microbatch. `durations` are these at the file's
     `tokens`."""
+    comm_per_byte: float = 0.0
+    """`cost comm = a + b * bytes`: b, a transfer's time per byte (one over the
+    link's bandwidth); `comm` is then a, the latency every transfer pays. 0: a
+    transfer costs `comm` whatever its size (a plain `cost comm = x`)."""
+    transfer_bytes: tuple[float, ...] = ()
+    """Per stage, the bytes of the tensor it sends on (`memory bytes[s]`: its
+    output activation; the gradient coming back is the same size); empty: not
+    stated (a transfer then pays `comm` alone)."""
+    grad_bytes: tuple[float, ...] = ()
+    """Per stage, the bytes of its parameter gradients, what its data-parallel
+    reduction moves (`memory grad_bytes[s]`); empty: not stated."""
+    edges: tuple[float, ...] = ()
+    """Per stage b < S - 1, a transfer between stages b and b + 1 (either way)
+    as a topology times it over the link between their devices
+    (`ppdsl.topology`); empty: `comm + comm_per_byte * transfer_bytes[b]`."""
+
+    def edge_costs(self, num_stages: int) -> np.ndarray:
+        """Per stage b < num_stages - 1, the cost of a transfer between stages
+        b and b + 1 (the tensor stage b sends on, or its gradient coming back):
+        `edges` when a topology set them, else latency + bytes / bandwidth
+        (`comm + comm_per_byte * transfer_bytes[b]`), else `comm`."""
+        count = max(num_stages - 1, 0)
+        if self.edges:
+            return np.array(self.edges[:count], dtype=np.float64)
+        if self.comm_per_byte and self.transfer_bytes:
+            return np.array([self.comm + self.comm_per_byte * x
+                             for x in self.transfer_bytes[:count]], dtype=np.float64)
+        return np.full(count, self.comm, dtype=np.float64)
+
+    def transfer_cost(self, sender: int, receiver: int) -> float:
+        """The cost of one transfer between adjacent stages `sender` and
+        `receiver` (`edge_costs` of the edge between them)."""
+        b = min(sender, receiver)
+        if self.edges:
+            return self.edges[b]
+        if self.comm_per_byte and self.transfer_bytes:
+            return self.comm + self.comm_per_byte * self.transfer_bytes[b]
+        return self.comm
+
+    def with_bytes(self, comm_per_byte: float, transfer_bytes: Sequence[float] = (),
+                   grad_bytes: Sequence[float] = ()) -> Costs:
+        """These costs with a transfer's time per byte (`cost comm = a + b *
+        bytes`) and the bytes each stage sends on and reduces (per stage; empty:
+        not stated)."""
+        return replace(self, comm_per_byte=float(comm_per_byte),
+                       transfer_bytes=tuple(float(x) for x in transfer_bytes),
+                       grad_bytes=tuple(float(x) for x in grad_bytes))
+
+    def with_transfers_of(self, other: Costs) -> Costs:
+        """These costs with `other`'s transfer model beyond `comm`: its time per
+        byte, stated bytes and edges."""
+        return replace(self, comm_per_byte=other.comm_per_byte,
+                       transfer_bytes=other.transfer_bytes, grad_bytes=other.grad_bytes,
+                       edges=other.edges)
+
+    @property
+    def per_edge(self) -> bool:
+        """Whether transfers differ by edge (bytes over a bandwidth, or a topology)."""
+        return bool(self.edges) or bool(self.comm_per_byte and self.transfer_bytes)
 
     @property
     def models_step(self) -> bool:
@@ -711,6 +770,10 @@ def format_schedule(schedule: Schedule) -> str:
             if k is not PassKind.R or mem.recompute  # R's cost only where it runs
         )
         + f" comm={format_number(c.comm)}"
+        + (f"+{format_number(c.comm_per_byte)}*bytes" if c.comm_per_byte else "")
+        + (f" bytes={_fmt_per_stage(c.transfer_bytes)}" if c.transfer_bytes else "")
+        + (f" grad_bytes={_fmt_per_stage(c.grad_bytes)}" if c.grad_bytes else "")
+        + (f" edges={_fmt_per_stage(c.edges)}" if c.edges else "")
         + (f" overlap={format_number(c.overlap)}" if c.overlap != 1 else "")
         + "".join(f" {n}={_fmt_per_stage(row)}" for n, row in c.declared_collectives().items())
         + (f" overhead={_fmt_per_stage(c.overhead)}" if any(c.overhead) else "")

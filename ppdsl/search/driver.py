@@ -72,7 +72,8 @@ class Arrays:
     dev_stages: np.ndarray
     stage_device: np.ndarray
     dur: np.ndarray
-    comm: float
+    comm: np.ndarray
+    """Per edge b, a transfer between stages b and b + 1 (`Costs.edge_costs`)."""
     mem: np.ndarray
     scale: int
     limit: int
@@ -103,7 +104,8 @@ def arrays_for(problem: SearchProblem, fused: bool = True) -> Arrays:
             mem[_B, s] += mem[_R, s]
             dur[_B, s] += dur[_R, s]
         limit -= int(headroom * scale)
-    return Arrays(dev_stages, stage_device, dur, float(c.comm), mem, scale, limit, pl.lanes)
+    return Arrays(dev_stages, stage_device, dur, c.edge_costs(pl.num_stages), mem, scale, limit,
+                  pl.lanes)
 
 
 def with_recompute_passes(
@@ -297,7 +299,7 @@ class _Search:
         caps = np.zeros(S, dtype=np.int64)
         for s in range(S):
             end = (s // length + 1) * length  # the end of s's lane
-            path = a.dur[0, s:end].sum() + a.dur[1, s:end].sum() + a.comm * 2 * (end - 1 - s)
+            path = a.dur[0, s:end].sum() + a.dur[1, s:end].sum() + 2 * a.comm[s:end - 1].sum()
             dev = a.stage_device[s]
             per = sum(a.dur[0, x] + a.dur[1, x] for x in a.dev_stages[dev])
             caps[s] = max(1, math.ceil(alpha * path / per - 1e-9))

@@ -96,8 +96,9 @@ def _branches(bodies: list[tuple[ast.OrderStmt, ...]]) -> tuple[ast.OrderStmt, .
 
 
 def cost_statements(costs: Costs) -> list[ast.Stmt]:
-    """`cost F`, `cost B`, `cost W` (per stage where the stages differ), `cost comm`,
-    `cost overhead` when declared, and the data-parallel collectives declared
+    """`cost F`, `cost B`, `cost W` (per stage where the stages differ), `cost comm`
+    (a line in `bytes` where it has a time per byte, with `memory bytes[s]` and
+    `memory grad_bytes[s]` where stated), `cost overhead` when declared, and the data-parallel collectives declared
     (`cost reduce`)."""
     stmts: list[ast.Stmt] = []
     for kind in (PassKind.F, PassKind.B, PassKind.W):
@@ -105,7 +106,16 @@ def cost_statements(costs: Costs) -> list[ast.Stmt]:
         index = "s" if len(set(values)) > 1 else None
         value = ast.per_stage(values)
         stmts.append(ast.Cost(kind.value, index, value, ast.GENERATED, ast.GENERATED))
-    stmts.append(ast.Cost("comm", None, ast.number(costs.comm), ast.GENERATED, ast.GENERATED))
+    comm: ast.Expr = ast.number(costs.comm)
+    if costs.comm_per_byte:  # latency + bytes / bandwidth (docs/language.md, "Transfers")
+        comm = ast.binary("+", comm, ast.binary("*", ast.number(costs.comm_per_byte),
+                                                ast.name("bytes")))
+    stmts.append(ast.Cost("comm", None, comm, ast.GENERATED, ast.GENERATED))
+    for name, sizes in (("bytes", costs.transfer_bytes), ("grad_bytes", costs.grad_bytes)):
+        if sizes:
+            index = "s" if len(set(sizes)) > 1 else None
+            stmts.append(ast.Memory(name, index, ast.per_stage(sizes), ast.GENERATED,
+                                    ast.GENERATED))
     if any(costs.overhead):  # part of every pass's time, as the search timed it
         values = tuple(costs.overhead)
         index = "s" if len(set(values)) > 1 else None

@@ -216,7 +216,8 @@ def time_scale(problem: ExactProblem) -> tuple[int, bool]:
     2^40; otherwise a power of ten that keeps them below it, and False (the
     costs are rounded)."""
     c, S = problem.costs, problem.placement.num_stages
-    values = [c.comm] + [c.duration(k, s) for k in problem.kinds for s in range(S)]
+    values = ([float(x) for x in c.edge_costs(S)] or [c.comm]) + [
+        c.duration(k, s) for k in problem.kinds for s in range(S)]
     fractions = [_exact_fraction(x) for x in values]
     total = sum(values) * problem.num_microbatches * 2 + 1
     if all(f is not None for f in fractions):
@@ -233,6 +234,8 @@ def _scaled_costs(problem: ExactProblem, scale: int) -> Costs:
         # each pass with its stage's engine overhead, as the simulator times it
         tuple(tuple(float(round(Fraction(x) * scale)) for x in row) for row in c.duration_table()),
         float(round(Fraction(c.comm) * scale)),
+        edges=tuple(float(round(Fraction(float(x)) * scale))
+                    for x in c.edge_costs(len(c.durations[0]))),
     )
 
 
@@ -312,7 +315,7 @@ def _weights(problem: ExactProblem, scaled: Costs, objective: str) -> tuple[int,
     if objective != "bubble":
         return 1, [1] * problem.num_devices
     busy = _busy(problem, scaled)
-    horizon = sum(busy) + int(scaled.comm) * problem.num_passes + 1
+    horizon = sum(busy) + int(max(scaled.edges, default=0.0)) * problem.num_passes + 1
     limit = 2**62 // horizon
     lcm = math.lcm(*busy)
     if lcm <= limit:
@@ -348,7 +351,7 @@ class _Model:
         duration = np.array(
             [int(scaled.duration(pp.kind, pp.stage)) for pp in self.passes], dtype=np.int64
         )
-        comm = int(scaled.comm)
+        edge = [int(x) for x in scaled.edges]  # a transfer between stages b and b + 1
         self.index = {pp.key: k for k, pp in enumerate(self.passes)}
         last_kind = _W if p.split_backward else _BW
         self.busy = _busy(p, scaled)
@@ -370,7 +373,7 @@ class _Model:
             # the dependency relation and the transfer rule: ppdsl.semantics
             for need_key in needs(kind, j, s, S):
                 need = self.index[need_key]
-                lag = comm if device[need] != device[k] else 0
+                lag = edge[min(need_key[2], s)] if device[need] != device[k] else 0
                 edges.append((need, k, lag))
                 est[k] = max(est[k], est[need] + duration[need] + lag)
             if j > 0:
@@ -391,7 +394,7 @@ class _Model:
             else:
                 horizon = upper
         else:
-            horizon = int(duration.sum()) + comm * n
+            horizon = int(duration.sum()) + max(edge, default=0) * n
         horizon = max(horizon, int(est.max() + duration.max()))
         model = cp_model.CpModel()
         self.model = model

@@ -50,6 +50,7 @@ from ppdsl.search.problem import (
 )
 from ppdsl.search.references import references
 from ppdsl.semantics import format_short
+from ppdsl.topology import Topology
 
 __all__ = [
     "FRONTIER_EVALUATIONS",
@@ -444,13 +445,15 @@ def compile_named(
     num_microbatches: int,
     dp: int = 1,
     parameter_memory: Fraction = Fraction(0),
+    topology: Topology | None = None,
 ) -> NamedPoint:
     """Compile the `.pp` file at `path` with `-D d=.. -D m=..` under the costs and
     memory model `problem_for(its placement)` gives (the file's own cost and
     memory statements replaced, as `--costs-from` does), and measure it: every
     check of the compiler runs. Its name is the file's schedule name. Its
     memory adds `parameter_memory` per extra copy of the parameters
-    (`FrontierOptions.parameter_memory`: DualPipe's second)."""
+    (`FrontierOptions.parameter_memory`: DualPipe's second); `topology` times its
+    transfers and reductions over those links, as the search's problems are."""
     from ppdsl.compiler import compile_source
     from ppdsl.costs_file import CostsFile
     from ppdsl.frontend.ast import GENERATED
@@ -465,7 +468,7 @@ def compile_named(
     problem = problem_for(spelling)
     statements = _costs_statements(problem.costs, problem.memory)
     costs = CostsFile("<frontier costs>", statements, pl.num_stages, None, GENERATED)
-    compiled = compile_source(text, str(path), overrides, costs=costs)
+    compiled = compile_source(text, str(path), overrides, costs=costs, topology=topology, dp=dp)
     peak = max(_peaks(compiled.schedule)) + extra_copies_memory(pl.lanes, parameter_memory)
     step = compiled.timeline.makespan
     if dp > 1 and problem.costs.declared_collectives():

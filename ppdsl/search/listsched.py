@@ -68,7 +68,8 @@ def _consumer(kd, s, stage_device, num_stages, need, lane_length):  # pragma: no
 def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need, lane_length):  # pragma: no cover
     """When pass (kd, s, j) on dev could start (INF: an input is undecided):
     the latest end of the passes it needs (`semantics.NEEDS`) inside its lane,
-    plus `comm` for each that ran on another device."""
+    plus `comm[edge]` for each that ran on another device (`comm[b]`: a
+    transfer between stages b and b + 1)."""
     need_kind, need_offset, _ = need
     r = 0.0
     for slot in range(need_kind.shape[1]):
@@ -81,7 +82,8 @@ def _ready(kd, s, j, dev, endt, stage_device, comm, num_stages, need, lane_lengt
         e = endt[nk, ns, j]
         if e < 0:
             return INF
-        r = max(r, e + (comm if stage_device[ns] != dev else 0.0))
+        edge = ns if ns < s else s
+        r = max(r, e + (comm[edge] if stage_device[ns] != dev else 0.0))
     return r
 
 
@@ -117,7 +119,7 @@ def list_schedule(  # pragma: no cover - numba
     stage_device,  # int64[S]
     m,
     dur,  # float[3, S]
-    comm,
+    comm,  # float[S - 1]: a transfer between stages b and b + 1 (`Costs.edge_costs`)
     mem,  # int64[3, S] memory deltas
     limit,  # int64[d]
     caps,  # int64[S] in-flight cap (F done, B not yet) per stage

@@ -18,6 +18,7 @@ from fractions import Fraction
 from ppdsl import semantics
 from ppdsl.ir.schedule import Costs, MemoryModel, Placement
 from ppdsl.semantics import PassKind, format_number
+from ppdsl.topology import Topology
 
 __all__ = [
     "SearchProblem",
@@ -31,6 +32,7 @@ __all__ = [
     "measured_unit",
     "chunk_costs",
     "with_recompute",
+    "with_topology",
     "recompute_headroom",
 ]
 
@@ -108,15 +110,19 @@ def parse_placement(text: str, num_devices: int) -> Placement:
 
 _COST_KEYS = {
     "F": "forward", "B": "backward_input", "W": "backward_weight", "comm": "comm",
-    "reduce": "reduce",
+    "reduce": "reduce", "bytes": "bytes", "grad_bytes": "grad_bytes",
 }
+_SIZES = ("bytes", "grad_bytes")
+"""`--costs` keys that are sizes in bytes per stage (`memory bytes[s]`, `memory grad_bytes[s]`)."""
 
 
 def parse_costs(text: str | None, num_stages: int) -> Costs:
     """`F=18.5,B=18.1,W=9.3,comm=0.6`; a per-stage cost is a colon list with one
     value per stage (`F=1:1:2:2`). Unnamed kinds and comm cost their defaults
     (`semantics.DEFAULT_DURATION`: 1; comm 0). `reduce=` is a stage's
-    data-parallel gradient reduction (`cost reduce[s]`, 0 unless given)."""
+    data-parallel gradient reduction (`cost reduce[s]`, 0 unless given);
+    `bytes=` and `grad_bytes=` the sizes a stage sends on and reduces (`memory
+    bytes[s]`, `memory grad_bytes[s]`), what a `--topology` times over its links."""
     values: dict[str, tuple[float, ...] | float] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -125,7 +131,8 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
         key = key.strip()
         if not eq or key not in _COST_KEYS:
             raise SearchInputError(
-                f"--costs {item.strip()!r}: expected F=, B=, W=, comm= or reduce= "
+                f"--costs {item.strip()!r}: expected F=, B=, W=, comm=, reduce=, bytes= or "
+                "grad_bytes= "
                 "(e.g. F=3,B=4,W=2,comm=0)"
             )
         try:
@@ -146,14 +153,17 @@ def parse_costs(text: str | None, num_stages: int) -> Costs:
                 f"--costs {key}= lists {len(numbers)} values; this placement has "
                 f"{num_stages} stages"
             )
-        if key != "reduce" and any(x <= 0 for x in numbers):
+        if key != "reduce" and key not in _SIZES and any(x <= 0 for x in numbers):
             raise SearchInputError(f"--costs {key}=: a pass must take some time (> 0)")
         values[key] = numbers
     comm = values.pop("comm", float(semantics.DEFAULT_COMM))
     assert isinstance(comm, float)
     reduce = values.pop("reduce", None)
+    sizes = [values.pop(k, ()) for k in _SIZES]
     given = {PassKind(k): v for k, v in values.items() if isinstance(v, tuple)}
     costs = Costs.by_kind(given, comm, num_stages)
+    if any(sizes):
+        costs = costs.with_bytes(0.0, *sizes)  # type: ignore[arg-type]
     return costs.with_collectives({"reduce": reduce}) if isinstance(reduce, tuple) else costs
 
 
@@ -281,8 +291,8 @@ def measured_memory(memory: MemoryModel, num_devices: int) -> MemoryModel:
 def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
     """`costs` of one 1F1B stage (1/d of the model) as those of one chunk of a
     placement with `chunks_per_device` chunks per device: every pass and a
-    stage's gradient reduction take 1/v of their time; a transfer costs the same
-    (a frontier compares placements so)."""
+    stage's gradient reduction take 1/v of their time (and it reduces 1/v of the
+    gradient bytes); a transfer costs the same (a frontier compares placements so)."""
     if chunks_per_device == 1:
         return costs
     v = chunks_per_device
@@ -290,7 +300,19 @@ def chunk_costs(costs: Costs, chunks_per_device: int) -> Costs:
         costs,
         durations=tuple(tuple(x / v for x in row) for row in costs.durations),
         collectives=tuple(tuple(x / v for x in row) for row in costs.collectives),
+        grad_bytes=tuple(x / v for x in costs.grad_bytes),
     )
+
+
+def with_topology(problem: SearchProblem, topology: Topology | None, dp: int = 1) -> SearchProblem:
+    """`problem` with its transfers (and, with `dp` > 1 and gradient bytes, its
+    reductions) timed over `topology`'s links (`ppdsl.topology`); itself without one."""
+    if topology is None:
+        return problem
+    why = topology.check_fits(problem.num_devices, dp)
+    if why:
+        raise SearchInputError(f"--topology: {why}")
+    return replace(problem, costs=topology.apply(problem.costs, problem.placement, dp))
 
 
 def with_recompute(problem: SearchProblem, stages: frozenset[int], kept: Fraction) -> SearchProblem:

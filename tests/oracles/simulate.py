@@ -32,23 +32,23 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
     def needs(dev: int, k: int) -> list[tuple[tuple[int, int], float]]:
         order = orders[dev]
         p: Pass = order[k]
-        keys = semantics.needs(
+        keys = [(key, p.stage) for key in semantics.needs(
             p.kind, p.microbatch, p.stage, schedule.num_stages,
             lanes=placement.lanes, recompute=schedule.recompute,
-        )
+        )]
         if k + 1 < len(order) and order[k + 1].overlapped:
             # an overlapped pair starts as one unit: when its backward's inputs are in too
             q = order[k + 1]
-            keys += semantics.needs(
+            keys += [(key, q.stage) for key in semantics.needs(
                 q.kind, q.microbatch, q.stage, schedule.num_stages,
                 lanes=placement.lanes, recompute=schedule.recompute,
-            )
+            )]
         found_keys = keys
         found: list[tuple[tuple[int, int], float]] = []
         if k > 0:
             found.append(((dev, k - 1), 0.0))
         received = False
-        for key in found_keys:
+        for key, consumer in found_keys:
             if key not in where:
                 raise SimulationError(
                     f"cannot simulate: {key[0].value}{key[1]}:s{key[2]} is missing"
@@ -56,7 +56,9 @@ def simulate_reference(schedule: Schedule, *, memory_over_time: bool = False) ->
             other = where[key]
             remote = placement.stage_device[key[2]] != dev
             received = received or remote
-            found.append((other, float(schedule.costs.comm) if remote else 0.0))
+            # the transfer over the edge between the two stages (`Costs.transfer_cost`)
+            lag = float(schedule.costs.transfer_cost(key[2], consumer)) if remote else 0.0
+            found.append((other, lag))
         received_by[(dev, k)] = received
         if received and k > 0:
             found.append(((dev, k - 1), float(schedule.costs.recv)))
