@@ -69,6 +69,7 @@ def test_no_fix_without_budget():
 
 
 
+@pytest.mark.slow
 def test_a_search_of_small_files_never_starts_numba():
     """A fresh `ppdsl check` whose file runs its kernels as plain Python searches
     fixes the same way (docs/language.md, Fixes): DualPipeV with a loop bound

@@ -24,6 +24,7 @@ _json = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_json, st.integers(0, 3))
 def test_equals_the_standard_encoder(obj, indent):

@@ -96,6 +96,7 @@ def _repeat(module, block, place, m, split, fill, recompute, costs):
         return str(err)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(blocks_to_repeat())
 def test_random_blocks_repeat_as_the_oracle(case):
@@ -136,6 +137,7 @@ def orders_to_tighten(draw, max_devices: int = 5, microbatches: tuple[int, int] 
     return with_spans(orders), place, _costs(draw, S), recompute
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(orders_to_tighten())
 def test_random_orders_tighten_as_the_oracle(case):
@@ -148,6 +150,7 @@ def test_random_orders_tighten_as_the_oracle(case):
             assert blocks.tighten_warm_up_and_cool_down(orders, place, costs, recompute) == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(orders_to_tighten(max_devices=3, microbatches=(10, 40)))
 def test_long_orders_tighten_as_the_oracle(case):
@@ -185,6 +188,7 @@ def _elaborated(path: Path, d: int, m: int, module=None):
         return [str(x) for x in err.diagnostics]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", BLOCK_EXAMPLES, ids=lambda p: p.stem)
 @settings(max_examples=6, deadline=None)
 @given(d=st.integers(1, 9), extra=st.integers(0, 12))

@@ -29,6 +29,7 @@ def test_extreme_deltas_are_the_memory_model_s(recomputed):
             assert _EXTREME[kind.code, int(recomputed), c] == model.delta(kind, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, d, m", [("v_zb", 12, 80), ("interleaved_1f1b", 8, 176), ("v_half", 10, 100)]
 )

@@ -409,6 +409,7 @@ def _expressions():
     return st.recursive(leaves, extend, max_leaves=10)
 
 
+@pytest.mark.slow
 def test_fast_path_agrees_with_exact_evaluation():
     """Compiled int fast path and exact evaluation give the same value (and type) or
     the same located error, for ints, rationals, zero and ranges in the environment."""

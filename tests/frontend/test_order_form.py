@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -142,6 +143,7 @@ def _elaborate(text: str, mode: str):
         order_form._VECTOR_MIN, order_form._device_loops = saved
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(programs())
 def test_vector_loops_equal_value_by_value(text):
@@ -152,6 +154,7 @@ def test_vector_loops_equal_value_by_value(text):
     assert _elaborate(text, "devices") == by_values
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(device_programs())
 def test_device_loops_equal_value_by_value(text):

@@ -65,6 +65,7 @@ def test_memory_precedences_hold_in_every_valid_schedule(seed):
         assert times[after] >= end, (before, after, problem.budgets)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 10**6))
 def test_device_bounds_never_exceed_a_valid_schedules_spans(seed):
@@ -80,6 +81,7 @@ def test_device_bounds_never_exceed_a_valid_schedules_spans(seed):
         assert bound <= span
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "d,m,place,memory,wf",
     [
@@ -121,6 +123,7 @@ def _vshape_p4_m8(memory: str):
                                        memory=memory, weight_fraction="1"))
 
 
+@pytest.mark.slow
 def test_device_bound_raises_the_v_min_bound():
     """V-shape, unit costs, V-Min's memory (2, M_W = M_B), p=4, m=8: the
     one-device bound of device 0 is above the warm-up/cool-down idle bound of
@@ -135,6 +138,7 @@ def test_device_bound_raises_the_v_min_bound():
     assert max(bounds) > max(b + i for b, i in zip(plain.busy, plain.idle_floors, strict=True))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 10**6))
 def test_span_bound_never_exceeds_a_valid_schedules_bubble(seed):
@@ -148,6 +152,7 @@ def test_span_bound_never_exceeds_a_valid_schedules_bubble(seed):
     assert result.bound <= measured
 
 
+@pytest.mark.slow
 def test_span_bound_reaches_the_v_half_optimum_at_p4():
     """V-shape, unit costs, V-Half's memory (3, M_W = M_B), p=4, m=8: the span
     bound of device 0 alone (2 units, no other search) is the proven optimum

@@ -167,6 +167,7 @@ def test_paper_blocks_have_the_papers_memory():
         assert block_orders(problem.placement, v_half(d), 3 * d) is not None
 
 
+@pytest.mark.slow
 def test_vshape_at_1f1b_memory_reaches_v_zb_zero_bubble():
     """Unit costs, V-shape, 1F1B's memory (M_W = M_B): the search's blocks include
     V-ZB's, and with the paper's warm-up/cool-down step it has no bubble."""
@@ -186,6 +187,7 @@ def test_search_matches_zb_h1_at_1f1b_memory():
     assert max(result.peak_memory()) <= 4
 
 
+@pytest.mark.slow
 def test_found_orders_compile_deadlock_free_and_within_budget():
     """Every found schedule passes ppdsl's deadlock check under blocking sends
     (the compiler's lowering: receives pulled forward where needed)."""
@@ -222,6 +224,7 @@ def test_found_file_compiles_and_its_timeline_is_the_searchs(tmp_path):
     assert text.startswith("# Found by: ppdsl search test")
 
 
+@pytest.mark.slow
 def test_cli_writes_a_checkable_file_and_no_progress_in_pipes(tmp_path, capsys):
     """The command writes found.pp, prints the summary, and no bar when piped."""
     out = tmp_path / "found.pp"
@@ -257,6 +260,7 @@ def _run_search(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_same_arguments_and_seed_write_the_same_file_in_two_processes(tmp_path):
     """Budgets are work, not seconds: two processes running the same search
     (heuristics, then CP-SAT stopped by its deterministic budget before its
@@ -274,6 +278,7 @@ def test_same_arguments_and_seed_write_the_same_file_in_two_processes(tmp_path):
     assert text.replace(str(first), "X") == second.read_text().replace(str(second), "X")
 
 
+@pytest.mark.slow
 def test_heuristic_search_is_deterministic_in_its_seed():
     """The refinement and the local search draw every choice from the seed."""
     problem = _problem(d=4, m=8, place="vshape", memory="0.5x1f1b", costs="F=3,B=4,W=2,comm=0.3")
@@ -383,6 +388,7 @@ def test_cli_search_on_dualpipe_writes_a_file_whose_lanes_hold_their_own_microba
     assert printed_peaks == tuple(peak_memory(schedule)) and max(printed_peaks) <= 3
 
 
+@pytest.mark.slow
 def test_span_bound_flag_proves_the_v_half_bound(capsys):
     """--span-bound at p=4, m=8, V-Half's memory (V-shape, M_W = M_B): the
     summary's lower bound is the proven optimum 5/53 (bench/results/exact.md);

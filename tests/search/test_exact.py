@@ -58,6 +58,7 @@ def _brute_force(problem, objective) -> Fraction | None:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "d,m,memory,costs",
     [
@@ -95,6 +96,7 @@ def test_bound_holds_for_the_papers_schedules_and_proves_zb_h1_optimal():
     assert measure(ep, split_1f1b, "bubble") > result.bound
 
 
+@pytest.mark.slow
 def test_v_half_memory_p4_m8_is_proven_at_the_authors_bubble():
     """V-shape, unit costs, V-Half's memory ((p+2)//2 = 3, M_W = M_B), p=4, m=8:
     the solver proves 5/53 (the authors' V-Half, 0.0943) optimal."""

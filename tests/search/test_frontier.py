@@ -51,6 +51,7 @@ def test_levels_are_the_multiples_of_the_deltas_gcd_from_the_floor_to_all_in_fli
     assert thinned == [3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_pareto_keeps_only_points_no_one_beats_at_no_more_memory():
     """A point is on the frontier when its bubble is below every point at no more memory."""
     problems = [_problem(d=2, m=4), _problem(d=2, m=4, place="vshape")]
@@ -102,6 +103,7 @@ def _run(args, cwd):
     )
 
 
+@pytest.mark.slow
 def test_cli_frontier_writes_json_svg_and_pp_files_the_same_in_two_processes(tmp_path):
     """`ppdsl search --frontier --json --svg --pp-dir`: every point's .pp compiles with its
     peak and bubble, the SVG is one well-formed figure, and a second process writes
@@ -197,6 +199,7 @@ def test_recompute_variant_compiles_within_budget_and_shortens_the_step(wf):
     assert found.metrics.makespan < find(plain, options).metrics.makespan
 
 
+@pytest.mark.slow
 def test_frontier_with_recompute_reaches_below_the_plain_floor():
     """With recompute variants the frontier (by step time) has a point under the
     smallest memory any schedule keeping its activations needs."""
@@ -215,6 +218,7 @@ def test_cli_recompute_needs_the_makespan_objective(capsys):
     assert "add --objective makespan" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_frontier_dp_counts_the_exposed_reduction_and_looped_bfs_hides_half(tmp_path):
     """--dp 2 with `reduce=` (docs/runtime.md's reduction lane: a stage's all-reduce
     after its last W): each point's step is its written file's makespan plus the
@@ -247,6 +251,7 @@ def test_cli_dp_needs_the_makespan_objective(capsys):
     assert "add --objective makespan" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_named_schedules_in_f_b_w_are_candidates_at_every_level_they_fit():
     """A named `.pp` in F, B and W passes (examples/v_half.pp) is a candidate of the
     levels it fits, so under the profiled costs (README) the frontier at V-Half's
@@ -284,6 +289,7 @@ def test_dualpipe_stages_are_whole_model_stages_each_running_its_lanes_microbatc
     assert top_budget(problem) == 8
 
 
+@pytest.mark.slow
 def test_cli_frontier_dualpipe_points_compile_with_their_memory_and_bubble(tmp_path):
     """`ppdsl search --frontier --placement dualpipe --parameter-memory 1/2`: every
     point's .pp file proves (`ppdsl check`) with the JSON's activation peak and

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def _needs(kind: PassKind, j: int, s: int, last: int, split: bool, recompute=fro
     return mine + ([(back, j, s + 1)] if s < last else [])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(block_sources(), st.integers(0, 2**32 - 1))
 def test_accepted_blocks_keep_every_guarantee(source, seed):
@@ -43,6 +45,7 @@ def test_accepted_blocks_keep_every_guarantee(source, seed):
     _keeps_every_guarantee(source, seed)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(grouped_block_sources(), st.integers(0, 2**32 - 1))
 def test_accepted_grouped_blocks_keep_every_guarantee(source, seed):

@@ -62,6 +62,7 @@ def test_error_file_reports_its_diagnostic(path: Path, monkeypatch: pytest.Monke
     assert first == expected_line(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CLI_CASES)
 def test_cli_reports_error_file(name: str):
     """`ppdsl check FILE` prints the expected first line, exits 1, no traceback."""

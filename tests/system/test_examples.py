@@ -55,6 +55,7 @@ def test_examples_cite_a_paper_and_their_constraint():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MICROBATCHES))
 @pytest.mark.parametrize("d", DEVICES)
 def test_example_compiles_at_its_default_microbatches(name, d):

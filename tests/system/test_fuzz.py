@@ -6,6 +6,7 @@ is a bug (the CLI would report it as an internal error, exit 3)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +50,7 @@ def edited_sources(draw) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(
     max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ppdsl"
 
@@ -199,6 +201,7 @@ def test_training_and_models_faces_import_without_torch():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_runtime_is_the_only_torch_user():
     """Only ppdsl.runtime imports torch: the compiler, codegen and the manifest
     are plain Python."""

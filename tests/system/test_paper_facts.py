@@ -79,6 +79,7 @@ def test_example_printed_ir(name, golden):
     golden(f"examples/{name}.txt", format_schedule(example(name)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("costs", COSTS)
 @pytest.mark.parametrize(
     ("name", "per_device"),
@@ -150,6 +151,7 @@ def test_zero_bubble_when_pass_times_are_equal(d):
         assert simulate(example("v_zb", d=d, m=m)).makespan == 6 * m + d - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("costs", COSTS)
 @pytest.mark.parametrize("d", [2, 4, 6, 8])
 def test_dualpipe_table(d, costs):

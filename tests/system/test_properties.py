@@ -11,6 +11,7 @@ import random
 from dataclasses import replace
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,7 @@ def test_valid_orders_pass_every_check(s):
     assert len(below) == s.num_devices  # every device's peak is >= 1/2 (one F)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(corruptions())
 def test_each_corruption_is_a_located_error_of_its_check(c):

@@ -26,6 +26,7 @@ def _example(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_examples_pass_under_pytest():
     """`pytest examples/test_my_schedule.py examples/test_torch_schedules.py` exits 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -159,6 +160,7 @@ def _corpus(tmp: Path) -> list[tuple[list[str], int, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_hostile_corpus(tmp_path: Path) -> None:
     """Every hostile input ends in seconds with its exit code and message, under a
     memory cap, and no traceback."""
@@ -172,6 +174,7 @@ def test_hostile_corpus(tmp_path: Path) -> None:
     assert not wrong, "\n\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_real_entry_point_exit_codes(tmp_path: Path) -> None:
     """`python -m ppdsl` itself maps a limit to exit 1 and a bad path to exit 2."""
     big = tmp_path / "big.pp"

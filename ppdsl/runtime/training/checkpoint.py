@@ -61,7 +61,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from ppdsl.runtime.errors import first_line
@@ -80,6 +79,15 @@ _RECORD = "ppdsl.process"
 _OLD_RECORD = re.compile(r"process\d+")
 # ppdsl.json's format: 2 keys checkpoints by the model's own names
 _FORMAT = 2
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported on first use: it brings DTensor and
+    its planners (about a second of every rank's start-up on a small CPU), which a
+    run that neither saves nor resumes never needs."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
 class CheckpointError(RuntimeError):
@@ -214,7 +222,7 @@ def save_checkpoint(
     if coordinator:
         shutil.rmtree(partial, ignore_errors=True)
     dist.barrier(group=process_group)  # nobody writes into a partial being cleared
-    dcp.save(_state(runner, optimizer, step=step, stepper=stepper, scheduler=scheduler,
+    _dcp().save(_state(runner, optimizer, step=step, stepper=stepper, scheduler=scheduler,
                     extra=extra), checkpoint_id=str(partial), process_group=process_group)
     if coordinator:  # dcp.save returns there once every rank's part and .metadata are written
         _commit(partial, path, None)
@@ -254,7 +262,7 @@ def _state(
 
 def _metadata(path: str | Path) -> dict[str, Any]:
     """{key: torch's storage metadata} of the checkpoint at `path`."""
-    return dict(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    return dict(_dcp().FileSystemReader(str(path)).read_metadata().state_dict_metadata)
 
 
 def _format_problem(path: str | Path, keys: dict[str, Any]) -> str | None:
@@ -338,7 +346,7 @@ def load_checkpoint(
     record_key = mine if mine in keys else f"{_RECORD}0"
     state[record_key] = b""
     try:
-        dcp.load(state, checkpoint_id=str(path), process_group=process_group)
+        _dcp().load(state, checkpoint_id=str(path), process_group=process_group)
     except Exception as exc:
         raise CheckpointError(f"cannot load the checkpoint {str(path)!r}: {first_line(exc, 300)}") from exc
     record = pickle.loads(state[record_key])
@@ -546,13 +554,13 @@ class Checkpointer:
         state = _state(self.runner, self.optimizer, step=step, stepper=self.stepper,
                        scheduler=self.scheduler, extra=extra)
         if self.asynchronous:
-            future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
+            future = _dcp().async_save(state, checkpoint_id=str(partial), process_group=self.group)
             self._pending = (future, partial, final, step)  # type: ignore[assignment]
             self.on_event("save", step)
         else:
             self._pending = (None, partial, final, step)
             self.on_event("save", step)
-            dcp.save(state, checkpoint_id=str(partial), process_group=self.group)
+            _dcp().save(state, checkpoint_id=str(partial), process_group=self.group)
             self.wait()
 
     def poll(self) -> None:

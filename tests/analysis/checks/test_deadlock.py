@@ -163,6 +163,7 @@ def test_duplicated_transfer_reported():
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.pp"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
 def test_examples_run_under_nccl_rules(path):
     """Every example's lowered programs, as the runtime's NCCL transport posts

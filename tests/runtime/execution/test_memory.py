@@ -104,6 +104,7 @@ SOURCE = """schedule two_stages_one_rank {{
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [True, False], ids=["split", "fused"])
 def test_device_peak_predicted_on_imitated_allocator(one_rank, tmp_path: Path, split: bool) -> None:
     """Two stages on one rank, the second of two steps (gradients set to None

@@ -106,6 +106,7 @@ def test_b_computes_only_input_grads_and_w_the_weight_grads(norms: str) -> None:
     _assert_same_grads(grads, reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norms", ["in-b", "deferred"])
 @pytest.mark.parametrize("stage_index", [0, 1])
 def test_split_defers_every_weight_grad_from_another_thread(stage_index: int, norms: str) -> None:
@@ -606,6 +607,7 @@ def test_autocast_linears_take_the_bulk_w_path(monkeypatch: pytest.MonkeyPatch) 
 
 
 # dynamo, tracing the compiled region, reads a non-leaf's .grad and warns (torch's own)
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 def test_compiled_regions_are_named_and_pieces_between_linears_split() -> None:
     """A torch.compile'd block is one autograd node: its parameters are named as

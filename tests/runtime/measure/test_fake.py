@@ -77,6 +77,7 @@ def _hand_count(config: dict) -> tuple[int, int, int]:
     return v * h, attention + mlp + 2 * h, h + v * h  # the layer's two norms; the final norm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["tiny_llama", "llama3_8b", "llama3_70b"])
 def test_parameters_counted_by_hand(folder: str) -> None:
     """Parameter counts from the meta build equal a count by hand from the

@@ -9,11 +9,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from ppdsl.runtime.measure.gloo_worker import JOBS
 from tests.dist.harness import free_port
 from tests.paths import ROOT
 
 
+@pytest.mark.slow
 def test_the_module_runs_a_job_from_the_command_line() -> None:
     """`python -m ppdsl.runtime.measure.gloo_worker norm 1` in a one-rank group
     prints its answer as one JSON line (a payload that is no list is the job's
@@ -27,6 +30,7 @@ def test_the_module_runs_a_job_from_the_command_line() -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1]) > 0
 
 
+@pytest.mark.slow
 def test_collectives_job_answers_a_row_per_size() -> None:
     """The collectives job in one gloo rank: one row per size, each with the
     three collectives' median ms (the CPU timer of `Stopwatch`)."""

@@ -19,6 +19,7 @@ CEILINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(CEILINGS))
 def test_host_work_per_pass_stays_under_its_ceiling(one_rank, example: str) -> None:
     """Every pass kind's Python calls and dispatcher ops per pass, steady state,
@@ -33,6 +34,7 @@ def test_host_work_per_pass_stays_under_its_ceiling(one_rank, example: str) -> N
         assert 0 < found[kind].torch_ops <= ops, (kind, found[kind])
 
 
+@pytest.mark.slow
 def test_counts_repeat_from_step_to_step(one_rank) -> None:
     """After the warm-up the counts are the same every step (the split's plan is
     found once), so a ceiling is a fact, not a sample."""

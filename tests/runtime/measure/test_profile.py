@@ -53,6 +53,7 @@ def test_profile_of_a_failing_model_is_invalid_input(capsys: pytest.CaptureFixtu
     assert "stage 1" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -> None:
     """`--norms deferred` defers the layer norms' weight gradients too: W then also keeps
     their inputs, mean and rstd (a larger M_W), and the report says which; on CPU
@@ -68,6 +69,7 @@ def test_norms_option_decides_what_w_keeps(capsys: pytest.CaptureFixture[str]) -
     assert all(0 < b < w for b, w in zip(found["in-b"], found["deferred"], strict=True)), found
 
 
+@pytest.mark.slow
 def test_precision_option_profiles_under_autocast(capsys: pytest.CaptureFixture[str]) -> None:
     """`--precision bf16` runs the forward and loss under autocast, as `ppdsl run
     --precision bf16` trains, and the report says so: the stages' M_B (bf16
@@ -117,6 +119,7 @@ def stages(n):
 """
 
 
+@pytest.mark.slow
 def test_low_precision_profiles_stages_starting_with_linear_conv_and_embedding(
         tmp_path: Path) -> None:
     """`--precision bf16|fp16` profiles every model `ppdsl run --precision` trains
@@ -195,6 +198,7 @@ def test_profile_search_check_loop_on_tiny_gpt(tmp_path: Path, capsys: pytest.Ca
         assert "ok: schedule" in run.stdout
 
 
+@pytest.mark.slow
 def test_pass_costs_are_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Profile = run (docs/runtime.md, "Profiling a model"): the costs file's pass
     costs are the passes as `ppdsl run`'s engine runs and times them, so stages that
@@ -234,6 +238,7 @@ def stages(n):
 """
 
 
+@pytest.mark.slow
 def test_passes_are_timed_on_a_pipeline_of_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

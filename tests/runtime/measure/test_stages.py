@@ -48,6 +48,7 @@ def _chain(modules: list[nn.Module], inputs: torch.Tensor, **kw):  # type: ignor
                               clock=time.perf_counter, **kw))
 
 
+@pytest.mark.slow
 def test_chain_feeds_each_stage_the_previous_output() -> None:
     """Each stage runs on the previous one's output (detached), sends on its
     output's bytes (0 from the last), and progress reaches 1 stage by stage."""

@@ -14,6 +14,7 @@ from ppdsl.runtime.measure.transfers import (
 )
 
 
+@pytest.mark.slow
 def test_transfer_is_measured_between_two_gloo_processes() -> None:
     """On CPU the transfer time comes from two real gloo processes (one per size)."""
     times, method = measure_transfer([4096, 1 << 20], torch.device("cpu"), repeats=3)
@@ -22,6 +23,7 @@ def test_transfer_is_measured_between_two_gloo_processes() -> None:
     assert measure_transfer([], torch.device("cpu")) == ([], "none (one stage)")
 
 
+@pytest.mark.slow
 def test_late_receive_and_norm_reduce_are_measured() -> None:
     """`cost recv` (a receive posted after its data was sent) and `cost norm` (the
     two-float all-reduce) are timed between two real gloo processes."""
@@ -31,6 +33,7 @@ def test_late_receive_and_norm_reduce_are_measured() -> None:
     assert 0 < measure_norm_reduce(repeats=2) < 1000
 
 
+@pytest.mark.slow
 def test_collectives_are_measured_per_size() -> None:
     """`--dp`: each size's all-reduce, reduce-scatter and all-gather are timed
     among real gloo processes."""
@@ -39,6 +42,7 @@ def test_collectives_are_measured_per_size() -> None:
     assert all(r[k] > 0 for r in rows for k in ("all_reduce", "reduce_scatter", "all_gather"))
 
 
+@pytest.mark.slow
 def test_collectives_of_a_cuda_run_without_a_gpu_each_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CUDA profile's `--dp 2` on a one-GPU node cannot run NCCL (a GPU per
     process): the gloo numbers it falls back to say NCCL's were not measured."""

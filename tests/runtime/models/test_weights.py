@@ -29,6 +29,7 @@ def _stage_tensors(model, order) -> dict:
     return found
 
 
+@pytest.mark.slow
 def test_stages_equal_the_whole_model_built_from_the_seed(tmp_path: Path) -> None:
     """Without weights, every tensor of every stage, at d=2 and d=4, built in either
     order and one stage twice (a bidirectional placement's copies), equals the
