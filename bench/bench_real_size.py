@@ -5,8 +5,8 @@ parameters) with random weights, written as 4 safetensors shards, under
 --save-model). Measured in one bench run: the start-up time (from `ppdsl run`'s
 start to its line naming the cut, printed when every rank has built its model,
 runner and optimizer) of this checkout and of a baseline checkout (`--baseline
-PATH`, default /work/main: the whole model built on every rank, stopped
-there), and this
+PATH`; by default commit `BASELINE_COMMIT` of this repository, exported:
+the whole model built on every rank, stopped there), and this
 checkout's per-rank host memory by component from its `--json`.
 
 `--write` puts the table in bench/results/real_size.md. Needs about 12 GB of
@@ -27,10 +27,22 @@ ROOT = Path(__file__).resolve().parent.parent
 D, M, STEPS, SEQ, BATCH = 4, 4, 2, 32, 4
 
 
-def _baseline() -> Path:
+BASELINE_COMMIT = "c51225c"
+"""main before the meta build (issue 36): `--model hf:DIR` builds the whole
+model in fp32 on every rank, then cuts it."""
+
+
+def _baseline(tmp: Path) -> Path:
+    """The baseline checkout: `--baseline PATH`, or `BASELINE_COMMIT` exported
+    into `tmp` with git archive."""
     if "--baseline" in sys.argv:
         return Path(sys.argv[sys.argv.index("--baseline") + 1])
-    return Path("/work/main")
+    out = tmp / "baseline-checkout"
+    out.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE_COMMIT],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
 
 
 def _model(folder: Path) -> int:
@@ -92,9 +104,12 @@ def _gib(n: float) -> str:
 
 
 def main() -> None:
-    baseline = _baseline()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        baseline = _baseline(root)
+        baseline_name = (f"commit {BASELINE_COMMIT}" if "--baseline" not in sys.argv
+                         else str(baseline))
         folder = root / "qwen2-0.5b"
         count = _model(folder)
         shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
@@ -102,6 +117,7 @@ def main() -> None:
         base_first, _, _ = _run(baseline, folder, root / "baseline", save=False)
         ranks = [json.loads((root / "branch" / "json" / f"rank{r}.json").read_text())
                  for r in range(D)]
+    load_after = os.getloadavg()[0]
     lines = [
         f"# Real size at run time: {count / 1e6:.0f}M parameters, d={D}, CPU",
         "",
@@ -109,11 +125,12 @@ def main() -> None:
         f"in {len(shards)} safetensors shards; `ppdsl run examples/1f1b.pp -D d={D} -D m={M} "
         f"--steps {STEPS} --seq-len {SEQ} --batch-size {BATCH} --optimizer adam`, "
         f"this checkout with `--save-model`; `python -m bench real_size` ({os.cpu_count()} cores, "
-        "shared with other work: times are wall clock).",
+        f"shared with other work: load average {load_before:.1f} at the start, "
+        f"{load_after:.1f} at the end; times are wall clock).",
         "",
         "| checkout | start-up: to the cut line (s) | whole run (s) |",
         "|---|---:|---:|",
-        f"| baseline ({baseline}, whole model on every rank; stopped after its start-up) "
+        f"| baseline ({baseline_name}, whole model on every rank; stopped after its start-up) "
         f"| {base_first:.1f} | - |",
         f"| this one (own stages only, --save-model) | {mine_first:.1f} | {mine_total:.1f} |",
         "",

@@ -149,17 +149,20 @@ class Ties:
 
     def sync_grads(self) -> None:
         """Sum each tied parameter's gradient over its owning ranks, in rank order
-        (every owner ends with the same bits). Runs after each step's passes."""
+        (every owner ends with the same bits). Runs after each step's passes.
+        The sum is made in place, in the lowest owner's gradient (this rank's or
+        the one received): beside the gradients it holds only the received ones
+        (a tied embedding's gradient is its largest tensor)."""
         for tag, param, ranks in self.peers:
             if not param.requires_grad:
                 continue
             mine = param.grad if param.grad is not None else torch.zeros_like(param)
             mine = mine.contiguous()
             bufs = self._swap(mine, [r for r in ranks if r != self.rank], tag)
-            total = None
-            for r in ranks:
-                g = mine if r == self.rank else bufs[r]
-                total = g.clone() if total is None else total.add_(g)
+            bufs[self.rank] = mine
+            total = bufs.pop(ranks[0])
+            for r in ranks[1:]:
+                total.add_(bufs.pop(r))
             param.grad = total
 
 

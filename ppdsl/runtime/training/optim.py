@@ -57,15 +57,35 @@ def make_optimizer(
     momentum: float = 0.0,
 ) -> torch.optim.Optimizer:
     """torch.optim's SGD, Adam or AdamW on `params` (none: a rank whose stages hold
-    no parameters steps an empty group; torch refuses an empty parameter list)."""
+    no parameters steps an empty group; torch refuses an empty parameter list).
+    Adam and AdamW run fused where torch has the kernel for every parameter
+    (`_fusable`)."""
     groups: list[dict[str, Any]] = [{"params": list(params)}]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay, momentum=momentum)
+    fused = _fusable(groups[0]["params"]) or None
     if name == "adam":
-        return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay, fused=fused)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
+
+
+_FUSED_DEVICES = ("cpu", "cuda")
+"""Where torch's fused Adam kernel runs."""
+
+
+def _fusable(params: Sequence[torch.Tensor]) -> bool:
+    """Whether Adam can step `params` fused: plain floating-point tensors (no
+    DTensor shard) on a device with the kernel. Its one kernel per parameter
+    makes no temporary, where torch's default on CPU (a loop over the
+    parameters) makes two of the parameter's size for the denominator
+    (sqrt, then a division): 1 GiB beside a 151936x896 embedding, the largest
+    transient of a rank holding it (bench/results/real_size.md). Updates differ
+    from the loop's by float rounding (a few ULP)."""
+    return bool(params) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
+        and p.device.type in _FUSED_DEVICES for p in params)
 
 
 def lr_lambda(schedule: str, total_steps: int, warmup_steps: int = 0,

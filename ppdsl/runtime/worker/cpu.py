@@ -6,8 +6,16 @@ starts on fresh pages and pays a page fault per 4 KiB. A pipeline keeps many
 microbatches' tensors alive and frees them out of order, so on CPU this costs a
 large and erratic share of every pass (measured: a 4096x1024 layer norm's input
 gradient took 7.4 ms instead of 3.0). `keep_freed_memory` makes glibc keep freed
-memory for reuse, as CUDA's caching allocator does on GPUs. The process's
-resident memory then stays at its peak.
+blocks up to `KEPT_BLOCK_BYTES` for reuse, as CUDA's caching allocator does on
+GPUs; the process's resident memory then stays at its peak.
+
+Larger blocks still come from mmap and go back at once. Those are a parameter's
+size (a 151936x896 embedding's gradient, before it is added to `.grad`, or an
+optimizer's temporary), and kept in the heap they do not come back: small
+tensors allocated meanwhile split the freed block, so the next one of that size
+extends the heap again (measured: four microbatches' backward through that
+embedding left 2.0 GiB more resident with a 1 GiB limit, none with 32 MiB;
+`tests/runtime/worker/test_cpu.py`).
 """
 
 from __future__ import annotations
@@ -16,17 +24,19 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "resident_bytes", "peak_resident_bytes"]
+__all__ = ["KEPT_BLOCK_BYTES", "keep_freed_memory", "resident_bytes", "peak_resident_bytes"]
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_KEEP = 1 << 30  # larger blocks than this still come from mmap
+KEPT_BLOCK_BYTES = 32 << 20
+"""The largest freed block glibc keeps for reuse: glibc's own ceiling for its
+adaptive mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), set from the start."""
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed blocks up to 1 GiB for reuse and never trim the heap;
-    returns whether it could (False elsewhere than glibc on Linux)."""
+    """Ask glibc to keep freed blocks up to `KEPT_BLOCK_BYTES` for reuse and never
+    trim the heap; returns whether it could (False elsewhere than glibc on Linux)."""
     if not sys.platform.startswith("linux"):
         return False
     name = ctypes.util.find_library("c")
@@ -39,7 +49,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok = mallopt(_M_MMAP_THRESHOLD, _KEEP) == 1
+    ok = mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES) == 1
     # M_TRIM_THRESHOLD is an int: the largest it takes is "never trim" in practice.
     ok = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and ok
     return ok

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from ppdsl.runtime.training.optim import OptimizerStep, lr_lambda
+from ppdsl.runtime.training.optim import OptimizerStep, lr_lambda, make_optimizer
 
 
 def test_warmup_cosine() -> None:
@@ -19,6 +19,28 @@ def test_warmup_cosine() -> None:
     assert [f(0), f(1)] == [0.5, 1.0]
     assert f(2) == 1.0 and math.isclose(f(6), 0.5) and f(10) == 0.0
     assert lr_lambda("constant", 10)(7) == 1.0
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_steps_fused_as_the_loop_does(name: str) -> None:
+    """Adam and AdamW on CPU parameters run fused (one kernel per parameter, no
+    temporary of its size: ppdsl/runtime/training/optim.py) and step where torch's
+    default loop steps, to float rounding."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(32))]
+    loop_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    optimizer = make_optimizer(name, params, 1e-2, weight_decay=0.1)
+    loop = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name](
+        loop_params, lr=1e-2, weight_decay=0.1)
+    assert optimizer.param_groups[0]["fused"] and not loop.param_groups[0]["fused"]
+    for _ in range(3):
+        for p, q in zip(params, loop_params, strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        loop.step()
+    for p, q in zip(params, loop_params, strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
 
 
 def _setup(validation: str, max_norm: float | None):

@@ -40,3 +40,36 @@ def test_refused_setting_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libc.so.6")
     monkeypatch.setattr(ctypes, "CDLL", lambda name: types.SimpleNamespace(mallopt=mallopt))
     assert cpu.keep_freed_memory() is False
+
+
+_BLOCKS = """
+import torch
+from ppdsl.runtime.worker import cpu
+assert cpu.keep_freed_memory()
+torch.set_num_threads(1)
+embedding = torch.nn.Embedding(16384, 1024)  # 64 MiB: above the kept size
+ids = torch.zeros(1, 8, dtype=torch.long)
+embedding(ids).sum().backward()
+before = cpu.resident_bytes()
+for _ in range(6):  # each backward makes a 64 MiB gradient and adds it to .grad
+    embedding(ids).sum().backward()
+print(cpu.resident_bytes() - before)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
+def test_blocks_of_a_parameters_size_go_back() -> None:
+    """Under `keep_freed_memory` a block larger than `KEPT_BLOCK_BYTES` goes
+    back when freed: six more backwards through a 64 MiB embedding, each making
+    a gradient of its size and adding it to `.grad`, leave resident memory
+    within one such block of where it was (kept in glibc's heap, small tensors
+    split each freed block and every backward took 64 MiB more)."""
+    import subprocess
+
+    from tests.paths import ROOT
+
+    grown = int(subprocess.run([sys.executable, "-c", _BLOCKS], capture_output=True, text=True,
+                               check=True, cwd=ROOT, timeout=120).stdout)
+    assert cpu.KEPT_BLOCK_BYTES < 64 << 20
+    assert grown < 64 << 20, grown
