@@ -98,7 +98,8 @@ def varlen_drops_token(num_stages: int) -> PipelineModel:
     from ppdsl.lengths import open_documents
     from ppdsl.runtime.models.documents import DocumentBatches
 
-    path = os.environ["PPDSL_TEST_DOCS"]
+    # each rank its own file: a rank rewriting the one another reads races (EOFError)
+    path = f"{os.environ['PPDSL_TEST_DOCS']}.rank{os.environ.get('RANK', '0')}.npz"
     lengths = [4, 6, 5, 7, 4, 6]
     np.savez(path, tokens=np.arange(sum(lengths)) % 16,
              offsets=np.concatenate([[0], np.cumsum(lengths)[:-1]]))
